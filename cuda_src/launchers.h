@@ -1,0 +1,98 @@
+// Every CUDA launcher dualk exposes, in plain C++ (no torch, no device code), so the binding file
+// (compiled by the host compiler) and the kernel files (compiled by nvcc) share one declaration.
+// Launchers take sizes, strides, raw pointers and the stream to launch on; they return the
+// launch's cudaError_t (or cudaErrorInvalidValue for arguments they cannot serve).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace dualk {
+
+// Element types, numbered as dualk/backends/cuda.py passes them.
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Activations applied to an fp32 value before the down-cast; same numbering as dualk/registry.py.
+enum class Activation : int { kNone = 0, kRelu = 1, kGeluTanh = 2, kGeluErf = 3, kSilu = 4 };
+
+// ---------------------------------------------------------------- elementwise (add, relu_scale)
+constexpr int kMaxDims = 8;
+
+// An operand viewed over the output's shape: strides in elements (0 where it is broadcast).
+struct StridedOperand {
+  const void* data;
+  int64_t strides[kMaxDims];
+};
+
+// The output's shape (already coalesced by the caller, at most kMaxDims dims); out is contiguous.
+struct ElementwiseShape {
+  int ndim;
+  int64_t sizes[kMaxDims];
+  int64_t numel;
+};
+
+// out = a + alpha * b over `shape`. When both operands are dense and in output order the caller
+// sets `dense` and the kernel runs flat with 16-byte vectors where the pointers allow.
+cudaError_t launch_add(const StridedOperand& a, const StridedOperand& b, void* out,
+                       const ElementwiseShape& shape, bool dense, float alpha, DType dtype,
+                       cudaStream_t stream);
+
+// out = relu(x) * scale.
+cudaError_t launch_relu_scale(const StridedOperand& x, void* out, const ElementwiseShape& shape,
+                              bool dense, float scale, DType dtype, cudaStream_t stream);
+
+// ---------------------------------------------------------------- GEMM family (matmul, linear_gelu)
+// C[b] = act(A[b] @ B[b] + bias), fp32 accumulation, act and bias applied before the down-cast.
+//   A: (m, k) with unit stride along k (row stride stride_am).
+//   B: (k, n). b_k_major = false: unit stride along n, row stride stride_b_outer (= stride_bk).
+//              b_k_major = true:  unit stride along k (B = W^T for a row-major W of shape (n, k)),
+//                                 stride_b_outer = stride_bn.
+//   bias: (n,) contiguous, or nullptr.   C: (m, n) with unit stride along n, row stride stride_cm.
+// Batch strides may be 0 (a broadcast operand). k == 0 writes act(bias) (or zeros).
+struct GemmArgs {
+  const void* a;
+  const void* b;
+  const void* bias;
+  void* c;
+  int64_t batch, m, n, k;
+  int64_t stride_a_batch, stride_am;
+  int64_t stride_b_batch, stride_b_outer;
+  bool b_k_major;
+  int64_t stride_c_batch, stride_cm;
+  DType dtype;
+  Activation activation;
+  bool allow_tf32;  // fp32 only: PyTorch's torch.backends.cuda.matmul.allow_tf32
+};
+
+// matmul.cu: activation must be kNone and bias nullptr.
+cudaError_t launch_matmul(const GemmArgs& args, cudaStream_t stream);
+// linear_gelu.cu: activation kGeluTanh or kGeluErf, bias optional.
+cudaError_t launch_linear_gelu(const GemmArgs& args, cudaStream_t stream);
+
+// ---------------------------------------------------------------- fused MLP
+constexpr int kMaxMlpLayers = 8;
+
+// out = L_{n-1}(act(... act(L_0(x)))) with L_i(h) = h @ W_i^T + b_i, all in one launch.
+//   x: (m, widths[0]) with unit stride along features, row stride stride_xm.
+//   weights[i]: (widths[i+1], widths[i]) row-major contiguous; biases[i]: (widths[i+1],) or nullptr.
+//   out: (m, widths[num_layers]) contiguous.
+struct FusedMlpArgs {
+  const void* x;
+  int64_t stride_xm;
+  void* out;
+  int64_t m;
+  int num_layers;
+  int widths[kMaxMlpLayers + 1];
+  const void* weights[kMaxMlpLayers];
+  const void* biases[kMaxMlpLayers];
+  Activation activation;  // after every layer but the last
+  DType dtype;
+  int num_sms;  // of the launching device, for the persistent grid
+};
+
+// nullptr when launch_fused_mlp can hold this MLP on chip, else a static string saying why not
+// (the Python layer then falls back to a per-layer chain and dualk.explain shows the reason).
+const char* fused_mlp_unsupported_reason(const FusedMlpArgs& args);
+cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream);
+
+}  // namespace dualk
