@@ -1,0 +1,26 @@
+"""dualk: PyTorch operators with two hand-written GPU backends (CUDA C++ and Triton) behind one
+dispatcher. Start with `dualk.ops`, `dualk.explain` and `dualk.use_backend`."""
+
+from . import ops
+from .dispatch import set_default_backend, use_backend
+from .errors import BackendUnavailableError, DualkError, UnknownBackendError
+from .ops import add, explain, fused_mlp, linear_gelu, matmul, relu_scale
+from .registry import OPS
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OPS",
+    "BackendUnavailableError",
+    "DualkError",
+    "UnknownBackendError",
+    "add",
+    "explain",
+    "fused_mlp",
+    "linear_gelu",
+    "matmul",
+    "ops",
+    "relu_scale",
+    "set_default_backend",
+    "use_backend",
+]

@@ -1,0 +1,23 @@
+"""Output allocation. With poisoning on (DUALK_POISON=1 at import, or set_poison(True); the test
+suite turns it on), fresh outputs are filled with NaN so an element a kernel forgot to write
+cannot pass a comparison."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_poison = os.environ.get("DUALK_POISON", "") not in ("", "0")
+
+
+def set_poison(enabled: bool) -> None:
+    global _poison
+    _poison = bool(enabled)
+
+
+def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if _poison:
+        out.fill_(float("nan"))
+    return out

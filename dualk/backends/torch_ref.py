@@ -1,0 +1,50 @@
+"""The PyTorch reference of every operator: the "torch" backend and, on float64 inputs, the
+oracle the tests and the benchmark's correctness column compare against."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": lambda h: F.gelu(h, approximate="tanh"),
+    "silu": F.silu,
+    "none": lambda h: h,
+}
+
+
+def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    return torch.add(a, b, alpha=alpha)
+
+
+def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.relu(x) * scale
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+def linear_gelu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
+) -> torch.Tensor:
+    return F.gelu(F.linear(x, weight, bias), approximate=approximate)
+
+
+def fused_mlp(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    activation: str = "relu",
+) -> torch.Tensor:
+    act = ACTIVATIONS[activation]
+    h = x
+    last = len(weights) - 1
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        h = F.linear(h, w, b)
+        if i != last:
+            h = act(h)
+    return h

@@ -1,0 +1,123 @@
+"""The "triton" backend: thin wrappers that plan layouts, allocate outputs and call the launch
+functions in triton_src/ (imported on first use, so importing dualk never imports Triton).
+
+Triton launches on the current device's current stream; when the input lives on another device
+the launch runs under that device's guard."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+from collections.abc import Sequence
+
+import torch
+
+from .. import _alloc
+from ..layout import plan_elementwise
+
+_import_error: str | None = None
+_triton_checked = False
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def _triton_importable() -> str | None:
+    global _triton_checked, _import_error
+    if not _triton_checked:
+        try:
+            importlib.import_module("triton")
+        except Exception as exc:  # ImportError, or a broken install raising something else
+            _import_error = f"Triton cannot be imported ({type(exc).__name__}: {exc})"
+        _triton_checked = True
+    return _import_error
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    if device.type == "cpu" and not interpreter_enabled():
+        return (
+            "the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before import, "
+            "to run on the CPU through Triton's interpreter); the input is on cpu"
+        )
+    if device.type not in ("cuda", "cpu"):
+        return f"the Triton backend needs CUDA tensors; the input is on {device}"
+    return _triton_importable()
+
+
+@functools.cache
+def _module(name: str):
+    return importlib.import_module(f"dualk.triton_src.{name}")
+
+
+def _device_guard(t: torch.Tensor):
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def _dense_if_deep(plan, *operands):
+    """Plans deeper than the kernels' four dims: one documented copy makes operands dense."""
+    if plan.ndim <= _module("elementwise").MAX_DIMS:
+        return (*operands, plan)
+    dense = [t.expand(plan.out_shape).contiguous() for t in operands]
+    return (*dense, plan_elementwise(*dense))
+
+
+# ---------------------------------------------------------------------------- operators
+def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    plan = plan_elementwise(a, b)
+    out = _alloc.empty(plan.out_shape, a.dtype, a.device)
+    if plan.numel:
+        a, b, plan = _dense_if_deep(plan, a, b)
+        with _device_guard(out):
+            _module("add").add(a, b, out, alpha, plan)
+    return out
+
+
+def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
+    plan = plan_elementwise(x)
+    out = _alloc.empty(plan.out_shape, x.dtype, x.device)
+    if plan.numel:
+        x, plan = _dense_if_deep(plan, x)
+        with _device_guard(out):
+            _module("relu_scale").relu_scale(x, out, scale, plan)
+    return out
+
+
+def _allow_tf32(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with _device_guard(a):
+        return _module("matmul").matmul(a, b, allow_tf32=_allow_tf32(a.dtype))
+
+
+def linear_gelu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
+) -> torch.Tensor:
+    x2d = x.reshape(-1, x.shape[-1])
+    with _device_guard(x):
+        out = _module("linear_gelu").linear_gelu(
+            x2d, weight, bias, approximate=approximate, allow_tf32=_allow_tf32(x.dtype)
+        )
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
+    return _module("fused_mlp").fused_mlp_unsupported_reason(widths, dtype)
+
+
+def fused_mlp(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    activation: str = "relu",
+) -> torch.Tensor:
+    x2d = x.reshape(-1, x.shape[-1])
+    with _device_guard(x):
+        out = _module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
+    return out.reshape(*x.shape[:-1], weights[-1].shape[0])

@@ -1,0 +1,54 @@
+"""How an elementwise operator walks its operands: broadcast them to the output's shape, then merge
+dimensions that are contiguous in every operand so kernels index as few dims as possible (most
+inputs collapse to one dense dim; a broadcast or a strided view keeps a few)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_DIMS = 8  # cuda_src/launchers.h kMaxDims
+
+
+@dataclass(frozen=True)
+class ElementwisePlan:
+    out_shape: torch.Size
+    numel: int
+    sizes: tuple[int, ...]  # coalesced iteration shape (outermost first); () when numel <= 1
+    strides: tuple[tuple[int, ...], ...]  # per operand, in elements, 0 where broadcast
+    dense: bool  # every operand is one contiguous run in output order
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+
+def plan_elementwise(*operands: torch.Tensor) -> ElementwisePlan:
+    """Iteration plan for an output of the operands' broadcast shape, written contiguously."""
+    first = operands[0]
+    if all(t.shape == first.shape and t.is_contiguous() for t in operands):
+        # The common case, answered without building stride lists.
+        n = first.numel()
+        return ElementwisePlan(first.shape, n, (n,), tuple((1,) for _ in operands), True)
+
+    out_shape = torch.broadcast_shapes(*(t.shape for t in operands))
+    numel = out_shape.numel()
+    expanded = [t.expand(out_shape) for t in operands]
+    # Keep dims of size > 1 (size-1 dims contribute nothing to any offset).
+    dims = [d for d, s in enumerate(out_shape) if s != 1]
+    sizes = [out_shape[d] for d in dims]
+    strides = [[e.stride(d) for d in dims] for e in expanded]
+    # Merge dim i into dim i+1 (inner) when every operand steps over it as one run.
+    i = len(sizes) - 2
+    while i >= 0:
+        if all(st[i] == st[i + 1] * sizes[i + 1] for st in strides):
+            sizes[i + 1] *= sizes[i]
+            del sizes[i]
+            for st in strides:
+                del st[i]
+        i -= 1
+    dense = len(sizes) <= 1 and all(not st or st[0] == 1 for st in strides)
+    if not sizes:
+        sizes, strides = [1], [[1] for _ in strides]
+    return ElementwisePlan(out_shape, numel, tuple(sizes), tuple(tuple(s) for s in strides), dense)

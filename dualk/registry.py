@@ -1,0 +1,354 @@
+"""The operator registry: one table that the dispatcher, the tests, the benchmarks and the CLI
+all read. Adding an operator means one CUDA file, one Triton file and one entry here.
+
+Each entry says: the operator's name; its PyTorch reference (the "torch" backend, and on float64
+inputs the oracle); its implementation per backend; the order "auto" tries them in; its shape
+cases (random-input makers) for tests and benchmarks; its cost model (FLOPs and the fewest bytes
+moved, for roofline percentages); and how its results are judged (a per-dtype tolerance table for
+elementwise ops, "within 2x PyTorch's own error" for the GEMM family).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from .backends import torch_ref
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# |out - ref| <= atol + rtol * |ref| against a float64 reference, for ops that round once
+# (compute in fp32, store in the dtype): rtol is twice the dtype's half-ulp.
+ELEMENTWISE_TOLERANCE: Mapping[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-6, 2.4e-7),
+    torch.float16: (1e-7, 1e-3),
+    torch.bfloat16: (1e-7, 8e-3),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Positional and keyword arguments of one call (without `backend`)."""
+
+    args: tuple
+    kwargs: dict
+    label: str
+
+    def first_tensor(self) -> torch.Tensor:
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    """A named family of inputs; `make(dtype, device, generator)` draws a fresh random Sample."""
+
+    name: str
+    make: Callable[[torch.dtype, torch.device, torch.Generator], Sample]
+    gpu_only: bool = False  # too large for Triton's CPU interpreter
+    bench: bool = False  # part of the benchmark suites (default and up)
+    quick: bool = False  # part of the quick benchmark suite
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    reference: Callable[..., torch.Tensor]
+    implementations: Mapping[str, str]  # backend -> "module:function" under dualk.backends
+    auto_order: tuple[str, ...]
+    cases: tuple[ShapeCase, ...]
+    cost: Callable[[Sample], Cost]
+    judged_by: Literal["elementwise", "gemm"]
+    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def env_var(self) -> str:
+        return f"DUALK_BACKEND_{self.name.upper()}"
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self.implementations)
+
+    def implementation(self, backend: str) -> Callable[..., Any]:
+        fn = self._resolved.get(backend)
+        if fn is None:
+            module, name = self.implementations[backend].split(":")
+            fn = getattr(importlib.import_module(f"dualk.backends.{module}"), name)
+            self._resolved[backend] = fn
+        return fn
+
+    def backend_function(self, backend: str, function: str) -> Callable[..., Any]:
+        """Another function of the module that implements this op on `backend` (e.g. a limit
+        check beside the kernel wrapper)."""
+        module = self.implementations[backend].split(":")[0]
+        return getattr(importlib.import_module(f"dualk.backends.{module}"), function)
+
+    def case(self, name: str) -> ShapeCase:
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name} has no shape case {name!r}; known: {[c.name for c in self.cases]}")
+
+
+# ---------------------------------------------------------------------------- input makers
+def randn(shape, dtype, device, gen, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values (never zeros), drawn on the CPU for reproducibility."""
+    return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(dtype).to(device)
+
+
+def _misaligned(shape, dtype, device, gen) -> torch.Tensor:
+    """A contiguous view whose data starts one element past an allocation (not 16-byte aligned)."""
+    n = math.prod(shape)
+    return randn((n + 1,), dtype, device, gen)[1:].view(shape)
+
+
+def _case(name, make, **flags) -> ShapeCase:
+    return ShapeCase(name, make, **flags)
+
+
+# ---- add
+def _add_sample(a, b, label, alpha=1.0) -> Sample:
+    return Sample((a, b), {"alpha": alpha}, label)
+
+
+def _add_cases() -> tuple[ShapeCase, ...]:
+    def flat(n, **flags):
+        return _case(
+            f"n={n}" if n < 2**20 else f"n=2^{int(math.log2(n))}",
+            lambda dt, dev, g: _add_sample(randn(n, dt, dev, g), randn(n, dt, dev, g), f"n={n}"),
+            **flags,
+        )
+
+    return (
+        flat(1),
+        flat(1023),
+        flat(4097),
+        _case("empty", lambda dt, dev, g: _add_sample(randn(0, dt, dev, g), randn(0, dt, dev, g), "n=0")),
+        _case("alpha", lambda dt, dev, g: _add_sample(randn(777, dt, dev, g), randn(777, dt, dev, g), "n=777 alpha=-1.5", -1.5)),
+        _case("noncontig", lambda dt, dev, g: _add_sample(randn((33, 64), dt, dev, g)[:, ::2], randn((33, 32), dt, dev, g), "(33,64)[:, ::2] + (33,32)")),
+        _case("transposed", lambda dt, dev, g: _add_sample(randn((40, 24), dt, dev, g).t(), randn((24, 40), dt, dev, g), "(40,24).T + (24,40)")),
+        _case("misaligned", lambda dt, dev, g: _add_sample(_misaligned((1031,), dt, dev, g), randn(1031, dt, dev, g), "offset-1 view n=1031")),
+        _case("broadcast", lambda dt, dev, g: _add_sample(randn((16, 1, 33), dt, dev, g), randn((9, 33), dt, dev, g), "(16,1,33) + (9,33)")),
+        _case("scalar_operand", lambda dt, dev, g: _add_sample(randn((5, 7), dt, dev, g), randn((), dt, dev, g), "(5,7) + ()")),
+        _case("deep", lambda dt, dev, g: _add_sample(randn((2, 3, 2, 3, 2, 3, 2, 3, 2, 4), dt, dev, g)[..., ::2], randn((3, 1, 2), dt, dev, g), "10-dim strided + broadcast")),
+        flat(2**16),
+        flat(2**22, gpu_only=True),
+        flat(2**20, gpu_only=True, bench=True, quick=True),
+        flat(2**24, gpu_only=True, bench=True),
+        flat(2**28, gpu_only=True, bench=True),
+    )  # fmt: skip
+
+
+def _add_cost(s: Sample) -> Cost:
+    a, b = s.args
+    out_numel = torch.broadcast_shapes(a.shape, b.shape).numel()
+    return Cost(2.0 * out_numel, (a.numel() + b.numel() + out_numel) * a.element_size())
+
+
+# ---- relu_scale
+def _relu_cases() -> tuple[ShapeCase, ...]:
+    def s(x, label, scale=1.5) -> Sample:
+        return Sample((x, scale), {}, label)
+
+    def flat(n, **flags):
+        return _case(
+            f"n={n}" if n < 2**20 else f"n=2^{int(math.log2(n))}",
+            lambda dt, dev, g: s(randn(n, dt, dev, g), f"n={n}"),
+            **flags,
+        )
+
+    return (
+        flat(1),
+        flat(1023),
+        flat(4097),
+        _case("empty", lambda dt, dev, g: s(randn((0, 5), dt, dev, g), "(0,5)")),
+        _case("negative_scale", lambda dt, dev, g: s(randn(333, dt, dev, g), "n=333 scale=-0.75", -0.75)),
+        _case("noncontig", lambda dt, dev, g: s(randn((33, 64), dt, dev, g)[:, ::2], "(33,64)[:, ::2]")),
+        _case("transposed", lambda dt, dev, g: s(randn((40, 24), dt, dev, g).t(), "(40,24).T")),
+        _case("misaligned", lambda dt, dev, g: s(_misaligned((1031,), dt, dev, g), "offset-1 view n=1031")),
+        _case("expanded", lambda dt, dev, g: s(randn((1, 33), dt, dev, g).expand(16, 33), "(1,33).expand(16,33)")),
+        flat(2**16),
+        flat(2**22, gpu_only=True),
+        flat(2**20, gpu_only=True, bench=True, quick=True),
+        flat(2**24, gpu_only=True, bench=True),
+        flat(2**28, gpu_only=True, bench=True),
+    )  # fmt: skip
+
+
+def _relu_cost(s: Sample) -> Cost:
+    x = s.args[0]
+    return Cost(2.0 * x.numel(), 2.0 * x.numel() * x.element_size())
+
+
+# ---- matmul
+def _mm_cases() -> tuple[ShapeCase, ...]:
+    def mm(m, k, n, label=None, batch=None, a_view=None, b_view=None, **flags):
+        def make(dt, dev, g):
+            ashape = (m, k) if batch is None else (batch, m, k)
+            bshape = (k, n) if batch is None else (batch, k, n)
+            scale = 1.0 / math.sqrt(max(k, 1))
+            a = randn(ashape, dt, dev, g) if a_view is None else a_view(dt, dev, g)
+            b = randn(bshape, dt, dev, g, scale) if b_view is None else b_view(dt, dev, g)
+            return Sample((a, b), {}, label or f"{m}x{k}x{n}" + (f" batch {batch}" if batch else ""))
+
+        return _case(label or f"{m}x{k}x{n}" + (f"_b{batch}" if batch else ""), make, **flags)
+
+    return (
+        mm(1, 1, 1, "tiny"),
+        mm(17, 33, 9, "odd"),
+        mm(64, 64, 64, "square"),
+        mm(200, 24, 8, "tall_skinny"),
+        mm(8, 40, 200, "wide"),
+        mm(17, 24, 10, "batched", batch=3),
+        mm(20, 30, 12, "transposed", a_view=lambda dt, dev, g: randn((30, 20), dt, dev, g).t(),
+           b_view=lambda dt, dev, g: randn((12, 30), dt, dev, g, 0.2).t()),
+        mm(20, 29, 12, "sliced", a_view=lambda dt, dev, g: randn((20, 30), dt, dev, g)[:, 1:],
+           b_view=lambda dt, dev, g: randn((30, 13), dt, dev, g, 0.2)[1:, 1:]),
+        mm(0, 8, 5, "empty"),
+        mm(6, 0, 5, "k0"),
+        mm(1000, 17, 4097, "odd_large", gpu_only=True),
+        mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True),
+        mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True),
+        mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True),
+    )  # fmt: skip
+
+
+def _mm_cost(s: Sample) -> Cost:
+    a, b = s.args
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return Cost(2.0 * batch * m * n * k, (a.numel() + b.numel() + batch * m * n) * a.element_size())
+
+
+# ---- linear_gelu
+def _lg_cases() -> tuple[ShapeCase, ...]:
+    def lg(batch_shape, k, n, label, bias=True, approximate="tanh", w_view=None, **flags):
+        def make(dt, dev, g):
+            x = randn((*batch_shape, k), dt, dev, g)
+            w = randn((n, k), dt, dev, g, 1.0 / math.sqrt(max(k, 1))) if w_view is None else w_view(dt, dev, g)
+            b = randn(n, dt, dev, g, 0.5) if bias else None
+            return Sample((x, w, b), {"approximate": approximate}, label)
+
+        return _case(label, make, **flags)
+
+    return (
+        lg((1,), 1, 1, "tiny"),
+        lg((17,), 33, 20, "odd"),
+        lg((2, 5), 24, 16, "batched_x"),
+        lg((9,), 40, 24, "no_bias", bias=False),
+        lg((9,), 40, 24, "erf", approximate="none"),
+        lg((12,), 30, 20, "weight_view", w_view=lambda dt, dev, g: randn((30, 20), dt, dev, g, 0.2).t()),
+        lg((0,), 16, 8, "empty"),
+        lg((5,), 0, 8, "k0"),
+        lg((64,), 64, 64, "square"),
+        lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True),
+        lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True),
+        lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True),
+    )  # fmt: skip
+
+
+def _lg_cost(s: Sample) -> Cost:
+    x, w, b = s.args
+    m = x.numel() // max(x.shape[-1], 1)
+    n, k = w.shape
+    nbytes = (x.numel() + w.numel() + (n if b is not None else 0) + m * n) * x.element_size()
+    return Cost(2.0 * m * n * k + 8.0 * m * n, nbytes)
+
+
+# ---- fused_mlp
+def mlp_parameters(widths, dtype, device, gen, bias=True):
+    """nn.Linear-like weights (uniform +-1/sqrt(fan_in)) and biases for the given widths."""
+    weights, biases = [], []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+        bound = 1.0 / math.sqrt(fan_in)
+        w = (torch.rand((fan_out, fan_in), generator=gen) * 2 - 1) * bound
+        weights.append(w.to(dtype).to(device))
+        if bias:
+            b = (torch.rand(fan_out, generator=gen) * 2 - 1) * bound
+            biases.append(b.to(dtype).to(device))
+        else:
+            biases.append(None)
+    return weights, biases
+
+
+def _mlp_cases() -> tuple[ShapeCase, ...]:
+    def mlp(batch, widths, label, activation="relu", bias=True, x_view=None, **flags):
+        def make(dt, dev, g):
+            x = randn((batch, widths[0]), dt, dev, g) if x_view is None else x_view(dt, dev, g)
+            weights, biases = mlp_parameters(widths, dt, dev, g, bias)
+            return Sample((x, weights, biases), {"activation": activation}, label)
+
+        return _case(label, make, **flags)
+
+    seed = (100, 128, 64, 10)
+    return (
+        mlp(1, seed, "seed_b1"),
+        mlp(32, seed, "seed_b32", bench=True, quick=True),
+        mlp(257, (27, 50, 100, 16), "odd_widths_b257"),
+        mlp(33, (16, 16), "one_layer"),
+        mlp(20, (64, 32, 48, 16, 256, 64, 40, 24, 8), "eight_layers"),
+        mlp(40, (50, 100, 50), "gelu", activation="gelu"),
+        mlp(40, (50, 100, 50), "silu", activation="silu"),
+        mlp(40, (50, 100, 50), "no_activation", activation="none"),
+        mlp(40, (64, 64, 32), "no_bias", bias=False),
+        mlp(12, (48, 64, 16), "strided_x", x_view=lambda dt, dev, g: randn((12, 96), dt, dev, g)[:, ::2]),
+        mlp(24, (32, 320, 16), "too_wide_fallback"),
+        mlp(0, (16, 32, 8), "empty"),
+        mlp(4096, seed, "seed_b4096", gpu_only=True, bench=True),
+        mlp(2**16, (64, 64, 64, 64, 16), "64x4_b65536", gpu_only=True),
+        mlp(2**16, (256, 256, 256, 10), "256_b65536", gpu_only=True),
+        mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True),
+        mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True),
+    )  # fmt: skip
+
+
+def _mlp_cost(s: Sample) -> Cost:
+    x, weights, biases = s.args
+    m = x.numel() // max(x.shape[-1], 1)
+    flops = sum(2.0 * m * w.numel() for w in weights)
+    params = sum(w.numel() for w in weights) + sum(b.numel() for b in biases if b is not None)
+    nbytes = (x.numel() + m * weights[-1].shape[0] + params) * x.element_size()
+    return Cost(flops, nbytes)
+
+
+def _impls(function: str) -> dict[str, str]:
+    """Each backend module (dualk/backends/<module>.py) names the operator's function alike."""
+    return {"cuda": f"cuda:{function}", "triton": f"triton:{function}", "torch": f"torch_ref:{function}"}
+
+
+OPS: Mapping[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("add", torch_ref.add, _impls("add"),
+               ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
+        OpSpec("relu_scale", torch_ref.relu_scale,
+               _impls("relu_scale"),
+               ("cuda", "triton", "torch"), _relu_cases(), _relu_cost, "elementwise"),
+        OpSpec("matmul", torch_ref.matmul,
+               _impls("matmul"),
+               ("triton", "cuda", "torch"), _mm_cases(), _mm_cost, "gemm"),
+        OpSpec("linear_gelu", torch_ref.linear_gelu,
+               _impls("linear_gelu"),
+               ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
+        OpSpec("fused_mlp", torch_ref.fused_mlp,
+               _impls("fused_mlp"),
+               ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
+    )
+}  # fmt: skip
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown operator {name!r}; dualk has {sorted(OPS)}") from None

@@ -1,0 +1,98 @@
+"""How dualk judges an output, shared by the tests and the benchmark's correctness column.
+
+- elementwise ops: |out - ref| <= atol + rtol * |ref| elementwise against a float64 reference,
+  with the per-dtype table in dualk.registry (the op rounds once, so this is tight);
+- GEMM-family ops: max |out - ref| must stay within 2x PyTorch's own max error in the same dtype
+  (plus one unit in the last place of the largest reference value), so the rule is tight on every
+  dtype without a hand-tuned table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .registry import ELEMENTWISE_TOLERANCE, OpSpec, Sample
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    max_abs_err: float
+    rel_err: float  # max |out - ref| / max |ref|
+    message: str
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def float64_reference(spec: OpSpec, sample: Sample) -> torch.Tensor:
+    args = _map_tensors(sample.args, lambda t: t.double())
+    kwargs = _map_tensors(sample.kwargs, lambda t: t.double())
+    return spec.reference(*args, **kwargs)
+
+
+def clone_inputs(sample: Sample) -> Sample:
+    return Sample(_map_tensors(sample.args, torch.clone), _map_tensors(sample.kwargs, torch.clone), sample.label)
+
+
+def inputs_unchanged(before: Sample, after: Sample) -> bool:
+    flat_a, flat_b = [], []
+    _map_tensors(before.args, flat_a.append)
+    _map_tensors(after.args, flat_b.append)
+    return all(torch.equal(x, y) for x, y in zip(flat_a, flat_b))
+
+
+def _worst(out64: torch.Tensor, ref: torch.Tensor, excess: torch.Tensor, k: int = 5) -> str:
+    flat = excess.flatten()
+    idx = torch.topk(flat.nan_to_num(float("inf")), min(k, flat.numel())).indices
+    rows = []
+    for i in idx.tolist():
+        pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(i), ref.shape))
+        rows.append(f"at {pos}: got {out64.flatten()[i].item():.6g}, expected {ref.flatten()[i].item():.6g}")
+    return "; ".join(rows)
+
+
+def judge(spec: OpSpec, sample: Sample, out: torch.Tensor, ref: torch.Tensor | None = None) -> Verdict:
+    """Is `out` (from some backend, on `sample`) right? `ref` is the float64 reference if known."""
+    like = sample.first_tensor()
+    if ref is None:
+        ref = float64_reference(spec, sample)
+    if out.shape != ref.shape or out.dtype != like.dtype:
+        return Verdict(False, float("inf"), float("inf"),
+                       f"shape/dtype {tuple(out.shape)}/{out.dtype}, expected {tuple(ref.shape)}/{like.dtype}")  # fmt: skip
+    if ref.numel() == 0:
+        return Verdict(True, 0.0, 0.0, "empty")
+    out64 = out.double()
+    err = (out64 - ref).abs()
+    max_err = err.max().item()
+    scale = ref.abs().max().item()
+    rel = max_err / scale if scale > 0 else max_err
+    finite_ok = bool((out64.isfinite() == ref.isfinite()).all())
+    if spec.judged_by == "elementwise":
+        atol, rtol = ELEMENTWISE_TOLERANCE[like.dtype]
+        allowed = atol + rtol * ref.abs()
+        bad = (err > allowed) | ~(out64.isfinite() == ref.isfinite())
+        if bad.any():
+            return Verdict(False, max_err, rel,
+                           f"{int(bad.sum())} of {ref.numel()} elements outside atol={atol}, rtol={rtol}: "
+                           + _worst(out64, ref, (err - allowed).masked_fill(~bad, -1)))  # fmt: skip
+        return Verdict(True, max_err, rel, "ok")
+    # GEMM family: compare with PyTorch's own error in the same dtype.
+    torch_out = spec.reference(*sample.args, **sample.kwargs).double()
+    torch_err = (torch_out - ref).abs().max().item()
+    ulp_floor = torch.finfo(like.dtype).eps * scale
+    budget = 2.0 * torch_err + ulp_floor
+    if not finite_ok or not max_err <= budget:
+        return Verdict(False, max_err, rel,
+                       f"max error {max_err:.3g} exceeds 2 x PyTorch's {torch_err:.3g} + {ulp_floor:.3g}: "
+                       + _worst(out64, ref, err))  # fmt: skip
+    return Verdict(True, max_err, rel, f"ok (PyTorch's own error {torch_err:.3g})")

@@ -1,0 +1,59 @@
+"""Input checks shared by every operator: one place, messages that name the argument, what was
+expected and what was given."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = "float32, float16 or bfloat16"
+
+
+def tensor(op: str, name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"dualk.{op}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dualk.{op}: '{name}' has dtype {value.dtype}; expected {_DTYPE_NAMES}")
+    return value
+
+
+def same_dtype_and_device(op: str, named: dict[str, torch.Tensor | None]) -> None:
+    """All given tensors (None entries skipped) share the first one's dtype and device."""
+    first_name, first = None, None
+    for name, t in named.items():
+        if t is None:
+            continue
+        if first is None:
+            first_name, first = name, t
+            continue
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"dualk.{op}: '{name}' has dtype {t.dtype} but '{first_name}' has {first.dtype}; "
+                "all operands must share one dtype (cast one of them first)"
+            )
+        if t.device != first.device:
+            raise ValueError(
+                f"dualk.{op}: '{name}' is on {t.device} but '{first_name}' is on {first.device}; "
+                "all operands must be on one device"
+            )
+
+
+def real_number(op: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def ndim_at_least(op: str, name: str, t: torch.Tensor, n: int) -> None:
+    if t.dim() < n:
+        raise ValueError(
+            f"dualk.{op}: '{name}' must have at least {n} dimension(s), got shape {tuple(t.shape)}"
+        )
+
+
+def choice(op: str, name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"dualk.{op}: '{name}' must be one of {allowed}, got {value!r}")
+    return value  # type: ignore[return-value]

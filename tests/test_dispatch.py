@@ -1,0 +1,144 @@
+"""The backend precedence (README's table), errors for unknown or unavailable backends, `explain`
+and the cost of dispatch."""
+
+import os
+import time
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_CUDA
+
+import dualk
+from dualk import dispatch
+from dualk.errors import BackendUnavailableError, UnknownBackendError
+from dualk.registry import OPS
+
+SPEC = OPS["relu_scale"]
+
+
+def source(backend="auto"):
+    return dispatch.requested(SPEC, backend)
+
+
+def test_default_is_auto():
+    assert source() == ("auto", "default")
+
+
+def test_precedence_top_to_bottom(monkeypatch, tmp_path):
+    cfg = tmp_path / "dualk.toml"
+    cfg.write_text('[backend]\ndefault = "cuda"\nrelu_scale = "triton"\n')
+    monkeypatch.setenv("DUALK_CONFIG", str(cfg))
+    dualk.config.reload()
+    assert source() == ("triton", "config")  # the op's own key beats the config's default
+    dualk.set_default_backend("cuda")
+    assert source() == ("cuda", "set_default_backend()")
+    with dualk.use_backend("torch"):
+        assert source() == ("torch", "use_backend()")
+        monkeypatch.setenv("DUALK_BACKEND", "cuda")
+        assert source() == ("cuda", "DUALK_BACKEND")
+        monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "triton")
+        assert source() == ("triton", "DUALK_BACKEND_RELU_SCALE")
+        assert source("torch") == ("torch", "the backend= argument")
+        # "auto" as the argument defers to the environment.
+        assert source("auto") == ("triton", "DUALK_BACKEND_RELU_SCALE")
+
+
+def test_config_default_key_applies_to_every_op(monkeypatch, tmp_path):
+    cfg = tmp_path / "dualk.toml"
+    cfg.write_text('[backend]\ndefault = "torch"\n')
+    monkeypatch.setenv("DUALK_CONFIG", str(cfg))
+    dualk.config.reload()
+    assert dispatch.requested(OPS["add"], "auto") == ("torch", "config")
+
+
+def test_env_is_read_at_call_time(monkeypatch):
+    x = torch.randn(8)
+    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "bogus")
+    with pytest.raises(UnknownBackendError, match="DUALK_BACKEND_RELU_SCALE"):
+        dualk.relu_scale(x, 2.0)
+    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "torch")
+    assert torch.equal(dualk.relu_scale(x, 2.0), torch.relu(x) * 2.0)
+
+
+def test_env_for_one_op_leaves_others_alone(monkeypatch):
+    monkeypatch.setenv("DUALK_BACKEND_ADD", "triton")
+    assert source() == ("auto", "default")
+
+
+def test_scopes_nest_and_restore():
+    with dualk.use_backend("triton"):
+        with dualk.use_backend("torch"):
+            assert source()[0] == "torch"
+        assert source()[0] == "triton"
+    assert source()[0] == "auto"
+
+
+def test_unknown_backend_lists_the_valid_ones():
+    with pytest.raises(UnknownBackendError, match="valid names: cuda, triton, torch, auto"):
+        dualk.add(torch.randn(3), torch.randn(3), backend="cudnn")
+    with pytest.raises(UnknownBackendError):
+        dualk.use_backend("fast").__enter__()
+    with pytest.raises(UnknownBackendError):
+        dualk.set_default_backend("fast")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only message")
+def test_unavailable_backend_says_why():
+    with pytest.raises(BackendUnavailableError, match="needs CUDA tensors; the input is on cpu"):
+        dualk.add(torch.randn(3), torch.randn(3), backend="cuda")
+
+
+def test_env_requested_unavailable_backend_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DUALK_BACKEND", "cuda")
+    with pytest.raises(BackendUnavailableError, match="requested by DUALK_BACKEND"):
+        dualk.relu_scale(torch.randn(3), 1.0)
+
+
+def test_auto_on_cpu_is_torch_and_cached():
+    dispatch.clear_auto_cache()
+    x = torch.randn(5)
+    assert dispatch.choose(SPEC, "auto", x) == "torch"
+    assert (SPEC.name, x.device, x.dtype) in dispatch._auto_choices
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="auto picks a GPU backend only on a GPU")
+def test_auto_on_gpu_prefers_a_kernel_backend():
+    x = torch.randn(5, device="cuda")
+    assert dispatch.choose(SPEC, "auto", x) in ("cuda", "triton")
+
+
+def test_explain_names_backend_source_and_reasons(monkeypatch):
+    x = torch.randn(4, 4, device=DEVICE)
+    text = str(dualk.explain("relu_scale", x, 2.0))
+    assert "runs on" in text and "torch" in text and "available" in text
+    monkeypatch.setenv("DUALK_BACKEND", "torch")
+    expl = dualk.explain("add", x, x)
+    assert expl.backend == "torch" and expl.source == "DUALK_BACKEND"
+
+
+def test_explain_reports_mlp_fallback():
+    x = torch.randn(3, 16, device=DEVICE)
+    weights = [torch.randn(1024, 16, device=DEVICE), torch.randn(4, 1024, device=DEVICE)]
+    expl = dualk.explain("fused_mlp", x, weights, [None, None], backend="triton")
+    if expl.availability["triton"] is None:
+        assert any("per-layer chain" in n for n in expl.notes), str(expl)
+
+
+def test_explain_validates_its_arguments():
+    with pytest.raises(TypeError, match="dtype"):
+        dualk.explain("add", torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32))
+    with pytest.raises(KeyError, match="unknown operator"):
+        dualk.explain("conv", torch.randn(3))
+
+
+def test_dispatch_overhead_is_small():
+    """Host cost of choosing a backend with a cached decision (the full number is in the bench)."""
+    x = torch.randn(16)
+    dualk.relu_scale(x, 1.0)
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dispatch.choose(SPEC, "auto", x)
+    per_call_us = (time.perf_counter() - t0) / n * 1e6
+    assert per_call_us < 20, f"dispatch took {per_call_us:.1f} us per call"
+    assert "DUALK_BACKEND" not in os.environ

@@ -1,0 +1,38 @@
+"""The elementwise walk shared by add and relu_scale (the Triton twin of cuda_src/elementwise.cuh):
+a dense path over flat offsets, and a strided path that unravels each output index over a
+coalesced plan of up to four dims (dualk.layout makes the plan; deeper plans are made dense by
+one copy before launch)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MAX_DIMS = 4
+NUM_WARPS = 8
+
+
+def block_size(element_size: int) -> int:
+    # 16 KiB of each operand per program: two 16-byte vectors per thread at 8 warps for fp32.
+    return 16384 // element_size
+
+
+def padded_plan(sizes, strides_per_operand):
+    """Plan sizes/strides left-padded to MAX_DIMS (a size-1 dim adds nothing to any offset)."""
+    pad = MAX_DIMS - len(sizes)
+    sizes = (1,) * pad + tuple(sizes)
+    strides = [(0,) * pad + tuple(s) for s in strides_per_operand]
+    return sizes, strides
+
+
+@triton.jit
+def strided_offset(offs, size1, size2, size3, stride0, stride1, stride2, stride3):
+    """Offset of flat output index `offs` in an operand with the given strides (4-dim plan; the
+    outermost size is implied by the element count)."""
+    i3 = offs % size3
+    rest = offs // size3
+    i2 = rest % size2
+    rest = rest // size2
+    i1 = rest % size1
+    i0 = rest // size1
+    return i0 * stride0 + i1 * stride1 + i2 * stride2 + i3 * stride3

@@ -1,0 +1,389 @@
+"""fused_mlp: a whole Linear/activation stack (1 to 8 layers) in one kernel launch.
+
+Each program loads every layer's weights once (padded to powers of two >= 16, zero-filled), then
+walks row tiles of the input in a persistent loop; a tile's activations stay on chip from the
+first layer to the last, so HBM sees only the input and the output. fp16/bf16 layers run on
+tensor cores with fp32 accumulation; fp32 layers use exact fp32 dots (input_precision="ieee").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_src.common import (
+    ACT_NONE,
+    activation_id,
+    apply_activation,
+    dot_in_fp32,
+    interpreting,
+    num_sms,
+)
+
+MAX_LAYERS = 8
+# Largest padded width of one layer: a (BLOCK_M, 256) fp32 tile is already 64 registers a thread
+# at BLOCK_M=64 with 4 warps.
+MAX_PADDED_WIDTH = 256
+# Padded weights (and biases) of all layers stay resident in shared memory for the whole
+# persistent loop; leave room on a 228 KiB Hopper SM (227 KiB per block) for the input tile.
+MAX_RESIDENT_WEIGHT_BYTES = 160 * 1024
+
+_MLP_ACTIVATIONS = ("relu", "gelu", "silu", "none")
+
+
+def _padded(width: int) -> int:
+    """Width as the kernel holds it: a power of two, at least 16 (tl.dot's smallest K and N)."""
+    return max(16, triton.next_power_of_2(width))
+
+
+def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
+    """None when ``fused_mlp`` can run the MLP with these widths ([in, hidden..., out]) and dtype
+    in one kernel, else why not (dualk then runs a per-layer chain)."""
+    widths = list(widths)
+    layers = len(widths) - 1
+    if not 1 <= layers <= MAX_LAYERS:
+        return f"fused_mlp runs 1 to {MAX_LAYERS} layers in one kernel, got {layers}"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"fused_mlp supports float32, float16 and bfloat16, got {dtype}"
+    if min(widths) < 1:
+        return f"fused_mlp needs every width >= 1, got widths {widths}"
+    padded = [_padded(w) for w in widths]
+    if max(padded) > MAX_PADDED_WIDTH:
+        return (
+            f"width {max(widths)} pads to {max(padded)} > {MAX_PADDED_WIDTH}: one row tile of "
+            "activations would not fit in registers"
+        )
+    element = torch.empty((), dtype=dtype).element_size()
+    weight_bytes = sum(padded[i] * padded[i + 1] * element for i in range(layers))
+    if weight_bytes > MAX_RESIDENT_WEIGHT_BYTES:
+        return (
+            f"padded weights take {weight_bytes // 1024} KiB > "
+            f"{MAX_RESIDENT_WEIGHT_BYTES // 1024} KiB that fit on chip with a row tile"
+        )
+    return None
+
+
+@triton.jit
+def _load_layer(
+    w_ptr,  # (D_OUT, D_IN) row-major weight
+    b_ptr,  # (D_OUT,) bias; not read when HAS_BIAS is False
+    D_IN: tl.constexpr,
+    D_OUT: tl.constexpr,
+    P_IN: tl.constexpr,  # padded widths
+    P_OUT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """W^T as a zero-padded (P_IN, P_OUT) block, ready as tl.dot's right operand, and the bias as
+    a zero-padded fp32 (P_OUT,) block."""
+    offs_k = tl.arange(0, P_IN)
+    offs_n = tl.arange(0, P_OUT)
+    w_mask = (offs_k[:, None] < D_IN) & (offs_n[None, :] < D_OUT)
+    w_t = tl.load(w_ptr + offs_n[None, :] * D_IN + offs_k[:, None], mask=w_mask, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=offs_n < D_OUT, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros((P_OUT,), dtype=tl.float32)
+    return w_t, bias
+
+
+@triton.jit
+def _apply_layer(
+    h,  # (BLOCK_M, P_IN) activations in the operand dtype
+    w_t,  # (P_IN, P_OUT) from _load_layer
+    bias,  # (P_OUT,) fp32
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # common.ACT_* id
+    IS_LAST: tl.constexpr,  # the last layer has no activation
+    INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
+):
+    """act(h @ w_t + bias) in fp32. Padded columns stay 0: their weights and bias are 0 and every
+    supported activation maps 0 to 0."""
+    if DOT_IN_FP32:
+        h = h.to(tl.float32)
+        w_t = w_t.to(tl.float32)
+    acc = tl.dot(h, w_t, input_precision=INPUT_PRECISION)
+    if HAS_BIAS:
+        acc += bias[None, :]
+    if not IS_LAST:
+        acc = apply_activation(acc, ACTIVATION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
+def fused_mlp_kernel(
+    # Pointers: input x (M, D0), output (M, D_last); weights w_i (D_{i+1}, D_i) row-major, and
+    # biases b_i (D_{i+1},). Entries past NUM_LAYERS (or without a bias) are never read.
+    x_ptr,
+    out_ptr,
+    w0_ptr,
+    w1_ptr,
+    w2_ptr,
+    w3_ptr,
+    w4_ptr,
+    w5_ptr,
+    w6_ptr,
+    w7_ptr,
+    b0_ptr,
+    b1_ptr,
+    b2_ptr,
+    b3_ptr,
+    b4_ptr,
+    b5_ptr,
+    b6_ptr,
+    b7_ptr,
+    # Sizes: M (rows) is not specialized, so every batch size shares one compiled kernel;
+    # M_BUCKET (a coarse class of M, see _m_bucket) is read only by the autotune key.
+    M,
+    M_BUCKET,
+    # Strides in elements.
+    stride_xm,
+    stride_xk,
+    stride_om,
+    # Meta-parameters: layer count, widths D_i and their padded powers of two P_i.
+    NUM_LAYERS: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    D2: tl.constexpr,
+    D3: tl.constexpr,
+    D4: tl.constexpr,
+    D5: tl.constexpr,
+    D6: tl.constexpr,
+    D7: tl.constexpr,
+    D8: tl.constexpr,
+    P0: tl.constexpr,
+    P1: tl.constexpr,
+    P2: tl.constexpr,
+    P3: tl.constexpr,
+    P4: tl.constexpr,
+    P5: tl.constexpr,
+    P6: tl.constexpr,
+    P7: tl.constexpr,
+    P8: tl.constexpr,
+    D_OUT: tl.constexpr,  # D_{NUM_LAYERS}
+    P_OUT: tl.constexpr,  # P_{NUM_LAYERS}
+    BIAS_MASK: tl.constexpr,  # bit i set: layer i has a bias
+    ACTIVATION: tl.constexpr,  # common.ACT_* id, after every layer but the last
+    INPUT_PRECISION: tl.constexpr,  # "ieee" for fp32, "tf32" (ignored) for fp16/bf16
+    DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
+    BLOCK_M: tl.constexpr,  # rows per tile
+    NUM_STAGES: tl.constexpr,  # software-pipeline depth of the row-tile loop
+    PROGRAMS_PER_SM: tl.constexpr,  # read by the launcher's grid only
+):
+    dtype = x_ptr.dtype.element_ty
+
+    # Weights first, once per program: the persistent loop below reuses them for every tile.
+    w0, c0 = _load_layer(w0_ptr, b0_ptr, D0, D1, P0, P1, (BIAS_MASK >> 0) & 1)
+    if NUM_LAYERS > 1:
+        w1, c1 = _load_layer(w1_ptr, b1_ptr, D1, D2, P1, P2, (BIAS_MASK >> 1) & 1)
+    if NUM_LAYERS > 2:
+        w2, c2 = _load_layer(w2_ptr, b2_ptr, D2, D3, P2, P3, (BIAS_MASK >> 2) & 1)
+    if NUM_LAYERS > 3:
+        w3, c3 = _load_layer(w3_ptr, b3_ptr, D3, D4, P3, P4, (BIAS_MASK >> 3) & 1)
+    if NUM_LAYERS > 4:
+        w4, c4 = _load_layer(w4_ptr, b4_ptr, D4, D5, P4, P5, (BIAS_MASK >> 4) & 1)
+    if NUM_LAYERS > 5:
+        w5, c5 = _load_layer(w5_ptr, b5_ptr, D5, D6, P5, P6, (BIAS_MASK >> 5) & 1)
+    if NUM_LAYERS > 6:
+        w6, c6 = _load_layer(w6_ptr, b6_ptr, D6, D7, P6, P7, (BIAS_MASK >> 6) & 1)
+    if NUM_LAYERS > 7:
+        w7, c7 = _load_layer(w7_ptr, b7_ptr, D7, D8, P7, P8, (BIAS_MASK >> 7) & 1)
+
+    offs_in = tl.arange(0, P0)
+    offs_out = tl.arange(0, P_OUT)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        # int64 rows: row * stride_xm can pass 2^31 at large batch (tile * BLOCK_M < M + BLOCK_M
+        # cannot overflow M's own type).
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_ok = offs_m < M
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_in[None, :] * stride_xk
+        h = tl.load(x_ptrs, mask=row_ok[:, None] & (offs_in[None, :] < D0), other=0.0)
+
+        # Layer i: a static branch per layer, unrolled at compile time.
+        acc = _apply_layer(
+            h,
+            w0,
+            c0,
+            (BIAS_MASK >> 0) & 1,
+            ACTIVATION,
+            NUM_LAYERS == 1,
+            INPUT_PRECISION,
+            DOT_IN_FP32,
+        )
+        if NUM_LAYERS > 1:
+            acc = _apply_layer(
+                acc.to(dtype), w1, c1, (BIAS_MASK >> 1) & 1, ACTIVATION, NUM_LAYERS == 2,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 2:
+            acc = _apply_layer(
+                acc.to(dtype), w2, c2, (BIAS_MASK >> 2) & 1, ACTIVATION, NUM_LAYERS == 3,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 3:
+            acc = _apply_layer(
+                acc.to(dtype), w3, c3, (BIAS_MASK >> 3) & 1, ACTIVATION, NUM_LAYERS == 4,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 4:
+            acc = _apply_layer(
+                acc.to(dtype), w4, c4, (BIAS_MASK >> 4) & 1, ACTIVATION, NUM_LAYERS == 5,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 5:
+            acc = _apply_layer(
+                acc.to(dtype), w5, c5, (BIAS_MASK >> 5) & 1, ACTIVATION, NUM_LAYERS == 6,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 6:
+            acc = _apply_layer(
+                acc.to(dtype), w6, c6, (BIAS_MASK >> 6) & 1, ACTIVATION, NUM_LAYERS == 7,
+                INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
+        if NUM_LAYERS > 7:
+            acc = _apply_layer(
+                acc.to(dtype),
+                w7,
+                c7,
+                (BIAS_MASK >> 7) & 1,
+                ACTIVATION,
+                True,
+                INPUT_PRECISION,
+                DOT_IN_FP32,
+            )
+
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_out[None, :]
+        out_mask = row_ok[:, None] & (offs_out[None, :] < D_OUT)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def fused_mlp_configs() -> list[triton.Config]:
+    """Autotune configs for ``fused_mlp_kernel``, keyed on the widths, layer count, activation,
+    dtype and a coarse batch bucket (not the batch size itself: every batch size of a bucket
+    reuses the tuned config and the compiled kernel).
+
+    Untimed here (written without a GPU). Small BLOCK_M and several programs per SM keep more row
+    tiles in flight to hide the dependent layer chain; 2-3 stages prefetch the next input tile.
+    """
+
+    def cfg(block_m, warps, stages, per_sm):
+        meta = dict(BLOCK_M=block_m, NUM_STAGES=stages, PROGRAMS_PER_SM=per_sm)
+        return triton.Config(meta, num_warps=warps, num_stages=stages)
+
+    return [
+        cfg(64, 4, 2, 2),
+        cfg(64, 4, 3, 2),
+        cfg(128, 4, 2, 1),
+        cfg(128, 8, 2, 1),
+        cfg(128, 8, 3, 1),
+        cfg(128, 4, 2, 2),
+        cfg(256, 8, 2, 1),
+        cfg(32, 4, 2, 4),
+        cfg(16, 4, 1, 4),
+    ]
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Small batches: BLOCK_M past the batch only pads; keep the smallest tiles that cover it."""
+    m = named_args["M"]
+    fitting = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, triton.next_power_of_2(m))]
+    return fitting or configs[-1:]
+
+
+_MLP_KEY = ["M_BUCKET", "NUM_LAYERS", "D0", "D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8"]
+_MLP_KEY += ["BIAS_MASK", "ACTIVATION"]
+
+
+_fused_mlp_tuned = triton.autotune(
+    configs=fused_mlp_configs(),
+    key=_MLP_KEY,
+    prune_configs_by={"early_config_prune": _prune_configs},
+)(fused_mlp_kernel)
+
+# Interpreter: one config; BLOCK_M=16 with 4 "SMs" gives several tiles per program on test
+# batches, so the persistent loop is exercised.
+_INTERPRETER_META = dict(BLOCK_M=16, NUM_STAGES=1, PROGRAMS_PER_SM=1)
+
+
+def _m_bucket(m: int) -> int:
+    """Coarse batch class for the autotune key: <=64, <=1024, <=16384, <=262144, larger."""
+    for bucket, limit in enumerate((64, 1024, 16384, 262144)):
+        if m <= limit:
+            return bucket
+    return 4
+
+
+def fused_mlp(
+    x2d: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    *,
+    activation: str,
+) -> torch.Tensor:
+    """The MLP y = L_n(act(... act(L_1(x2d)))) with L_i(h) = h @ weights[i].T + biases[i], in one
+    kernel launch; returns a new contiguous (M, weights[-1].shape[0]) tensor of x2d's dtype.
+
+    x2d (M, in) with any strides; weights[i] (out_i, in_i) in nn.Linear layout, biases[i]
+    (out_i,) or None; 1 to 8 layers; one dtype among fp32/fp16/bf16 (validated by dualk, and
+    ``fused_mlp_unsupported_reason`` is None for these widths). ``activation``: "relu", "gelu"
+    (tanh approximation), "silu" or "none", applied after every layer but the last.
+    """
+    if activation not in _MLP_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_MLP_ACTIVATIONS}, got {activation!r}")
+    act = activation_id(activation)
+    num_layers = len(weights)
+    widths = [x2d.shape[1]] + [w.shape[0] for w in weights]
+    reason = fused_mlp_unsupported_reason(widths, x2d.dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    M = x2d.shape[0]
+    out = torch.empty((M, widths[-1]), dtype=x2d.dtype, device=x2d.device)
+    if M == 0:
+        return out
+
+    # The kernel indexes weights with constexpr row stride D_in and biases with unit stride;
+    # .contiguous() is free for nn.Linear parameters.
+    ws = [w.contiguous() for w in weights]
+    bs = [b.contiguous() if b is not None else None for b in biases]
+    bias_mask = sum(1 << i for i, b in enumerate(bs) if b is not None)
+    w_args = ws + [x2d] * (MAX_LAYERS - num_layers)
+    b_args = [b if b is not None else x2d for b in bs] + [x2d] * (MAX_LAYERS - num_layers)
+    d = widths + [widths[-1]] * (MAX_LAYERS + 1 - len(widths))
+    p = [_padded(w) for w in d]
+    meta = dict(NUM_LAYERS=num_layers)
+    meta.update({f"D{i}": d[i] for i in range(MAX_LAYERS + 1)})
+    meta.update({f"P{i}": p[i] for i in range(MAX_LAYERS + 1)})
+    meta.update(
+        D_OUT=widths[-1],
+        P_OUT=_padded(widths[-1]),
+        BIAS_MASK=bias_mask,
+        ACTIVATION=act if num_layers > 1 else ACT_NONE,
+        INPUT_PRECISION="ieee" if x2d.dtype == torch.float32 else "tf32",
+        DOT_IN_FP32=dot_in_fp32(x2d.dtype),
+    )
+    sms = num_sms(x2d.device)
+
+    def grid(META):
+        tiles = triton.cdiv(M, META["BLOCK_M"])
+        return (max(1, min(tiles, sms * META["PROGRAMS_PER_SM"])),)
+
+    args = (
+        x2d,
+        out,
+        *w_args,
+        *b_args,
+        M,
+        _m_bucket(M),
+        x2d.stride(0),
+        x2d.stride(1),
+        out.stride(0),
+    )
+    if interpreting():
+        fused_mlp_kernel[grid](*args, **meta, **_INTERPRETER_META)
+    else:
+        _fused_mlp_tuned[grid](*args, **meta)
+    return out

@@ -1,0 +1,51 @@
+"""linear_gelu: gelu(x @ weight.T + bias) in one launch of the shared GEMM core
+(triton_src/matmul.py), with the bias and GELU applied to the fp32 accumulator."""
+
+from __future__ import annotations
+
+import torch
+
+from triton_src.common import ACT_GELU_ERF, ACT_GELU_TANH
+from triton_src.matmul import launch_gemm
+
+_GELU_ACTIVATIONS = {"tanh": ACT_GELU_TANH, "none": ACT_GELU_ERF}
+
+
+def linear_gelu(
+    x2d: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    approximate: str,
+    allow_tf32: bool,
+) -> torch.Tensor:
+    """gelu(x2d @ weight.T + bias, approximate=approximate) as a new contiguous (M, N) tensor.
+
+    x2d (M, K), weight (N, K) in nn.Linear layout, bias (N,) or None; any strides, one dtype
+    among fp32/fp16/bf16 (validated by dualk). ``approximate``: "tanh" or "none" (erf), as in
+    torch.nn.functional.gelu. ``allow_tf32``: fp32 inputs may use TF32 tensor cores.
+    """
+    activation = _GELU_ACTIVATIONS[approximate]
+    M, K = x2d.shape
+    N = weight.shape[0]
+    if M == 0 or N == 0:
+        return torch.empty((M, N), dtype=x2d.dtype, device=x2d.device)
+    if K == 0:
+        # x2d @ weight.T is all zeros: the result is gelu(bias) on every row (gelu(0) = 0).
+        if bias is None:
+            return torch.zeros((M, N), dtype=x2d.dtype, device=x2d.device)
+        row = torch.nn.functional.gelu(bias.float(), approximate=approximate).to(x2d.dtype)
+        return row.expand(M, N).contiguous()
+
+    c = torch.empty((M, N), dtype=x2d.dtype, device=x2d.device)
+    # weight.t() is B (K, N) with stride_bk = weight.stride(1) (1 for a contiguous weight): the
+    # kernel reads nn.Linear's layout directly, no transposed copy.
+    launch_gemm(
+        x2d.unsqueeze(0),
+        weight.t().unsqueeze(0),
+        bias,
+        c.unsqueeze(0),
+        activation=activation,
+        allow_tf32=allow_tf32,
+    )
+    return c

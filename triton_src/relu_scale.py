@@ -1,0 +1,53 @@
+"""relu_scale: out = relu(x) * scale in one pass (eager PyTorch needs two). relu keeps NaN."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .elementwise import NUM_WARPS, block_size, padded_plan, strided_offset
+
+
+@triton.jit
+def relu_scale_kernel(
+    # pointers
+    x_ptr,
+    out_ptr,
+    # sizes: element count and the inner three sizes of the 4-dim plan
+    numel,
+    size1,
+    size2,
+    size3,
+    # strides of x over the plan, in elements
+    stride_x0,
+    stride_x1,
+    stride_x2,
+    stride_x3,
+    # scalar
+    scale,
+    # meta-parameters
+    DENSE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < numel
+    if DENSE:
+        x_offs = offs
+    else:
+        x_offs = strided_offset(offs, size1, size2, size3, stride_x0, stride_x1, stride_x2, stride_x3)
+    x = tl.load(x_ptr + x_offs, mask=mask).to(tl.float32)
+    out = tl.where(x < 0, 0.0, x) * scale
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def relu_scale(x: torch.Tensor, out: torch.Tensor, scale: float, plan) -> None:
+    """Writes relu(x) * scale into the contiguous `out` following `plan` (dualk.layout)."""
+    sizes, (st_x,) = padded_plan(plan.sizes, plan.strides)
+    block = block_size(out.element_size())
+    grid = (triton.cdiv(plan.numel, block),)
+    relu_scale_kernel[grid](
+        x, out, plan.numel, sizes[1], sizes[2], sizes[3], *st_x, float(scale),
+        DENSE=plan.dense, BLOCK_SIZE=block, num_warps=NUM_WARPS,
+    )  # fmt: skip
