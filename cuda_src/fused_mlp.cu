@@ -62,7 +62,8 @@ struct MlpKernelParams {
   int k_slab;              // simt: 0 = all weights resident, else k columns streamed per pass
   int slab_pitch;          // simt: pitch of a streamed slab
   bool x_vectorized;       // x and its row stride allow 16-byte cp.async
-  bool out_pairs;          // mma: out width even and out 4-byte aligned (paired stores)
+  int out_pitch;           // mma: elements per output staging row
+  bool out_vectorized;     // mma: out 16-byte aligned and its rows a multiple of 16 bytes
 };
 
 __device__ __forceinline__ bool is_aligned16(const void* p) {
@@ -127,69 +128,74 @@ __device__ __forceinline__ void load_biases(const MlpKernelParams& p, float* bia
 }
 
 // ============================================================== fp16 / bf16: tensor cores
+// Padding of the mma kernel's shared-memory tiles: k (a layer's input width) to 64 columns, so the
+// k loop branches only once per 4 k-tiles (never for the 64 bucket); n (output width) to 32 rows,
+// so every 32-column output chunk runs both of its 16-row ldmatrix/mma halves without a branch.
+// The padding is zeros: zero weights and zero bias give act(0) = 0 in padded columns, which then
+// meet zero weights in the next layer.
+constexpr int kMmaKPad = 64;
+constexpr int kMmaNPad = 32;
+constexpr int kMaxMmaWarps = 8;
+
 template <int kMaxWidth> struct MmaConfig;
-// 32 rows per warp: each B fragment read from shared memory feeds two mma (halves the
-// shared-memory traffic per flop); ~100 registers, so cap at 128 for 2 blocks of 8 warps per SM.
+// 32 rows per warp: each B fragment read from shared memory feeds two mma (half the shared-memory
+// traffic per flop of 16 rows); capped at 128 registers for 2 blocks of 8 warps per SM.
 template <> struct MmaConfig<64> {
-  static constexpr int kMTiles = 2, kWarps = 8, kMinBlocks = 2;
+  static constexpr int kMTiles = 2, kMinBlocks = 2;
 };
-// act + next activations are 2 x 64 registers: one block of 8 warps per SM.
+// act + next activations take 2 x 64 registers: one block of 8 warps per SM.
 template <> struct MmaConfig<128> {
-  static constexpr int kMTiles = 2, kWarps = 8, kMinBlocks = 1;
+  static constexpr int kMTiles = 2, kMinBlocks = 1;
 };
 // 16 rows per warp keeps act + next at 2 x 64 registers.
 template <> struct MmaConfig<256> {
-  static constexpr int kMTiles = 1, kWarps = 8, kMinBlocks = 1;
+  static constexpr int kMTiles = 1, kMinBlocks = 1;
 };
 
-template <typename T>
-__device__ __forceinline__ void store_out_pair(T* out, int64_t row, int col, int64_t m, int out_w,
-                                               bool pairs, float v0, float v1) {
-  if (row >= m) return;
-  T* dst = out + row * out_w + col;
-  if (pairs && col + 1 < out_w) {
-    // col is even and out_w is even, so dst is 4-byte aligned.
-    const uint32_t packed = pack2<T>(v0, v1);
-    *reinterpret_cast<uint32_t*>(dst) = packed;
-  } else {
-    if (col < out_w) dst[0] = from_float<T>(v0);
-    if (col + 1 < out_w) dst[1] = from_float<T>(v1);
-  }
+__device__ __forceinline__ void store_shared_u32(void* smem, uint32_t v) {
+  *reinterpret_cast<uint32_t*>(smem) = v;
 }
 
 template <typename T, int kMaxWidth, Activation kAct>
-__global__ void __launch_bounds__(MmaConfig<kMaxWidth>::kWarps * 32, MmaConfig<kMaxWidth>::kMinBlocks)
+__global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinBlocks)
     fused_mlp_mma_kernel(const __grid_constant__ MlpKernelParams p) {
   constexpr int kMTiles = MmaConfig<kMaxWidth>::kMTiles;
-  constexpr int kWarps = MmaConfig<kMaxWidth>::kWarps;
   constexpr int kKTiles = kMaxWidth / 16;  // 16-column tiles of the widest layer
   constexpr int kWarpRows = 16 * kMTiles;
-  constexpr int kBlockRows = kWarpRows * kWarps;
-  static_assert(kKTiles % 2 == 0, "output chunks are 32 columns");
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* bias_smem = reinterpret_cast<float*>(smem_raw);
   T* weight_smem = reinterpret_cast<T*>(smem_raw + p.weight_area_offset);
+  const int num_warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int x_pitch = p.act_pitch;
+  const int out_pitch = p.out_pitch;
+  // Per-warp buffers: the warp's x rows (cp.async target), then its output rows (staging for
+  // coalesced stores).
   T* x_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) + warp * kWarpRows * x_pitch;
+  T* out_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) +
+                num_warps * kWarpRows * x_pitch + warp * kWarpRows * out_pitch;
 
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   const int in0 = p.widths[0];
-  const int in0_pad = round_up(in0, 16);
   const int num_layers = p.num_layers;
   const int out_w = p.widths[num_layers];
+  const int64_t block_rows = static_cast<int64_t>(num_warps) * kWarpRows;
 
+  auto valid_rows = [&](int64_t row0) {
+    const int64_t remaining = p.m - row0;
+    return remaining <= 0 ? 0 : remaining < kWarpRows ? static_cast<int>(remaining) : kWarpRows;
+  };
   // Stages this warp's rows of row tile `tile` into its x buffer (rows past m zero-filled).
   auto stage_x = [&](int64_t tile) {
-    const int64_t row0 = tile * kBlockRows + warp * kWarpRows;
-    const int64_t remaining = p.m - row0;
-    const int rows = remaining <= 0 ? 0 : remaining < kWarpRows ? static_cast<int>(remaining) : kWarpRows;
+    const int64_t row0 = tile * block_rows + warp * kWarpRows;
+    const int rows = valid_rows(row0);
     const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
-    stage_tile<T>(x_smem, x_pitch, src, p.stride_xm, rows, in0, kWarpRows, in0_pad, x,
-                  p.x_vectorized, lane, 32);
+    stage_tile<T>(x_smem, x_pitch, src, p.stride_xm, rows, in0, kWarpRows, round_up(in0, kMmaKPad),
+                  x, p.x_vectorized, lane, 32);
   };
   // Stages the weights of layer group g (whole block).
   auto stage_group = [&](int g) {
@@ -198,12 +204,13 @@ __global__ void __launch_bounds__(MmaConfig<kMaxWidth>::kWarps * 32, MmaConfig<k
       const T* w = static_cast<const T*>(p.weights[layer]);
       const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
       stage_tile<T>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in, out_l, in,
-                    round_up(out_l, 16), round_up(in, 16), w, vec, threadIdx.x, kWarps * 32);
+                    round_up(out_l, kMmaNPad), round_up(in, kMmaKPad), w, vec, threadIdx.x,
+                    blockDim.x);
     }
   };
 
   const bool weights_resident = p.num_groups == 1;
-  load_biases<T>(p, bias_smem, 16);
+  load_biases<T>(p, bias_smem, kMmaNPad);
   if (weights_resident) stage_group(0);
   int64_t tile = blockIdx.x;
   stage_x(tile);
@@ -212,34 +219,40 @@ __global__ void __launch_bounds__(MmaConfig<kMaxWidth>::kWarps * 32, MmaConfig<k
   __syncthreads();
 
   // ldmatrix lane roles. A (x tile, 16x16): lanes 0-15 address rows 0-15 at k 0, lanes 16-31
-  // rows 0-15 at k 8 -> registers a0..a3 = (r0-7,k0-7), (r8-15,k0-7), (r0-7,k8-15), (r8-15,k8-15).
+  // rows 0-15 at k 8 -> registers a0..a3 = (r0-7,k0-7), (r8-15,k0-7), (r0-7,k8-15), (r8-15,k8-15),
+  // the m16n8k16 A fragment order.
   const int a_row = lane % 16;
   const int a_col = (lane / 16) * 8;
-  // B (16 weight rows n x 16 k): matrix j = lane/8 is (n 8*(j/2).., k 8*(j%2)..) -> registers
-  // {b0,b1} = k-halves of n-tile 0, {b2,b3} = k-halves of n-tile 1 (W rows are B's columns).
+  // B (16 weight rows n x 16 k; W's rows are B's columns): matrix j = lane/8 covers
+  // n 8*(j/2).., k 8*(j%2).. -> {b0,b1} = the two k halves of n-tile 0, {b2,b3} of n-tile 1.
   const int b_row = (lane / 16) * 8 + (lane % 8);
   const int b_col = ((lane / 8) % 2) * 8;
   const int quad_row = lane / 4;        // C fragment: rows quad_row and quad_row + 8
   const int quad_col = 2 * (lane % 4);  // C fragment: columns quad_col, quad_col + 1 of an n-tile
 
   for (; tile < p.num_tiles; tile += gridDim.x) {
-    const int64_t warp_row0 = tile * kBlockRows + warp * kWarpRows;
+    const int64_t warp_row0 = tile * block_rows + warp * kWarpRows;
     uint32_t act[kMTiles][kKTiles][4];
     {
-      const int in_tiles = in0_pad / 16;
+      const int k_groups = round_up(in0, kMmaKPad) / kMmaKPad;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt)
-          if (kt < in_tiles)
+        for (int kt = 0; kt < kKTiles; ++kt) {
+          if (kt / 4 < k_groups) {
             ldmatrix_x4(act[mt][kt], x_smem + (mt * 16 + a_row) * x_pitch + kt * 16 + a_col);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) act[mt][kt][i] = 0u;
+          }
+        }
     }
     // Every lane's ldmatrix has read the buffer: refill it with the next tile while we compute.
     __syncwarp();
     if (tile + gridDim.x < p.num_tiles) stage_x(tile + gridDim.x);
     cp_async_commit();
 
-    int group = 0;  // the next layer group to stage when weights are not resident
+    int group = 0;  // the next layer group to stage when the weights are not resident
     for (int layer = 0; layer < num_layers; ++layer) {
       if (!weights_resident && layer == p.group_first_layer[group]) {
         __syncthreads();  // every warp is done with the previous group's weights
@@ -249,27 +262,23 @@ __global__ void __launch_bounds__(MmaConfig<kMaxWidth>::kWarps * 32, MmaConfig<k
         __syncthreads();
         ++group;
       }
-      const int in_tiles = round_up(p.widths[layer], 16) / 16;
-      const int out_tiles = round_up(p.widths[layer + 1], 16) / 16;
+      const int k_groups = round_up(p.widths[layer], kMmaKPad) / kMmaKPad;
+      const int out_chunks = round_up(p.widths[layer + 1], kMmaNPad) / kMmaNPad;
       const int pitch = p.weight_pitch[layer];
       const T* w = weight_smem + p.weight_offset[layer];
       const float* bias = bias_smem + p.bias_offset[layer];
-      const bool last = layer == num_layers - 1;
+      const bool hidden = layer + 1 < num_layers;
       uint32_t next[kMTiles][kKTiles][4];
 
-      // 32 output columns per chunk: two 16-row ldmatrix_x4 of W feed 4 n-tiles x kMTiles mma.
+      // 32 output columns per chunk: two ldmatrix_x4 of 16 weight rows feed 4 n-tiles x kMTiles.
 #pragma unroll
       for (int chunk = 0; chunk < kKTiles / 2; ++chunk) {
-        if (2 * chunk < out_tiles) {
-          const bool has_second = 2 * chunk + 1 < out_tiles;
+        if (chunk < out_chunks) {
           float acc[kMTiles][4][4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            float b0 = 0.f, b1 = 0.f;
-            if (j < 2 || has_second) {
-              b0 = bias[chunk * 32 + j * 8 + quad_col];
-              b1 = bias[chunk * 32 + j * 8 + quad_col + 1];
-            }
+            const float b0 = bias[chunk * 32 + j * 8 + quad_col];
+            const float b1 = bias[chunk * 32 + j * 8 + quad_col + 1];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
               acc[mt][j][0] = b0;
@@ -279,87 +288,101 @@ __global__ void __launch_bounds__(MmaConfig<kMaxWidth>::kWarps * 32, MmaConfig<k
             }
           }
           const T* w_rows = w + (chunk * 32 + b_row) * pitch + b_col;
-          // B fragments one k-tile ahead so ldmatrix latency hides behind the mma.
-          uint32_t b_cur[2][4];
-          ldmatrix_x4(b_cur[0], w_rows);
-          if (has_second) ldmatrix_x4(b_cur[1], w_rows + 16 * pitch);
 #pragma unroll
           for (int kt = 0; kt < kKTiles; ++kt) {
-            if (kt < in_tiles) {
-              uint32_t b_next[2][4];
-              const bool more = kt + 1 < kKTiles && kt + 1 < in_tiles;
-              if (more) {
-                ldmatrix_x4(b_next[0], w_rows + (kt + 1) * 16);
-                if (has_second) ldmatrix_x4(b_next[1], w_rows + 16 * pitch + (kt + 1) * 16);
-              }
+            if (kt / 4 < k_groups) {
+              uint32_t b[2][4];
+              ldmatrix_x4(b[0], w_rows + kt * 16);
+              ldmatrix_x4(b[1], w_rows + 16 * pitch + kt * 16);
 #pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                if (half == 0 || has_second) {
-                  const uint32_t b_lo[2] = {b_cur[half][0], b_cur[half][1]};
-                  const uint32_t b_hi[2] = {b_cur[half][2], b_cur[half][3]};
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t b_lo[2] = {b[h][0], b[h][1]};
+                const uint32_t b_hi[2] = {b[h][2], b[h][3]};
 #pragma unroll
-                  for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_16816<T>(acc[mt][2 * half], act[mt][kt], b_lo);
-                    mma_16816<T>(acc[mt][2 * half + 1], act[mt][kt], b_hi);
-                  }
-                }
-              }
-              if (more) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  b_cur[0][i] = b_next[0][i];
-                  b_cur[1][i] = b_next[1][i];
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                  mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
+                  mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
                 }
               }
             }
           }
-
-          if (!last) {
-            // C fragments of n-tiles (2q, 2q+1) = A fragment of next-layer k-tile q:
-            //   a0 = (row g, k 2t..2t+1) = C(2q)[0,1]   a1 = (row g+8, k 2t..) = C(2q)[2,3]
-            //   a2 = (row g, k 8+2t..)   = C(2q+1)[0,1] a3 = (row g+8, k 8+2t..) = C(2q+1)[2,3]
+          // C fragments of n-tiles (2q, 2q+1) (q = 0, 1) = the A fragment of next k-tile
+          // 2*chunk + q, g = quad_row, 2t = quad_col:
+          //   a0 = (row g, k 2t..2t+1) = C(2q)[0,1]      a1 = (row g+8, k 2t..) = C(2q)[2,3]
+          //   a2 = (row g, k 8+2t..)   = C(2q+1)[0,1]    a3 = (row g+8, k 8+2t..) = C(2q+1)[2,3]
+          // The last layer packs too (no activation): the output is stored from the same layout.
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            if (hidden) {
 #pragma unroll
               for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mt][j][e] = apply_activation<kAct>(acc[mt][j][e]);
-#pragma unroll
-              for (int q = 0; q < 2; ++q) {
-                next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
-                next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
-                next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
-                next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
-              }
             }
-          } else {
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              const int64_t row = warp_row0 + mt * 16 + quad_row;
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                if (j < 2 || has_second) {
-                  const int col = chunk * 32 + j * 8 + quad_col;
-                  store_out_pair<T>(out, row, col, p.m, out_w, p.out_pairs, acc[mt][j][0],
-                                    acc[mt][j][1]);
-                  store_out_pair<T>(out, row + 8, col, p.m, out_w, p.out_pairs, acc[mt][j][2],
-                                    acc[mt][j][3]);
-                }
-              }
+            for (int q = 0; q < 2; ++q) {
+              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
+              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
+              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
+              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
             }
           }
+        } else {
+          // Past this layer's width: zeros, which the next layer's k padding expects.
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
         }
       }
-      if (!last) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int kt = 0; kt < kKTiles; ++kt)
+        for (int kt = 0; kt < kKTiles; ++kt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
+          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
+    }
+
+    // Output: registers -> this warp's staging rows -> global as whole rows (the warp's rows are
+    // contiguous in `out`), 16-byte vectors where the width and pointer allow.
+    {
+      const int out_tiles = round_up(out_w, 16) / 16;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kt = 0; kt < kKTiles; ++kt) {
+          if (kt < out_tiles) {
+            T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
+            T* hi = lo + 8 * out_pitch;
+            store_shared_u32(lo, act[mt][kt][0]);
+            store_shared_u32(hi, act[mt][kt][1]);
+            store_shared_u32(lo + 8, act[mt][kt][2]);
+            store_shared_u32(hi + 8, act[mt][kt][3]);
+          }
+        }
+      __syncwarp();
+      const int rows = valid_rows(warp_row0);
+      T* out_rows = out + warp_row0 * out_w;
+      if (p.out_vectorized) {
+        const int chunks_per_row = out_w / kVec;
+        for (int i = lane; i < rows * chunks_per_row; i += 32) {
+          const int r = i / chunks_per_row;
+          const int c = (i - r * chunks_per_row) * kVec;
+          *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
+              *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
+        }
+      } else {
+        for (int i = lane; i < rows * out_w; i += 32) {
+          const int r = i / out_w;
+          const int c = i - r * out_w;
+          out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
+        }
       }
     }
-    // The next tile's x has landed (own copies), and every lane sees every lane's copies.
+    // The next tile's x has landed (own copies) and every lane sees every lane's copies; the
+    // staging rows have been read before the next tile writes them.
     cp_async_wait<0>();
     __syncwarp();
   }
@@ -591,48 +614,59 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
 
   if (a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
-    const int m_tiles = bucket == 256 ? MmaConfig<256>::kMTiles : MmaConfig<64>::kMTiles;
-    const int warps = MmaConfig<64>::kWarps;
-    static_assert(MmaConfig<64>::kWarps == MmaConfig<128>::kWarps &&
-                      MmaConfig<64>::kWarps == MmaConfig<256>::kWarps &&
-                      MmaConfig<64>::kMTiles == MmaConfig<128>::kMTiles,
-                  "planner assumes these");
-    threads = warps * 32;
-    const int block_rows = warps * 16 * m_tiles;
+    const int warp_rows = 16 * (bucket == 64    ? MmaConfig<64>::kMTiles
+                                : bucket == 128 ? MmaConfig<128>::kMTiles
+                                                : MmaConfig<256>::kMTiles);
     int bias_floats = 0;
     for (int i = 0; i < a.num_layers; ++i) {
       p.bias_offset[i] = bias_floats;
-      bias_floats += round_up(a.widths[i + 1], 16);
+      bias_floats += round_up(a.widths[i + 1], kMmaNPad);
     }
-    const int bias_bytes = bias_floats * 4;  // a multiple of 64
-    p.act_pitch = mma_row_pitch(round_up(a.widths[0], 16));
-    const int x_bytes = warps * 16 * m_tiles * p.act_pitch * elem;
-    const int weight_budget = smem_limit - bias_bytes - x_bytes;
-    // Greedy groups of consecutive layers that fit together.
-    int group_bytes = 0, max_group_bytes = 0, groups = 0;
-    for (int i = 0; i < a.num_layers; ++i) {
-      p.weight_pitch[i] = mma_row_pitch(round_up(a.widths[i], 16));
-      const int bytes = round_up(a.widths[i + 1], 16) * p.weight_pitch[i] * elem;
-      if (bytes > weight_budget)
-        return reason("layer %d (%d x %d) needs %d KB of shared memory for its weights; this GPU "
-                      "leaves %d KB",
-                      i, a.widths[i + 1], a.widths[i], bytes / 1024,
-                      weight_budget > 0 ? weight_budget / 1024 : 0);
-      if (i == 0 || group_bytes + bytes > weight_budget) {
-        p.group_first_layer[groups++] = i;
-        group_bytes = 0;
+    const int bias_bytes = bias_floats * 4;  // a multiple of 128
+    p.act_pitch = mma_row_pitch(round_up(a.widths[0], kMmaKPad));
+    p.out_pitch = mma_row_pitch(round_up(a.widths[a.num_layers], 16));
+    // The most warps (8, else 4, 2, 1) whose per-warp buffers leave room for the widest layer.
+    int warps = kMaxMmaWarps, max_group_bytes = 0, per_warp_bytes = 0;
+    for (;; warps /= 2) {
+      per_warp_bytes = warp_rows * (p.act_pitch + p.out_pitch) * elem;
+      const int weight_budget = smem_limit - bias_bytes - warps * per_warp_bytes;
+      // Greedy groups of consecutive layers that fit in shared memory together.
+      int group_bytes = 0, groups = 0, too_big = -1, too_big_bytes = 0;
+      max_group_bytes = 0;
+      for (int i = 0; i < a.num_layers; ++i) {
+        p.weight_pitch[i] = mma_row_pitch(round_up(a.widths[i], kMmaKPad));
+        const int bytes = round_up(a.widths[i + 1], kMmaNPad) * p.weight_pitch[i] * elem;
+        if (bytes > weight_budget) {
+          too_big = i;
+          too_big_bytes = bytes;
+          break;
+        }
+        if (i == 0 || group_bytes + bytes > weight_budget) {
+          p.group_first_layer[groups++] = i;
+          group_bytes = 0;
+        }
+        p.weight_offset[i] = group_bytes / elem;
+        group_bytes += bytes;
+        max_group_bytes = max_group_bytes > group_bytes ? max_group_bytes : group_bytes;
       }
-      p.weight_offset[i] = group_bytes / elem;
-      group_bytes += bytes;
-      max_group_bytes = max_group_bytes > group_bytes ? max_group_bytes : group_bytes;
+      if (too_big < 0) {
+        p.group_first_layer[groups] = a.num_layers;
+        p.num_groups = groups;
+        break;
+      }
+      if (warps == 1)
+        return reason("layer %d (%d x %d) needs %d KB of shared memory for its weights, more than "
+                      "this GPU's %d KB per block leaves",
+                      too_big, a.widths[too_big + 1], a.widths[too_big], too_big_bytes / 1024,
+                      smem_limit / 1024);
     }
-    p.group_first_layer[groups] = a.num_layers;
-    p.num_groups = groups;
+    threads = warps * 32;
     p.weight_area_offset = bias_bytes;
     p.act_area_offset = bias_bytes + max_group_bytes;
-    smem = p.act_area_offset + x_bytes;
-    p.num_tiles = ceil_div(a.m, block_rows);
-    p.out_pairs = a.widths[a.num_layers] % 2 == 0 && (reinterpret_cast<uintptr_t>(a.out) & 3) == 0;
+    smem = p.act_area_offset + warps * per_warp_bytes;
+    p.num_tiles = ceil_div(a.m, static_cast<int64_t>(warps) * warp_rows);
+    p.out_vectorized = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 &&
+                       (a.widths[a.num_layers] * elem) % 16 == 0;
     kernel = a.dtype == DType::kFloat16 ? pick_mma_kernel<__half>(bucket, a.activation)
                                         : pick_mma_kernel<__nv_bfloat16>(bucket, a.activation);
   } else {
@@ -641,7 +675,6 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     const int num_sms = a.num_sms > 0 ? a.num_sms : 132;
     const int64_t rows_per_sm = ceil_div(a.m > 0 ? a.m : 1, 2 * static_cast<int64_t>(num_sms));
     const bool small = rows_per_sm <= 4;
-    const int rows_per_thread = small ? 1 : 4;
     p.tile_rows = small ? 4 : static_cast<int>(rows_per_sm > 32 ? 32 : round_up(static_cast<int>(rows_per_sm), 4));
     threads = kSimtThreads;
     int bias_floats = 0;

@@ -4,7 +4,7 @@
 //
 // Two kernel templates and one host-side choice between them (select_gemm_kernel):
 //   * gemm_tensor_core_kernel: fp16/bf16, mma.sync.m16n8k16 fed by ldmatrix from a kStages-deep
-//     cp.async shared-memory pipeline. Needs 16-byte aligned operand rows (see tensor_core_aligned).
+//     cp.async shared-memory pipeline. Needs 16-byte aligned operand rows (see a_rows_aligned).
 //   * gemm_simt_kernel: exact fp32 FMA, 128x128x8 block tile, 8x8 outputs per thread, register
 //     double buffering. The fp32 path, and the general fallback for fp16/bf16 operands that
 //     cp.async cannot serve (k % 8 != 0, odd strides, misaligned base pointers).
@@ -79,10 +79,11 @@ struct TensorCoreConfig {
   static constexpr int kStageElemsA = kBlockM * kStrideA;
   static constexpr int kStageElemsB = kBKMajor ? kBlockN * kStrideB : kBlockK * kStrideB;
   static constexpr int kStageElems = kStageElemsA + kStageElemsB;
-  static constexpr int kSmemBytes = kStages * kStageElems * 2;  // 2-byte elements
-  // The epilogue stages the C tile through the same memory; +8 elements for conflict-free stores.
+  // The epilogue stages the fp32 C tile through the same memory; +8 floats for conflict-free stores.
   static constexpr int kStrideC = kBlockN + 8;
-  static_assert(kBlockM * kStrideC <= kStages * kStageElems, "C tile must fit in the pipeline buffers");
+  static constexpr int kPipelineBytes = kStages * kStageElems * 2;  // 2-byte elements
+  static constexpr int kEpilogueBytes = kBlockM * kStrideC * 4;
+  static constexpr int kSmemBytes = kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
 
   static constexpr int kChunksPerRowA = kBlockK / 8;  // 16-byte chunks of 8 elements
   static constexpr int kChunksA = kBlockM * kChunksPerRowA;
@@ -97,12 +98,12 @@ struct TensorCoreConfig {
   static_assert(kStages >= 2, "pipeline depth");
 };
 
-// Host-checked precondition (tensor_core_aligned): every 16-byte chunk of A and B rows starts on a
+// Host-checked precondition (a_rows_aligned, b_rows_aligned): every 16-byte chunk of A and B rows starts on a
 // 16-byte boundary, and k (and n for B (k, n)) is a multiple of 8, so each chunk is either wholly
 // inside the matrix or wholly outside (then zero-filled).
-template <typename T, int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kBKMajor,
-          Activation kAct, bool kHasBias>
-__global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, 1)
+template <typename T, int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks,
+          bool kBKMajor, Activation kAct, bool kHasBias>
+__global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, kMinBlocks)
     gemm_tensor_core_kernel(const GemmArgs args) {
   using Cfg = TensorCoreConfig<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, kBKMajor>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -263,50 +264,54 @@ __global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, 1)
     cp_async_wait<0>();
     __syncthreads();
 
-    // Epilogue, stage 1: bias + activation in fp32, down-cast, into a C tile in shared memory
-    // (the pipeline buffers are free now). Lane (g = lane / 4, t = lane % 4) holds rows g and g + 8,
-    // columns 2t and 2t + 1 of every m16n8 tile; the padded row makes those 32 pairs hit 32 banks.
-    T* s_c = smem;
+    // Epilogue, stage 1: the fp32 accumulators into a C tile in shared memory (the pipeline buffers
+    // are free now). Lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
+    // of every m16n8 tile; a row stride of 8 (mod 32) words puts each half-warp's 16 float2 stores
+    // on 32 distinct banks.
+    float* s_c = reinterpret_cast<float*>(smem_raw);
     const int g = lane / 4;
     const int t = lane % 4;
 #pragma unroll
-    for (int j = 0; j < Cfg::kMmaTilesN; ++j) {
-      const int col = warp_n * Cfg::kWarpTileN + j * 8 + 2 * t;
-      // Columns past n are computed but never stored; clamping keeps their bias read in bounds.
-      const int64_t bias_col0 = min(n0 + col, n - 1);
-      const int64_t bias_col1 = min(n0 + col + 1, n - 1);
+    for (int i = 0; i < Cfg::kMmaTilesM; ++i) {
 #pragma unroll
-      for (int i = 0; i < Cfg::kMmaTilesM; ++i) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = warp_m * Cfg::kWarpTileM + i * 16 + g + half * 8;
-          const float v0 = epilogue_value<T, kAct, kHasBias>(acc[i][j][2 * half], bias, bias_col0);
-          const float v1 = epilogue_value<T, kAct, kHasBias>(acc[i][j][2 * half + 1], bias, bias_col1);
-          *reinterpret_cast<uint32_t*>(s_c + row * Cfg::kStrideC + col) = pack2<T>(v0, v1);
-        }
+      for (int j = 0; j < Cfg::kMmaTilesN; ++j) {
+        const int row = warp_m * Cfg::kWarpTileM + i * 16 + g;
+        const int col = warp_n * Cfg::kWarpTileN + j * 8 + 2 * t;
+        *reinterpret_cast<float2*>(s_c + row * Cfg::kStrideC + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+        *reinterpret_cast<float2*>(s_c + (row + 8) * Cfg::kStrideC + col) =
+            make_float2(acc[i][j][2], acc[i][j][3]);
       }
     }
     __syncthreads();
 
-    // Stage 2: 16-byte chunks of C rows, coalesced; masked element stores at the edges or when C
-    // rows are not 16-byte aligned.
+    // Stage 2: per 8-column chunk of a row, bias + activation in fp32, down-cast, one 16-byte store
+    // (coalesced across the warp); masked element stores at the edges or when C rows are not
+    // 16-byte aligned. Kept rolled: the activation is inlined once, not once per accumulator.
     T* c_batch = c + coord.batch * args.stride_c_batch;
     constexpr int kChunksPerRowC = kBlockN / 8;
-#pragma unroll 4
+#pragma unroll 1
     for (int chunk = tid; chunk < kBlockM * kChunksPerRowC; chunk += Cfg::kThreads) {
       const int row = chunk / kChunksPerRowC;
       const int col = (chunk % kChunksPerRowC) * 8;
       const int64_t g_row = m0 + row;
       const int64_t g_col = n0 + col;
       if (g_row >= m || g_col >= n) continue;
-      const T* src = s_c + row * Cfg::kStrideC + col;
+      const float4 lo = *reinterpret_cast<const float4*>(s_c + row * Cfg::kStrideC + col);
+      const float4 hi = *reinterpret_cast<const float4*>(s_c + row * Cfg::kStrideC + col + 4);
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       T* dst = c_batch + g_row * args.stride_cm + g_col;
       if (c_vec16 && g_col + 8 <= n) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        uint4 packed;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2)
+          words[e / 2] = pack2<T>(epilogue_value<T, kAct, kHasBias>(v[e], bias, g_col + e),
+                                  epilogue_value<T, kAct, kHasBias>(v[e + 1], bias, g_col + e + 1));
+        *reinterpret_cast<uint4*>(dst) = packed;
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (g_col + e < n) dst[e] = src[e];
+          if (g_col + e < n) dst[e] = from_float<T>(epilogue_value<T, kAct, kHasBias>(v[e], bias, g_col + e));
       }
     }
     // The next tile's prologue overwrites shared memory.
@@ -545,52 +550,88 @@ inline bool aligned_to(const void* p, int64_t elem_stride_a, int64_t elem_stride
 }
 
 // 16-byte rows for A (along k) and B (along k or n): the precondition of cp.async tiles and of the
-// fp32 float4 loads. A batch stride only matters when there is more than one batch.
+// fp32 float4 loads. A stride only matters when its dimension has more than one index (PyTorch
+// gives size-1 dims arbitrary strides, and m == 1 is the common decode shape).
 inline bool a_rows_aligned(const GemmArgs& args, int64_t elem_bytes) {
-  return aligned_to(args.a, args.stride_am, args.batch > 1 ? args.stride_a_batch : 0, args.k, elem_bytes,
-                    16);
+  return aligned_to(args.a, args.m > 1 ? args.stride_am : 0, args.batch > 1 ? args.stride_a_batch : 0,
+                    args.k, elem_bytes, 16);
 }
 inline bool b_rows_aligned(const GemmArgs& args, int64_t elem_bytes) {
-  return aligned_to(args.b, args.stride_b_outer, args.batch > 1 ? args.stride_b_batch : 0,
-                    args.b_k_major ? args.k : args.n, elem_bytes, 16);
+  const int64_t outer_size = args.b_k_major ? args.n : args.k;
+  return aligned_to(args.b, outer_size > 1 ? args.stride_b_outer : 0,
+                    args.batch > 1 ? args.stride_b_batch : 0, args.b_k_major ? args.k : args.n,
+                    elem_bytes, 16);
 }
 
-inline int multiprocessor_count() {
-  // Cached per device: the attribute query is cheap but not free on every launch.
-  static std::atomic<int> cache[64] = {};
+struct DeviceLimits {
+  int num_sms;
+  int max_smem_per_block;  // opt-in limit for dynamic shared memory
+};
+
+// Cached per device: the attribute queries are cheap but not free on every launch.
+inline DeviceLimits device_limits() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms_cache[kMaxDevices] = {};
+  static std::atomic<int> smem_cache[kMaxDevices] = {};
+  DeviceLimits limits{132, 227 * 1024};  // H100 values if a query fails
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (device >= 0 && device < 64) {
-    const int cached = cache[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
+  if (cudaGetDevice(&device) != cudaSuccess) return limits;
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable && sms_cache[device].load(std::memory_order_relaxed) > 0) {
+    limits.num_sms = sms_cache[device].load(std::memory_order_relaxed);
+    limits.max_smem_per_block = smem_cache[device].load(std::memory_order_relaxed);
+    return limits;
   }
-  int count = 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
-    count = 132;
-  if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
-  return count;
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && value > 0)
+    limits.num_sms = value;
+  if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+      value > 0)
+    limits.max_smem_per_block = value;
+  if (cacheable) {
+    smem_cache[device].store(limits.max_smem_per_block, std::memory_order_relaxed);
+    sms_cache[device].store(limits.num_sms, std::memory_order_relaxed);
+  }
+  return limits;
 }
 
 // Tensor-core tile configs (kBlockM x kBlockN x 32, warps, stages).
-//   large: 128 x 256, 8 warps of 64 x 64, 4 stages: 120 KB (k-major B) of smem, one block per SM;
+//   large: 128 x 256, 8 warps of 64 x 64, 4 stages: 120 KB of pipeline (k-major B), 132 KB with
+//          the fp32 C tile of the epilogue; one block per SM;
 //          the 64 x 64 warp tile gives the best mma-to-ldmatrix ratio mma.sync allows.
-//   small: 64 x 64, 4 warps of 32 x 32, 4 stages: 40 KB; for grids the large tile cannot fill.
+//   small: 64 x 64, 4 warps of 32 x 32, 4 stages: 40 KB, up to 4 blocks per SM; for grids the
+//          large tile cannot fill.
 struct TcLarge {
   static constexpr int kBlockM = 128, kBlockN = 256, kWarpsM = 2, kWarpsN = 4, kStages = 4;
+  static constexpr int kMinBlocks = 1;  // ~240 registers x 256 threads
 };
 struct TcSmall {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarpsM = 2, kWarpsN = 2, kStages = 4;
+  static constexpr int kMinBlocks = 4;  // <= 128 registers: 16 warps per SM to hide latency
 };
 
+template <typename Tile>
+constexpr int tensor_core_smem_bytes() {
+  // The larger of the two B layouts.
+  return std::max(TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
+                                   true>::kSmemBytes,
+                  TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
+                                   false>::kSmemBytes);
+}
+
 // The one config heuristic: which kernel and tile serve C[b] = A[b] @ B[b] for these sizes.
-inline GemmKernel select_gemm_kernel(const GemmArgs& args, int num_sms) {
+inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceLimits& device) {
   if (args.dtype == DType::kFloat32) return GemmKernel::kSimt;
   if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return GemmKernel::kSimt;
   const int64_t large_tiles =
       args.batch * ceil_div(args.m, TcLarge::kBlockM) * ceil_div(args.n, TcLarge::kBlockN);
   // Half a wave of large tiles still beats many small ones (2048^2: 128 large tiles on 132 SMs);
-  // below that the 64 x 64 tile spreads the work over more SMs.
-  return 2 * large_tiles >= num_sms ? GemmKernel::kTensorCoreLarge : GemmKernel::kTensorCoreSmall;
+  // below that, or when n <= 128 would leave half of a 256-wide tile idle, the 64 x 64 tile
+  // spreads the work over more SMs.
+  // The large tile needs 132 KB of shared memory (sm_80/sm_90 have 163/227 KB; sm_86/89 99 KB).
+  const bool large = 2 * large_tiles >= device.num_sms && args.n > 128 &&
+                     tensor_core_smem_bytes<TcLarge>() <= device.max_smem_per_block;
+  return large ? GemmKernel::kTensorCoreLarge : GemmKernel::kTensorCoreSmall;
 }
 
 inline unsigned grid_for(int64_t num_tiles) {
@@ -603,7 +644,7 @@ cudaError_t launch_tensor_core(const GemmArgs& args, cudaStream_t stream) {
   using Cfg = TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
                                kBKMajor>;
   auto kernel = gemm_tensor_core_kernel<T, Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN,
-                                        Tile::kStages, kBKMajor, kAct, kHasBias>;
+                                        Tile::kStages, Tile::kMinBlocks, kBKMajor, kAct, kHasBias>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -629,12 +670,13 @@ cudaError_t launch_simt(const GemmArgs& args, cudaStream_t stream) {
 
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
-  const GemmKernel kernel = select_gemm_kernel(args, multiprocessor_count());
+  const GemmKernel kernel = select_gemm_kernel(args, device_limits());
   if constexpr (!std::is_same_v<T, float>) {
     if (kernel == GemmKernel::kTensorCoreLarge) {
       return args.b_k_major ? launch_tensor_core<T, TcLarge, true, kAct, kHasBias>(args, stream)
                             : launch_tensor_core<T, TcLarge, false, kAct, kHasBias>(args, stream);
-    } else if (kernel == GemmKernel::kTensorCoreSmall) {
+    }
+    if (kernel == GemmKernel::kTensorCoreSmall) {
       return args.b_k_major ? launch_tensor_core<T, TcSmall, true, kAct, kHasBias>(args, stream)
                             : launch_tensor_core<T, TcSmall, false, kAct, kHasBias>(args, stream);
     }

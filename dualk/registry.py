@@ -21,6 +21,9 @@ import torch
 from .backends import torch_ref
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ALL_DTYPES = DTYPES
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+FP32, FP16, BF16 = (torch.float32,), (torch.float16,), (torch.bfloat16,)
 
 # |out - ref| <= atol + rtol * |ref| against a float64 reference, for ops that round once
 # (compute in fp32, store in the dtype): rtol is twice the dtype's half-ulp.
@@ -52,6 +55,7 @@ class ShapeCase:
     gpu_only: bool = False  # too large for Triton's CPU interpreter
     bench: bool = False  # part of the benchmark suites (default and up)
     quick: bool = False  # part of the quick benchmark suite
+    bench_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -217,9 +221,9 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(0, 8, 5, "empty"),
         mm(6, 0, 5, "k0"),
         mm(1000, 17, 4097, "odd_large", gpu_only=True),
-        mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True),
-        mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True),
-        mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True),
+        mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
+        mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
+        mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
     )  # fmt: skip
 
 
@@ -251,9 +255,9 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         lg((0,), 16, 8, "empty"),
         lg((5,), 0, 8, "k0"),
         lg((64,), 64, 64, "square"),
-        lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True),
-        lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True),
-        lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True),
+        lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=BF16),
+        lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=BF16),
+        lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),
     )  # fmt: skip
 
 
@@ -293,7 +297,7 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
     seed = (100, 128, 64, 10)
     return (
         mlp(1, seed, "seed_b1"),
-        mlp(32, seed, "seed_b32", bench=True, quick=True),
+        mlp(32, seed, "seed_b32", bench=True, quick=True, bench_dtypes=FP32),
         mlp(257, (27, 50, 100, 16), "odd_widths_b257"),
         mlp(33, (16, 16), "one_layer"),
         mlp(20, (64, 32, 48, 16, 256, 64, 40, 24, 8), "eight_layers"),
@@ -304,11 +308,11 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
         mlp(12, (48, 64, 16), "strided_x", x_view=lambda dt, dev, g: randn((12, 96), dt, dev, g)[:, ::2]),
         mlp(24, (32, 320, 16), "too_wide_fallback"),
         mlp(0, (16, 32, 8), "empty"),
-        mlp(4096, seed, "seed_b4096", gpu_only=True, bench=True),
+        mlp(4096, seed, "seed_b4096", gpu_only=True, bench=True, bench_dtypes=FP32),
         mlp(2**16, (64, 64, 64, 64, 16), "64x4_b65536", gpu_only=True),
         mlp(2**16, (256, 256, 256, 10), "256_b65536", gpu_only=True),
-        mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True),
-        mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True),
+        mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
+        mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True, bench_dtypes=FP16),
     )  # fmt: skip
 
 

@@ -90,6 +90,27 @@ def _load_layer(
 
 
 @triton.jit
+def _load_rows(
+    x_ptr,
+    tile,  # row tile index; rows past M (and columns past D0) read as 0
+    M,
+    stride_xm,
+    stride_xk,
+    D0: tl.constexpr,
+    P0: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Input rows [tile * BLOCK_M, (tile + 1) * BLOCK_M) as a zero-padded (BLOCK_M, P0) block."""
+    # int64 rows: row * stride_xm can pass 2^31 at large batch (tile * BLOCK_M itself stays
+    # below M + 2 * BLOCK_M * num_programs, within M's own type).
+    offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_k = tl.arange(0, P0)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < D0)
+    return tl.load(x_ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def _apply_layer(
     h,  # (BLOCK_M, P_IN) activations in the operand dtype
     w_t,  # (P_IN, P_OUT) from _load_layer
@@ -170,7 +191,6 @@ def fused_mlp_kernel(
     INPUT_PRECISION: tl.constexpr,  # "ieee" for fp32, "tf32" (ignored) for fp16/bf16
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
     BLOCK_M: tl.constexpr,  # rows per tile
-    NUM_STAGES: tl.constexpr,  # software-pipeline depth of the row-tile loop
     PROGRAMS_PER_SM: tl.constexpr,  # read by the launcher's grid only
 ):
     dtype = x_ptr.dtype.element_ty
@@ -192,16 +212,16 @@ def fused_mlp_kernel(
     if NUM_LAYERS > 7:
         w7, c7 = _load_layer(w7_ptr, b7_ptr, D7, D8, P7, P8, (BIAS_MASK >> 7) & 1)
 
-    offs_in = tl.arange(0, P0)
-    offs_out = tl.arange(0, P_OUT)
+    # Persistent loop over row tiles. The next tile's input is loaded before this tile's layers
+    # run, so its global-load latency hides behind the MMAs (Triton's own pipeliner did not
+    # turn this load into cp.async for fp16 on sm_90: checked in the TTGIR of Triton 3.9).
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
     num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        # int64 rows: row * stride_xm can pass 2^31 at large batch (tile * BLOCK_M < M + BLOCK_M
-        # cannot overflow M's own type).
-        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        row_ok = offs_m < M
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_in[None, :] * stride_xk
-        h = tl.load(x_ptrs, mask=row_ok[:, None] & (offs_in[None, :] < D0), other=0.0)
+    h_next = _load_rows(x_ptr, pid, M, stride_xm, stride_xk, D0, P0, BLOCK_M)
+    for tile in range(pid, num_tiles, num_programs):
+        h = h_next
+        h_next = _load_rows(x_ptr, tile + num_programs, M, stride_xm, stride_xk, D0, P0, BLOCK_M)
 
         # Layer i: a static branch per layer, unrolled at compile time.
         acc = _apply_layer(
@@ -256,8 +276,10 @@ def fused_mlp_kernel(
                 DOT_IN_FP32,
             )
 
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_out = tl.arange(0, P_OUT)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_out[None, :]
-        out_mask = row_ok[:, None] & (offs_out[None, :] < D_OUT)
+        out_mask = (offs_m[:, None] < M) & (offs_out[None, :] < D_OUT)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -270,28 +292,39 @@ def fused_mlp_configs() -> list[triton.Config]:
     tiles in flight to hide the dependent layer chain; 2-3 stages prefetch the next input tile.
     """
 
-    def cfg(block_m, warps, stages, per_sm):
-        meta = dict(BLOCK_M=block_m, NUM_STAGES=stages, PROGRAMS_PER_SM=per_sm)
-        return triton.Config(meta, num_warps=warps, num_stages=stages)
+    def cfg(block_m, warps, per_sm):
+        meta = dict(BLOCK_M=block_m, PROGRAMS_PER_SM=per_sm)
+        # The row loop prefetches by hand (see fused_mlp_kernel): no compiler pipelining.
+        return triton.Config(meta, num_warps=warps, num_stages=1)
 
     return [
-        cfg(64, 4, 2, 2),
-        cfg(64, 4, 3, 2),
-        cfg(128, 4, 2, 1),
-        cfg(128, 8, 2, 1),
-        cfg(128, 8, 3, 1),
-        cfg(128, 4, 2, 2),
-        cfg(256, 8, 2, 1),
-        cfg(32, 4, 2, 4),
-        cfg(16, 4, 1, 4),
+        # fp16/bf16 (wgmma on Hopper). Checked by compiling for sm_90 with Triton 3.9's ptxas:
+        # 64-64-64-64-16 uses 128-203 registers and 35-59 KiB smem, no spills; 128-wide layers
+        # spill at 4 warps for BLOCK_M >= 128 (the 8-warp configs use 214 registers, no spills).
+        cfg(128, 8, 1),
+        cfg(128, 8, 2),
+        cfg(64, 4, 2),
+        cfg(64, 4, 4),
+        cfg(128, 4, 2),
+        cfg(256, 8, 1),
+        cfg(64, 8, 2),
+        # fp32 (exact, CUDA-core dots; also the small-batch picks): the FMA dot unrolls the
+        # whole K, so small row tiles and 8 warps: seed model 100-128-64-10 at BLOCK_M=16 uses
+        # 80 registers, no spills; at BLOCK_M=32 it spills ~600 B a thread.
+        cfg(16, 8, 4),
+        cfg(32, 8, 4),
+        cfg(16, 4, 4),
     ]
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Small batches: BLOCK_M past the batch only pads; keep the smallest tiles that cover it."""
-    m = named_args["M"]
-    fitting = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, triton.next_power_of_2(m))]
-    return fitting or configs[-1:]
+    """fp32: only BLOCK_M <= 32 (larger tiles spill heavily on the FMA path). Small batches:
+    BLOCK_M past the batch only pads; keep the tiles that do not exceed it."""
+    if named_args["x_ptr"].dtype == torch.float32:
+        configs = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
+    limit = max(16, triton.next_power_of_2(named_args["M"]))
+    fitting = [c for c in configs if c.kwargs["BLOCK_M"] <= limit]
+    return fitting or [min(configs, key=lambda c: c.kwargs["BLOCK_M"])]
 
 
 _MLP_KEY = ["M_BUCKET", "NUM_LAYERS", "D0", "D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8"]
@@ -306,7 +339,7 @@ _fused_mlp_tuned = triton.autotune(
 
 # Interpreter: one config; BLOCK_M=16 with 4 "SMs" gives several tiles per program on test
 # batches, so the persistent loop is exercised.
-_INTERPRETER_META = dict(BLOCK_M=16, NUM_STAGES=1, PROGRAMS_PER_SM=1)
+_INTERPRETER_META = dict(BLOCK_M=16, PROGRAMS_PER_SM=1)
 
 
 def _m_bucket(m: int) -> int:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU loop: on a machine with an NVIDIA GPU and no network, install dualk, build the CUDA
+# extension, run the whole test suite and the benchmark, and leave logs and results in OUT_DIR.
+#
+#   bench/gpu_check.sh OUT_DIR [all|tests|bench] [bench suite: quick|default|full] [extra bench args...]
+#
+# Files written (at most 8, flat, so a remote runner can bring them all back):
+#   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt
+set -uo pipefail
+OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench] [suite] [bench args...]}
+STAGE=${2:-all}
+SUITE=${3:-default}
+shift $(( $# < 3 ? $# : 3 ))
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export DUALK_CACHE_DIR=${DUALK_CACHE_DIR:-/tmp/dualk-cache}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+PY=${PYTHON:-python3}
+
+{
+  date -u; nvidia-smi; nvcc --version | tail -2
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); print(torch.cuda.get_device_name(0))"
+} > "$OUT/env.txt" 2>&1
+head -n 30 "$OUT/env.txt"
+
+t0=$(date +%s)
+{
+  $PY -m pip install --no-deps --no-build-isolation -e . && $PY -m dualk build --verbose
+} > "$OUT/setup.log" 2>&1
+rc=$?
+echo "setup (install + CUDA build): rc=$rc in $(( $(date +%s) - t0 )) s"
+tail -n 3 "$OUT/setup.log"
+[ $rc -eq 0 ] || { grep -n -i -E "error" "$OUT/setup.log" | head -40; exit $rc; }
+
+status=0
+if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
+  t0=$(date +%s)
+  xdist=""
+  $PY -c "import xdist" 2>/dev/null && xdist="-n 8"
+  # tests/test_cuda_compile.py is nvcc's static check, which CI runs; the GPU run is about kernels.
+  $PY -m pytest tests $xdist -q -rs --deselect tests/test_cuda_compile.py --junitxml="$OUT/junit.xml" \
+    -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  status=$?
+  echo "pytest: rc=$status in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
+  tail -n 2 "$OUT/pytest.log"
+fi
+
+if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
+  t0=$(date +%s)
+  $PY -m dualk bench --suite "$SUITE" --all-backends --json "$OUT/bench.json" "$@" > "$OUT/bench.txt" 2>&1
+  rc=$?
+  echo "bench: rc=$rc in $(( $(date +%s) - t0 )) s"
+  cat "$OUT/bench.txt" | tail -n 120
+  [ $rc -eq 0 ] || status=$rc
+fi
+exit $status

@@ -1,0 +1,339 @@
+"""Benchmark engine behind `dualk bench`: times every backend of every registry operator against
+PyTorch's own paths in one run, on the registry's inputs, with the registry's cost model.
+
+Method (see README "Benchmarks"): CUDA events through triton.testing.do_bench (L2 flushed before
+every repetition, median and inter-quartile range); optional CUDA-graph replay for launch-bound
+shapes; host cost per call measured separately (a loop without synchronisation); build/compile
+time (the first call) kept apart from kernel time; every timed output judged against a float64
+reference, so a fast wrong kernel cannot hide; ceilings (copy bandwidth, big GEMMs) measured at
+the start so each row shows its share of the roofline.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import registry
+from .backends import unavailable_reason
+from .registry import OPS, OpSpec, Sample
+from .testing import float64_reference, judge
+
+SUITES = ("quick", "default", "full")
+
+
+@dataclass
+class Row:
+    op: str
+    case: str
+    shape: str
+    dtype: str
+    impl: str  # "dualk:cuda", "dualk:triton", "torch eager", "cuBLAS", ...
+    kind: str  # "dualk" or "peer"
+    us: float | None = None  # median device time per call
+    iqr_us: float | None = None
+    host_us: float | None = None  # host time per call without synchronisation
+    first_call_s: float | None = None  # includes JIT build / Triton compile / torch.compile
+    tflops: float | None = None
+    gbs: float | None = None
+    roofline_pct: float | None = None  # floor time / measured time
+    rel_err: float | None = None
+    ok: bool | None = None
+    speedup_vs_eager: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Report:
+    env: dict
+    ceilings: dict
+    rows: list[Row] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"env": self.env, "ceilings": self.ceilings, "rows": [asdict(r) for r in self.rows]}
+
+
+# ---------------------------------------------------------------------------- environment
+def environment() -> dict:
+    import dualk
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dualk": dualk.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "platform": platform.platform(),
+        "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception as exc:
+        env["triton"] = f"unavailable ({type(exc).__name__})"
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, gpu_count=torch.cuda.device_count(), sm_count=p.multi_processor_count,
+                   capability=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1))  # fmt: skip
+        env["driver"] = _smi("driver_version")
+    else:
+        env["gpu"] = None
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        env["nvcc"] = out[-1] if out else "?"
+    return env
+
+
+def _smi(field_name: str) -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field_name}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)  # fmt: skip
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+# ---------------------------------------------------------------------------- timing
+def time_device(fn: Callable[[], object], cuda_graph: bool = False) -> tuple[float, float]:
+    """(median, inter-quartile range) of one call in microseconds, CUDA events, L2 flushed."""
+    import triton.testing
+
+    q = [0.5, 0.25, 0.75]
+    if cuda_graph:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            med, lo, hi = triton.testing.do_bench_cudagraph(fn, rep=100, quantiles=q)
+    else:
+        med, lo, hi = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=q)
+    return med * 1e3, (hi - lo) * 1e3
+
+
+def time_host(fn: Callable[[], object], calls: int = 200) -> float:
+    """Host microseconds per call, without synchronising between calls (launch-bound shapes)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def measure_ceilings() -> dict:
+    """Copy bandwidth (bytes read + written) and dense GEMM rates, measured now on this GPU."""
+    dev = torch.device("cuda")
+    src = torch.randn(2**28, device=dev)
+    dst = torch.empty_like(src)
+    us, _ = time_device(lambda: dst.copy_(src))
+    ceilings = {"copy_gbs": 2 * src.numel() * 4 / us / 1e3, "copy_shape": "2^28 fp32"}
+    del src, dst
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for dtype, n in ((torch.bfloat16, 8192), (torch.float16, 8192), (torch.float32, 4096)):
+            a = torch.randn(n, n, device=dev).to(dtype)
+            b = torch.randn(n, n, device=dev).to(dtype)
+            us, _ = time_device(lambda a=a, b=b: torch.mm(a, b))
+            ceilings[f"mm_tflops_{str(dtype)[6:]}"] = 2 * n**3 / us / 1e6
+            ceilings[f"mm_shape_{str(dtype)[6:]}"] = f"{n}^3"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return ceilings
+
+
+# ---------------------------------------------------------------------------- peers
+def peers(spec: OpSpec, sample: Sample, with_compile: bool) -> dict[str, tuple[Callable[[], torch.Tensor], bool]]:
+    """PyTorch's own ways of computing the same thing: name -> (function, time as a CUDA-graph
+    replay). The first entry is eager PyTorch, the base of every speedup."""
+    import torch.nn.functional as F
+
+    args, kwargs = sample.args, sample.kwargs
+    out: dict[str, Callable[[], torch.Tensor]] = {}
+    graphed: set[str] = set()
+    if spec.name == "add":
+        a, b = args
+        out["torch eager"] = lambda: torch.add(a, b, alpha=kwargs["alpha"])
+    elif spec.name == "relu_scale":
+        x, s = args
+        out["torch eager relu(x)*s"] = lambda: torch.relu(x) * s
+    elif spec.name == "matmul":
+        a, b = args
+        out["cuBLAS (torch.matmul)"] = lambda: torch.matmul(a, b)
+    elif spec.name == "linear_gelu":
+        x, w, bias = args
+        approx = kwargs["approximate"]
+        out["torch eager gelu(linear)"] = lambda: F.gelu(F.linear(x, w, bias), approximate=approx)
+        if bias is not None and approx == "tanh" and x.dim() == 2:
+            # cuBLASLt's fused bias+GELU(tanh) epilogue.
+            out["cuBLASLt addmm+gelu"] = lambda: torch._addmm_activation(bias, x, w.t(), use_gelu=True)
+    elif spec.name == "fused_mlp":
+        x, weights, biases = args
+        out["torch eager nn.Sequential"] = lambda: spec.reference(*args, **kwargs)
+        out["torch eager +cudagraph"] = out["torch eager nn.Sequential"]
+        graphed.add("torch eager +cudagraph")
+    if with_compile:
+        compiled = torch.compile(spec.reference, dynamic=False)
+        out["torch.compile"] = lambda: compiled(*args, **kwargs)
+    return {name: (fn, name in graphed) for name, fn in out.items()}
+
+
+# ---------------------------------------------------------------------------- the run
+def select_cases(spec: OpSpec, suite: str, shapes: Iterable[str] = ()) -> list[registry.ShapeCase]:
+    shapes = list(shapes)
+    if shapes:
+        return [spec.case(s) for s in shapes]
+    if suite == "quick":
+        return [c for c in spec.cases if c.quick]
+    if suite == "default":
+        return [c for c in spec.cases if c.bench]
+    return [c for c in spec.cases if c.bench or c.gpu_only]
+
+
+def plan(ops: Iterable[str], suite: str, dtypes: Iterable[torch.dtype] | None, shapes: Iterable[str] = ()):
+    """(spec, case, dtype) triples the run will time."""
+    items = []
+    shapes = list(shapes)
+    for name in ops:
+        spec = OPS[name]
+        for case in select_cases(spec, suite, shapes if shapes else ()):
+            for dtype in (dtypes or case.bench_dtypes):
+                items.append((spec, case, dtype))
+    return items
+
+
+def _roofline(row: Row, flops: float, nbytes: float, ceilings: dict, dtype: torch.dtype) -> None:
+    if row.us is None or row.us <= 0:
+        return
+    row.tflops = flops / row.us / 1e6
+    row.gbs = nbytes / row.us / 1e3
+    if not ceilings:
+        return
+    key = f"mm_tflops_{str(dtype)[6:]}"
+    floor_us = max(flops / (ceilings[key] * 1e6) if key in ceilings else 0.0,
+                   nbytes / (ceilings["copy_gbs"] * 1e3))  # fmt: skip
+    row.roofline_pct = 100.0 * floor_us / row.us
+
+
+def run_case(spec: OpSpec, case, dtype, backends, *, with_peers=True, with_compile=False,
+             cuda_graph=False, ceilings=None, seed=0) -> list[Row]:  # fmt: skip
+    """Rows for one (op, shape, dtype): each dualk backend, then each peer."""
+    import dualk
+
+    device = torch.device("cuda")
+    sample = case.make(dtype, device, torch.Generator().manual_seed(seed))
+    cost = spec.cost(sample)
+    ref = float64_reference(spec, sample)
+    dname = str(dtype)[6:]
+    op = getattr(dualk, spec.name)
+    candidates = [(f"dualk:{b}", "dualk", lambda b=b: op(*sample.args, **sample.kwargs, backend=b), False)
+                  for b in backends]  # fmt: skip
+    if with_peers:
+        candidates += [(n, "peer", f, g) for n, (f, g) in peers(spec, sample, with_compile).items()]
+    rows = []
+    eager_us = None
+    for impl, kind, fn, graph_peer in candidates:
+        row = Row(spec.name, case.name, sample.label, dname, impl, kind)
+        rows.append(row)
+        backend = impl.split(":")[1] if kind == "dualk" else None
+        if backend is not None:
+            reason = unavailable_reason(backend, device)
+            if reason is not None:
+                row.note = f"unavailable: {reason}"
+                continue
+        graph = cuda_graph or graph_peer
+        try:
+            t0 = time.perf_counter()
+            out = fn()
+            torch.cuda.synchronize()
+            row.first_call_s = time.perf_counter() - t0
+            verdict = judge(spec, sample, out, ref)
+            row.rel_err, row.ok = verdict.rel_err, verdict.ok
+            if not verdict.ok:
+                row.note = verdict.message[:200]
+            row.us, row.iqr_us = time_device(fn, cuda_graph=graph)
+            if row.us < 50:
+                row.host_us = time_host(fn)
+        except Exception as exc:  # one broken implementation must not stop the run
+            row.note = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        _roofline(row, cost.flops, cost.bytes, ceilings or {}, dtype)
+        if kind == "peer" and eager_us is None:
+            eager_us = row.us
+    for row in rows:
+        if eager_us and row.us:
+            row.speedup_vs_eager = eager_us / row.us
+    return rows
+
+
+def dispatch_overhead(calls: int = 2000) -> list[Row]:
+    """Host microseconds per call of a 16-element add: dualk (auto, cached) vs bare torch.add."""
+    import dualk
+
+    a = torch.randn(16, device="cuda")
+    b = torch.randn(16, device="cuda")
+    rows = []
+    dualk.add(a, b)  # build / compile and cache the auto decision
+    for impl, fn in (("torch.add", lambda: torch.add(a, b)), ("dualk.add auto", lambda: dualk.add(a, b)),
+                     ("dualk.add cuda", lambda: dualk.add(a, b, backend="cuda")),
+                     ("dualk.add triton", lambda: dualk.add(a, b, backend="triton"))):  # fmt: skip
+        samples = [time_host(fn, calls) for _ in range(5)]
+        rows.append(Row("dispatch", "n=16", "n=16", "float32", impl, "overhead",
+                        host_us=statistics.median(samples)))  # fmt: skip
+    return rows
+
+
+def run(ops, suite="default", dtypes=None, shapes=(), backends=("cuda", "triton"), *, with_peers=True,
+        with_compile=False, cuda_graph=False, progress=None) -> Report:  # fmt: skip
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA GPU: the benchmark times GPU kernels (see `dualk bench` for the CPU smoke check)")
+    report = Report(environment(), measure_ceilings())
+    items = plan(ops, suite, dtypes, shapes)
+    for i, (spec, case, dtype) in enumerate(items):
+        if progress:
+            progress(i, len(items), f"{spec.name} {case.name} {str(dtype)[6:]}")
+        report.rows += run_case(spec, case, dtype, backends, with_peers=with_peers,
+                                with_compile=with_compile, cuda_graph=cuda_graph,
+                                ceilings=report.ceilings)  # fmt: skip
+        torch.cuda.empty_cache()
+    if progress:
+        progress(len(items), len(items), "dispatch overhead")
+    report.rows += dispatch_overhead()
+    return report
+
+
+def fmt(v, spec=".1f") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def render_table(report: Report) -> str:
+    """Rows grouped by operator and shape, the fastest correct implementation marked with *."""
+    lines = [f"GPU: {report.env.get('gpu')}  torch {report.env['torch']}  triton {report.env.get('triton')}",
+             "ceilings: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in report.ceilings.items())]  # fmt: skip
+    header = f"{'op':<12} {'shape':<24} {'dtype':<8} {'impl':<26} {'us':>9} {'iqr':>7} {'host us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'roof%':>6} {'x eager':>8} {'rel err':>8}  note"
+    groups: dict[tuple, list[Row]] = {}
+    for r in report.rows:
+        groups.setdefault((r.op, r.shape, r.dtype), []).append(r)
+    for (op, shape, dtype), rows in groups.items():
+        lines += ["", header]
+        timed = [r for r in rows if r.us and r.ok is not False]
+        best = min(timed, key=lambda r: r.us) if timed else None
+        for r in rows:
+            mark = "*" if r is best else " "
+            lines.append(
+                f"{op:<12} {shape[:24]:<24} {dtype:<8} {mark}{r.impl[:25]:<25} {fmt(r.us, '.2f'):>9} {fmt(r.iqr_us, '.2f'):>7} "
+                f"{fmt(r.host_us, '.2f'):>8} {fmt(r.tflops, '.1f'):>8} {fmt(r.gbs, '.0f'):>7} {fmt(r.roofline_pct, '.0f'):>6} "
+                f"{fmt(r.speedup_vs_eager, '.2f'):>8} {fmt(r.rel_err, '.1e'):>8}  {r.note}"
+            )  # fmt: skip
+    return "\n".join(lines)
