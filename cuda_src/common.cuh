@@ -44,7 +44,7 @@ __device__ __forceinline__ float gelu_erf(float v) {
   return 0.5f * v * (1.f + erff(v * kInvSqrt2));
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
 template <Activation kAct> __device__ __forceinline__ float apply_activation(float v) {
   if constexpr (kAct == Activation::kRelu) return relu(v);

@@ -4,18 +4,18 @@ inputs collapse to one dense dim; a broadcast or a strided view keeps a few)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from typing import NamedTuple
 
 import torch
 
 MAX_DIMS = 8  # cuda_src/launchers.h kMaxDims
 
 
-@dataclass(frozen=True)
-class ElementwisePlan:
+class ElementwisePlan(NamedTuple):  # a NamedTuple: built on every call, so cheap to make
     out_shape: torch.Size
     numel: int
-    sizes: tuple[int, ...]  # coalesced iteration shape (outermost first); () when numel <= 1
+    sizes: tuple[int, ...]  # coalesced iteration shape (outermost first)
     strides: tuple[tuple[int, ...], ...]  # per operand, in elements, 0 where broadcast
     dense: bool  # every operand is one contiguous run in output order
 
@@ -24,13 +24,16 @@ class ElementwisePlan:
         return len(self.sizes)
 
 
+_UNIT_STRIDES = {1: ((1,),), 2: ((1,), (1,))}
+
+
 def plan_elementwise(*operands: torch.Tensor) -> ElementwisePlan:
     """Iteration plan for an output of the operands' broadcast shape, written contiguously."""
     first = operands[0]
     if all(t.shape == first.shape and t.is_contiguous() for t in operands):
         # The common case, answered without building stride lists.
         n = first.numel()
-        return ElementwisePlan(first.shape, n, (n,), tuple((1,) for _ in operands), True)
+        return ElementwisePlan(first.shape, n, (n,), _UNIT_STRIDES[len(operands)], True)
 
     out_shape = torch.broadcast_shapes(*(t.shape for t in operands))
     numel = out_shape.numel()
@@ -52,3 +55,9 @@ def plan_elementwise(*operands: torch.Tensor) -> ElementwisePlan:
     if not sizes:
         sizes, strides = [1], [[1] for _ in strides]
     return ElementwisePlan(out_shape, numel, tuple(sizes), tuple(tuple(s) for s in strides), dense)
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., features) as (rows, features): a view when the strides allow (reshape copies
+    otherwise); well defined for zero features too, unlike reshape(-1, 0)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from . import dispatch, validate
+from .layout import as_rows
 from .registry import OPS
 
 _ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP = (
@@ -32,7 +33,8 @@ def add(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = 
 def _check_add(a, b, alpha) -> None:
     validate.tensor("add", "a", a)
     validate.tensor("add", "b", b)
-    validate.same_dtype_and_device("add", {"a": a, "b": b})
+    if a.dtype is not b.dtype or a.device != b.device:
+        validate.same_pair("add", ("a", a), ("b", b))
     validate.real_number("add", "alpha", alpha)
     if a.shape != b.shape:
         try:
@@ -166,7 +168,7 @@ def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:
 
     matmul_impl = _MATMUL.implementation(backend)
     linear_gelu_impl = _LINEAR_GELU.implementation(backend)
-    h = x.reshape(-1, x.shape[-1])
+    h = as_rows(x)
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
         if activation == "gelu" and i != last:

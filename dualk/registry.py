@@ -10,6 +10,7 @@ elementwise ops, "within 2x PyTorch's own error" for the GEMM family).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Mapping
@@ -75,7 +76,7 @@ class OpSpec:
     judged_by: Literal["elementwise", "gemm"]
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def env_var(self) -> str:
         return f"DUALK_BACKEND_{self.name.upper()}"
 

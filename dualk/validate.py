@@ -12,6 +12,8 @@ _DTYPE_NAMES = "float32, float16 or bfloat16"
 
 
 def tensor(op: str, name: str, value: object) -> torch.Tensor:
+    if type(value) is torch.Tensor and value.dtype in FLOAT_DTYPES:  # fast path
+        return value
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"dualk.{op}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in FLOAT_DTYPES:
@@ -21,8 +23,13 @@ def tensor(op: str, name: str, value: object) -> torch.Tensor:
 
 def same_dtype_and_device(op: str, named: dict[str, torch.Tensor | None]) -> None:
     """All given tensors (None entries skipped) share the first one's dtype and device."""
+    same_pair(op, *named.items())
+
+
+def same_pair(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
+    """Like same_dtype_and_device for (name, tensor) pairs, without building a dict."""
     first_name, first = None, None
-    for name, t in named.items():
+    for name, t in named:
         if t is None:
             continue
         if first is None:
@@ -41,6 +48,8 @@ def same_dtype_and_device(op: str, named: dict[str, torch.Tensor | None]) -> Non
 
 
 def real_number(op: str, name: str, value: object) -> float:
+    if type(value) is float or type(value) is int:  # the common case, without the ABC check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}")
     return float(value)

@@ -46,17 +46,21 @@ def test_matches_float64_reference(op, case_name, backend, dtype):
 @pytest.mark.parametrize("op", ["matmul", "linear_gelu", "fused_mlp"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_cuda_and_triton_agree(op, dtype):
+    """The two backends agree with each other within twice the error budget each has against
+    the float64 reference (4x PyTorch's own same-dtype error, plus two ulps of the output)."""
     spec = OPS[op]
     for case in spec.cases:
         if case.bench and not case.quick:
             continue
         sample = case.make(dtype, DEVICE, torch.Generator().manual_seed(7))
         ref = float64_reference(spec, sample)
-        outs = {b: getattr(dualk, op)(*sample.args, **sample.kwargs, backend=b) for b in ("cuda", "triton")}
-        scale = max(ref.abs().max().item(), 1e-30) if ref.numel() else 1.0
-        diff = (outs["cuda"].double() - outs["triton"].double()).abs().max().item() if ref.numel() else 0.0
-        # Both are within 2x PyTorch's error of the reference, so they agree within 4x of it.
-        tv = judge(spec, sample, outs["triton"], ref)
-        cv = judge(spec, sample, outs["cuda"], ref)
-        assert tv.ok and cv.ok, f"{case.name}: triton {tv.message}; cuda {cv.message}"
-        assert diff <= tv.max_abs_err + cv.max_abs_err + torch.finfo(dtype).eps * scale, case.name
+        if ref.numel() == 0:
+            continue
+        outs = [getattr(dualk, op)(*sample.args, **sample.kwargs, backend=b).double() for b in ("cuda", "triton")]
+        torch_err = (spec.reference(*sample.args, **sample.kwargs).double() - ref).abs().max().item()
+        ulp = torch.finfo(dtype).eps * ref.abs().max().item()
+        diff = (outs[0] - outs[1]).abs()
+        assert diff.max().item() <= 4 * torch_err + 2 * ulp, (
+            f"{case.name}: cuda and triton differ by {diff.max().item():.3g} "
+            f"(PyTorch's own error {torch_err:.3g}) at {divmod(int(diff.argmax()), ref.shape[-1])}"
+        )

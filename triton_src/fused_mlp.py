@@ -67,26 +67,18 @@ def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> s
 
 
 @triton.jit
-def _load_layer(
+def _load_weight(
     w_ptr,  # (D_OUT, D_IN) row-major weight
-    b_ptr,  # (D_OUT,) bias; not read when HAS_BIAS is False
     D_IN: tl.constexpr,
     D_OUT: tl.constexpr,
     P_IN: tl.constexpr,  # padded widths
     P_OUT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
 ):
-    """W^T as a zero-padded (P_IN, P_OUT) block, ready as tl.dot's right operand, and the bias as
-    a zero-padded fp32 (P_OUT,) block."""
+    """W^T as a zero-padded (P_IN, P_OUT) block, ready as tl.dot's right operand."""
     offs_k = tl.arange(0, P_IN)
     offs_n = tl.arange(0, P_OUT)
     w_mask = (offs_k[:, None] < D_IN) & (offs_n[None, :] < D_OUT)
-    w_t = tl.load(w_ptr + offs_n[None, :] * D_IN + offs_k[:, None], mask=w_mask, other=0.0)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + offs_n, mask=offs_n < D_OUT, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros((P_OUT,), dtype=tl.float32)
-    return w_t, bias
+    return tl.load(w_ptr + offs_n[None, :] * D_IN + offs_k[:, None], mask=w_mask, other=0.0)
 
 
 @triton.jit
@@ -113,8 +105,10 @@ def _load_rows(
 @triton.jit
 def _apply_layer(
     h,  # (BLOCK_M, P_IN) activations in the operand dtype
-    w_t,  # (P_IN, P_OUT) from _load_layer
-    bias,  # (P_OUT,) fp32
+    w_t,  # (P_IN, P_OUT) from _load_weight
+    b_ptr,  # (D_OUT,) bias; not read when HAS_BIAS is False
+    D_OUT: tl.constexpr,
+    P_OUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # common.ACT_* id
     IS_LAST: tl.constexpr,  # the last layer has no activation
@@ -128,6 +122,11 @@ def _apply_layer(
         w_t = w_t.to(tl.float32)
     acc = tl.dot(h, w_t, input_precision=INPUT_PRECISION)
     if HAS_BIAS:
+        # Loaded per tile (an L1 hit) rather than hoisted with the weights: a hoisted bias is
+        # held in registers in the MMA layout across the loop (+40 registers a thread at width
+        # 128, enough to spill the 128-wide MLP on sm_90).
+        offs_n = tl.arange(0, P_OUT)
+        bias = tl.load(b_ptr + offs_n, mask=offs_n < D_OUT, other=0.0).to(tl.float32)
         acc += bias[None, :]
     if not IS_LAST:
         acc = apply_activation(acc, ACTIVATION)
@@ -196,21 +195,21 @@ def fused_mlp_kernel(
     dtype = x_ptr.dtype.element_ty
 
     # Weights first, once per program: the persistent loop below reuses them for every tile.
-    w0, c0 = _load_layer(w0_ptr, b0_ptr, D0, D1, P0, P1, (BIAS_MASK >> 0) & 1)
+    w0 = _load_weight(w0_ptr, D0, D1, P0, P1)
     if NUM_LAYERS > 1:
-        w1, c1 = _load_layer(w1_ptr, b1_ptr, D1, D2, P1, P2, (BIAS_MASK >> 1) & 1)
+        w1 = _load_weight(w1_ptr, D1, D2, P1, P2)
     if NUM_LAYERS > 2:
-        w2, c2 = _load_layer(w2_ptr, b2_ptr, D2, D3, P2, P3, (BIAS_MASK >> 2) & 1)
+        w2 = _load_weight(w2_ptr, D2, D3, P2, P3)
     if NUM_LAYERS > 3:
-        w3, c3 = _load_layer(w3_ptr, b3_ptr, D3, D4, P3, P4, (BIAS_MASK >> 3) & 1)
+        w3 = _load_weight(w3_ptr, D3, D4, P3, P4)
     if NUM_LAYERS > 4:
-        w4, c4 = _load_layer(w4_ptr, b4_ptr, D4, D5, P4, P5, (BIAS_MASK >> 4) & 1)
+        w4 = _load_weight(w4_ptr, D4, D5, P4, P5)
     if NUM_LAYERS > 5:
-        w5, c5 = _load_layer(w5_ptr, b5_ptr, D5, D6, P5, P6, (BIAS_MASK >> 5) & 1)
+        w5 = _load_weight(w5_ptr, D5, D6, P5, P6)
     if NUM_LAYERS > 6:
-        w6, c6 = _load_layer(w6_ptr, b6_ptr, D6, D7, P6, P7, (BIAS_MASK >> 6) & 1)
+        w6 = _load_weight(w6_ptr, D6, D7, P6, P7)
     if NUM_LAYERS > 7:
-        w7, c7 = _load_layer(w7_ptr, b7_ptr, D7, D8, P7, P8, (BIAS_MASK >> 7) & 1)
+        w7 = _load_weight(w7_ptr, D7, D8, P7, P8)
 
     # Persistent loop over row tiles. The next tile's input is loaded before this tile's layers
     # run, so its global-load latency hides behind the MMAs (Triton's own pipeliner did not
@@ -223,58 +222,47 @@ def fused_mlp_kernel(
         h = h_next
         h_next = _load_rows(x_ptr, tile + num_programs, M, stride_xm, stride_xk, D0, P0, BLOCK_M)
 
-        # Layer i: a static branch per layer, unrolled at compile time.
+        # Layer i: a static branch per layer, unrolled at compile time; h feeds the next dot
+        # in the operand dtype, as the eager per-layer chain would.
         acc = _apply_layer(
-            h,
-            w0,
-            c0,
-            (BIAS_MASK >> 0) & 1,
-            ACTIVATION,
-            NUM_LAYERS == 1,
-            INPUT_PRECISION,
-            DOT_IN_FP32,
-        )
+            h, w0, b0_ptr, D1, P1, (BIAS_MASK >> 0) & 1, ACTIVATION, NUM_LAYERS == 1,
+            INPUT_PRECISION, DOT_IN_FP32,
+        )  # fmt: skip
         if NUM_LAYERS > 1:
             acc = _apply_layer(
-                acc.to(dtype), w1, c1, (BIAS_MASK >> 1) & 1, ACTIVATION, NUM_LAYERS == 2,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w1, b1_ptr, D2, P2, (BIAS_MASK >> 1) & 1, ACTIVATION,
+                NUM_LAYERS == 2, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 2:
             acc = _apply_layer(
-                acc.to(dtype), w2, c2, (BIAS_MASK >> 2) & 1, ACTIVATION, NUM_LAYERS == 3,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w2, b2_ptr, D3, P3, (BIAS_MASK >> 2) & 1, ACTIVATION,
+                NUM_LAYERS == 3, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 3:
             acc = _apply_layer(
-                acc.to(dtype), w3, c3, (BIAS_MASK >> 3) & 1, ACTIVATION, NUM_LAYERS == 4,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w3, b3_ptr, D4, P4, (BIAS_MASK >> 3) & 1, ACTIVATION,
+                NUM_LAYERS == 4, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 4:
             acc = _apply_layer(
-                acc.to(dtype), w4, c4, (BIAS_MASK >> 4) & 1, ACTIVATION, NUM_LAYERS == 5,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w4, b4_ptr, D5, P5, (BIAS_MASK >> 4) & 1, ACTIVATION,
+                NUM_LAYERS == 5, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 5:
             acc = _apply_layer(
-                acc.to(dtype), w5, c5, (BIAS_MASK >> 5) & 1, ACTIVATION, NUM_LAYERS == 6,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w5, b5_ptr, D6, P6, (BIAS_MASK >> 5) & 1, ACTIVATION,
+                NUM_LAYERS == 6, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 6:
             acc = _apply_layer(
-                acc.to(dtype), w6, c6, (BIAS_MASK >> 6) & 1, ACTIVATION, NUM_LAYERS == 7,
-                INPUT_PRECISION, DOT_IN_FP32,
+                acc.to(dtype), w6, b6_ptr, D7, P7, (BIAS_MASK >> 6) & 1, ACTIVATION,
+                NUM_LAYERS == 7, INPUT_PRECISION, DOT_IN_FP32,
             )  # fmt: skip
         if NUM_LAYERS > 7:
             acc = _apply_layer(
-                acc.to(dtype),
-                w7,
-                c7,
-                (BIAS_MASK >> 7) & 1,
-                ACTIVATION,
-                True,
-                INPUT_PRECISION,
-                DOT_IN_FP32,
-            )
+                acc.to(dtype), w7, b7_ptr, D8, P8, (BIAS_MASK >> 7) & 1, ACTIVATION,
+                NUM_LAYERS == 8, INPUT_PRECISION, DOT_IN_FP32,
+            )  # fmt: skip
 
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         offs_out = tl.arange(0, P_OUT)

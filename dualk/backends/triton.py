@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import _alloc
-from ..layout import plan_elementwise
+from ..layout import as_rows, plan_elementwise
 
 _import_error: str | None = None
 _triton_checked = False
@@ -99,7 +99,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def linear_gelu(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
 ) -> torch.Tensor:
-    x2d = x.reshape(-1, x.shape[-1])
+    x2d = as_rows(x)
     with _device_guard(x):
         out = _module("linear_gelu").linear_gelu(
             x2d, weight, bias, approximate=approximate, allow_tf32=_allow_tf32(x.dtype)
@@ -117,7 +117,7 @@ def fused_mlp(
     biases: Sequence[torch.Tensor | None],
     activation: str = "relu",
 ) -> torch.Tensor:
-    x2d = x.reshape(-1, x.shape[-1])
+    x2d = as_rows(x)
     with _device_guard(x):
         out = _module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
     return out.reshape(*x.shape[:-1], weights[-1].shape[0])
