@@ -12,7 +12,6 @@ the start so each row shows its share of the roofline.
 from __future__ import annotations
 
 import datetime
-import math
 import platform
 import shutil
 import statistics
@@ -311,29 +310,3 @@ def run(ops, suite="default", dtypes=None, shapes=(), backends=("cuda", "triton"
         progress(len(items), len(items), "dispatch overhead")
     report.rows += dispatch_overhead()
     return report
-
-
-def fmt(v, spec=".1f") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def render_table(report: Report) -> str:
-    """Rows grouped by operator and shape, the fastest correct implementation marked with *."""
-    lines = [f"GPU: {report.env.get('gpu')}  torch {report.env['torch']}  triton {report.env.get('triton')}",
-             "ceilings: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in report.ceilings.items())]  # fmt: skip
-    header = f"{'op':<12} {'shape':<24} {'dtype':<8} {'impl':<26} {'us':>9} {'iqr':>7} {'host us':>8} {'TFLOP/s':>8} {'GB/s':>7} {'roof%':>6} {'x eager':>8} {'rel err':>8}  note"
-    groups: dict[tuple, list[Row]] = {}
-    for r in report.rows:
-        groups.setdefault((r.op, r.shape, r.dtype), []).append(r)
-    for (op, shape, dtype), rows in groups.items():
-        lines += ["", header]
-        timed = [r for r in rows if r.us and r.ok is not False]
-        best = min(timed, key=lambda r: r.us) if timed else None
-        for r in rows:
-            mark = "*" if r is best else " "
-            lines.append(
-                f"{op:<12} {shape[:24]:<24} {dtype:<8} {mark}{r.impl[:25]:<25} {fmt(r.us, '.2f'):>9} {fmt(r.iqr_us, '.2f'):>7} "
-                f"{fmt(r.host_us, '.2f'):>8} {fmt(r.tflops, '.1f'):>8} {fmt(r.gbs, '.0f'):>7} {fmt(r.roofline_pct, '.0f'):>6} "
-                f"{fmt(r.speedup_vs_eager, '.2f'):>8} {fmt(r.rel_err, '.1e'):>8}  {r.note}"
-            )  # fmt: skip
-    return "\n".join(lines)

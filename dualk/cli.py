@@ -1,18 +1,45 @@
-"""`dualk` command line: `dualk info`, `dualk build`, `dualk bench` (also `python -m dualk`)."""
+"""`dualk` command line (also `python -m dualk`):
+
+- `dualk info`: GPU, toolchain and versions; each backend's availability per operator; caches.
+- `dualk build`: build the CUDA extension ahead of time.
+- `dualk bench`: time every backend against PyTorch on this GPU (on a machine without one: a CPU
+  correctness smoke check, no timings); table, JSON, CSV, plot, comparison with an older run.
+- `dualk report FILE.json`: the same table, CSV, plot or BENCHMARKS.md from a saved run.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
+import shlex
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import click
 import torch
 
-from .registry import OPS
+from . import report as rep
+from .registry import OPS, OpSpec, ShapeCase
 
-DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-               "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # fmt: skip
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+SMOKE_CASES_PER_OP = 2  # the first non-gpu_only cases of each operator
+SMOKE_MODE = "cpu smoke check: correctness only, no timings"
+
+Progress = Callable[[int, int, str], None]
+_FilePath = click.Path(dir_okay=False, path_type=Path)
+_ExistingFile = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
 
 
 @click.group()
@@ -21,28 +48,100 @@ def main() -> None:
     """dualk: PyTorch operators with CUDA and Triton backends behind one dispatcher."""
 
 
+# ---------------------------------------------------------------------------- info
+def _triton_cache_dir() -> str:
+    try:
+        import triton.knobs
+
+        return str(triton.knobs.cache.dir)
+    except Exception:  # older Triton, or none
+        return os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+
+
+def _availability_table(device: torch.device) -> list[str]:
+    """Operator x backend: "yes", "interpreter" or "no [n]" with the reasons as numbered notes,
+    plus the backend "auto" picks."""
+    from .backends import unavailable_reason
+    from .backends.triton import interpreter_enabled
+    from .dispatch import auto_candidates
+
+    backends = list(dict.fromkeys(b for spec in OPS.values() for b in spec.backends))
+    reasons: list[str] = []
+    body = []
+    for name, spec in OPS.items():
+        cells = [name]
+        for backend in backends:
+            reason = (
+                unavailable_reason(backend, device)
+                if backend in spec.backends
+                else "not implemented"
+            )
+            if reason is None:
+                interp = backend == "triton" and device.type == "cpu" and interpreter_enabled()
+                cells.append("interpreter" if interp else "yes")
+                continue
+            if reason not in reasons:
+                reasons.append(reason)
+            cells.append(f"no [{reasons.index(reason) + 1}]")
+        auto = next((b for b, why in auto_candidates(spec, device) if why is None), "-")
+        body.append([*cells, auto])
+    lines = rep.align(("op", *backends, "auto picks"), body)
+    lines += [f"[{i}] {r}" for i, r in enumerate(reasons, 1)]
+    if device.type == "cpu" and interpreter_enabled():
+        lines.append(
+            "interpreter = Triton's CPU interpreter: for correctness tests, never picked by auto"
+        )
+    return lines
+
+
 @main.command()
 def info() -> None:
-    """GPU, toolchain and versions; each backend's availability per operator, with reasons."""
+    """GPU, toolchain and versions; each backend's availability per operator, with reasons;
+    build, tune and config locations."""
     from . import config
     from .backends import cuda as cuda_backend
     from .bench import environment
-    from .dispatch import auto_candidates
 
     env = environment()
-    width = max(len(k) for k in env)
-    for key, value in env.items():
+    fields = [
+        ("dualk", env["dualk"]),
+        ("GPU", rep.describe_gpu(env)),
+        ("driver", env.get("driver") or "-"),
+        ("CUDA (torch)", env.get("torch_cuda") or "none (CPU build)"),
+        ("nvcc", env.get("nvcc") or "not found"),
+        ("torch", env["torch"]),
+        ("triton", env.get("triton")),
+        ("python", env["python"]),
+        ("platform", env["platform"]),
+        ("TF32 matmul", env["allow_tf32"]),
+    ]
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
         click.echo(f"{key:<{width}}  {value}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    click.echo(f"\nbackends on {device}:")
-    for name, spec in OPS.items():
-        for backend, reason in auto_candidates(spec, device):
-            state = "available" if reason is None else f"unavailable: {reason}"
-            click.echo(f"  {name:<12} {backend:<7} {state}")
-    click.echo(f"\ncuda build cache: {cuda_backend.cache_root() / 'cuda'}")
-    click.echo(f"config file:      {config.config_path()}")
+
+    device = torch.device("cuda" if _has_gpu() else "cpu")
+    click.echo(f"\nbackends per operator on {device}:")
+    for line in _availability_table(device):
+        click.echo("  " + line)
+
+    build_dir = cuda_backend.build_directory()
+    built = "built" if build_dir.is_dir() and any(build_dir.glob("*.so")) else "not built yet"
+    config_file = config.config_path()
+    paths = [
+        (
+            "CUDA build cache",
+            f"{cuda_backend.cache_root() / 'cuda'}  (this build: {build_dir.name}, {built})",
+        ),
+        ("Triton cache", f"{_triton_cache_dir()}  (compiled kernels and autotune results)"),
+        ("config file", f"{config_file}" + ("" if config_file.is_file() else "  (absent)")),
+    ]
+    click.echo("\nlocations:")
+    width = max(len(k) for k, _ in paths)
+    for key, value in paths:
+        click.echo(f"  {key:<{width}}  {value}")
 
 
+# ---------------------------------------------------------------------------- build
 @main.command()
 @click.option("--verbose", is_flag=True, help="Show the compiler's output.")
 def build(verbose: bool) -> None:
@@ -60,42 +159,411 @@ def build(verbose: bool) -> None:
     click.echo(f"built in {time.perf_counter() - t0:.1f} s: {cuda_backend.build_directory()}")
 
 
-@main.command()
-@click.option("--op", "ops", multiple=True, type=click.Choice(sorted(OPS)), help="Operators (default: all).")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(sorted(DTYPE_NAMES)), help="Dtypes (default: per shape).")
-@click.option("--shape", "shapes", multiple=True, help="Registry shape case names (see `dualk bench --list`).")
-@click.option("--suite", type=click.Choice(["quick", "default", "full"]), default="default", show_default=True)
-@click.option("--all-backends", is_flag=True, help="Time every dualk backend (the default).")
-@click.option("--backend", "backends", multiple=True, type=click.Choice(["cuda", "triton", "torch"]))
-@click.option("--peers/--no-peers", default=True, show_default=True, help="Time PyTorch's own paths too.")
-@click.option("--compile/--no-compile", "with_compile", default=False, show_default=True, help="Include torch.compile peers (slow to compile).")
-@click.option("--cuda-graph", is_flag=True, help="Time dualk backends as CUDA-graph replays.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--list", "list_cases", is_flag=True, help="List operators and shape cases, then exit.")
-def bench(ops, dtypes, shapes, suite, all_backends, backends, peers, with_compile, cuda_graph, json_path, list_cases):
-    """Time dualk's backends against PyTorch on this GPU."""  # fmt: skip
-    from . import bench as engine
+# ---------------------------------------------------------------------------- bench helpers
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[Progress]:
+    """A progress bar on stderr (so the table on stdout stays clean), driven by (i, n, what)."""
+    with click.progressbar(length=1, label=label, file=sys.stderr) as bar:
 
-    ops = ops or tuple(OPS)
-    if list_cases:
-        for name in ops:
-            click.echo(f"{name}: " + ", ".join(c.name for c in OPS[name].cases))
-        return
-    if all_backends or not backends:
-        backends = ("cuda", "triton")
-    if not torch.cuda.is_available():
-        click.echo("no CUDA GPU found: nothing is timed (run `pytest` for the CPU correctness checks).")
-        return
-    with click.progressbar(length=1, label="benchmarking") as bar:
-        def progress(i, n, what):
-            bar.length = n
+        def update(i: int, n: int, what: str) -> None:
+            bar.length = max(n, 1)
             bar.label = what[:40]
             bar.update(i - bar.pos)
 
-        report = engine.run(ops, suite, [DTYPE_NAMES[d] for d in dtypes] or None, shapes, backends,
-                            with_peers=peers, with_compile=with_compile, cuda_graph=cuda_graph,
-                            progress=progress)  # fmt: skip
-    click.echo(engine.render_table(report))
-    if json_path:
-        json_path.write_text(json.dumps(report.to_json(), indent=1))
-        click.echo(f"wrote {json_path}")
+        yield update
+
+
+def _check_shapes(ops: Sequence[str], shapes: Sequence[str]) -> None:
+    """Every --shape must name a shape case of every selected operator."""
+    for shape in shapes:
+        for name in ops:
+            known = [c.name for c in OPS[name].cases]
+            if shape not in known:
+                raise click.BadParameter(
+                    f"operator {name!r} has no shape case {shape!r}; it has: {', '.join(known)} "
+                    "(see `dualk bench --list`; pick operators with --op)",
+                    param_hint="'--shape'",
+                )
+
+
+def _list_cases(ops: Sequence[str]) -> None:
+    for name in ops:
+        click.echo(f"{name}:")
+        body = []
+        for c in OPS[name].cases:
+            suites = [
+                s
+                for s, inc in (
+                    ("quick", c.quick),
+                    ("default", c.bench),
+                    ("full", c.bench or c.gpu_only),
+                )
+                if inc
+            ]
+            dtypes = ",".join(str(d)[6:] for d in c.bench_dtypes)
+            body.append(
+                [
+                    c.name,
+                    ",".join(suites) or "- (tests only)",
+                    "gpu only" if c.gpu_only else "cpu ok",
+                    dtypes,
+                ]
+            )
+        for line in rep.align(("shape case", "suites", "device", "bench dtypes"), body):
+            click.echo("  " + line)
+
+
+def smoke_cases(spec: OpSpec, shapes: Sequence[str] = ()) -> list[ShapeCase]:
+    """The named cases, or the first SMOKE_CASES_PER_OP cases small enough for the CPU."""
+    if shapes:
+        return [spec.case(s) for s in shapes]
+    return [c for c in spec.cases if not c.gpu_only][:SMOKE_CASES_PER_OP]
+
+
+def cpu_smoke_check(
+    ops: Sequence[str],
+    dtypes: Sequence[torch.dtype] | None,
+    shapes: Sequence[str],
+    backends: Sequence[str],
+    with_peers: bool = True,
+    progress: Progress | None = None,
+) -> list[rep.Row]:
+    """Run each backend once on small registry cases on the CPU (Triton under its interpreter)
+    and judge the outputs against the float64 reference. Rows carry rel_err and ok, never a
+    time. With `with_peers`, eager PyTorch on the CPU is checked too (a check of the harness)."""
+    import dualk
+
+    from .backends import unavailable_reason
+    from .testing import float64_reference, judge
+
+    device = torch.device("cpu")
+    items = [
+        (OPS[n], c, d)
+        for n in ops
+        for c in smoke_cases(OPS[n], shapes)
+        for d in (dtypes or c.bench_dtypes)
+    ]
+    impls = [(f"dualk:{b}", "dualk", b) for b in backends] + (
+        [("torch eager (cpu)", "peer", None)] if with_peers else []
+    )
+    rows: list[rep.Row] = []
+    for i, (spec, case, dtype) in enumerate(items):
+        if progress:
+            progress(i, len(items), f"{spec.name} {case.name} {str(dtype)[6:]}")
+        if case.gpu_only:
+            rows += [
+                rep.Row(
+                    spec.name,
+                    case.name,
+                    case.name,
+                    str(dtype)[6:],
+                    impl,
+                    kind,
+                    note="skipped: gpu_only case, too large for the CPU",
+                )
+                for impl, kind, _ in impls
+            ]
+            continue
+        sample = case.make(dtype, device, torch.Generator().manual_seed(0))
+        ref = float64_reference(spec, sample)
+        for impl, kind, backend in impls:
+            row = rep.Row(spec.name, case.name, sample.label, str(dtype)[6:], impl, kind)
+            rows.append(row)
+            reason = unavailable_reason(backend, device) if backend else None
+            if reason is not None:
+                row.note = f"unavailable: {reason}"
+                continue
+            try:
+                if backend:
+                    out = getattr(dualk, spec.name)(*sample.args, **sample.kwargs, backend=backend)
+                else:
+                    out = spec.reference(*sample.args, **sample.kwargs)
+                verdict = judge(spec, sample, out, ref)
+            except Exception as exc:  # report it in its row; the other checks still run
+                row.note = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            row.rel_err, row.ok = verdict.rel_err, verdict.ok
+            if not verdict.ok:
+                row.note = verdict.message[:200]
+    if progress:
+        progress(len(items), len(items), "done")
+    return rows
+
+
+def _write_outputs(
+    report: rep.Report, json_path: Path | None, csv_path: Path | None, plot_path: Path | None
+) -> None:
+    for path, write in (
+        (json_path, rep.write_json),
+        (csv_path, rep.write_csv),
+        (plot_path, rep.plot),
+    ):
+        if path is None:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write(report, path)
+        except (rep.PlotUnavailableError, ValueError) as exc:
+            click.echo(f"{path} not written: {exc}", err=True)
+            continue
+        click.echo(f"wrote {path}")
+
+
+def _compare_and_gate(old_path: Path, new: rep.Report, fail_if_slower: float | None) -> None:
+    """Print old vs new; exit 1 when a dualk row regressed beyond `fail_if_slower` percent."""
+    old = _load(old_path)
+    cmp = rep.compare(old, new)
+    click.echo("\n" + rep.render_compare(cmp, fail_if_slower))
+    if fail_if_slower is None:
+        return
+    bad = cmp.regressions(fail_if_slower)
+    if bad:
+        limit = f"{fail_if_slower:g}%"
+        click.echo(
+            f"\n!! {len(bad)} dualk row(s) regressed against {old_path} (limit {limit}):", err=True
+        )
+        for change, why in bad:
+            r = change.new
+            click.echo(f"!!   {r.op} {r.shape} {r.dtype} {r.impl}: {why}", err=True)
+        sys.exit(1)
+    click.echo(f"no dualk row is more than {fail_if_slower:g}% slower than in {old_path}")
+
+
+def _load(path: Path) -> rep.Report:
+    try:
+        return rep.load_report(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------- bench
+@main.command()
+@click.option(
+    "--op",
+    "ops",
+    multiple=True,
+    type=click.Choice(list(OPS)),
+    help="Operator (repeatable; default: all).",
+)
+@click.option(
+    "--dtype",
+    "dtypes",
+    multiple=True,
+    type=click.Choice(list(DTYPE_NAMES)),
+    help="Dtype (repeatable; default: each shape's own).",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="CASE",
+    help="Registry shape case name (repeatable; see --list).",
+)
+@click.option(
+    "--suite",
+    type=click.Choice(["quick", "default", "full"]),
+    default="default",
+    show_default=True,
+    help="Which shape cases to time when no --shape is given.",
+)
+@click.option(
+    "--all-backends", is_flag=True, help="Time every GPU backend, cuda and triton (the default)."
+)
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["cuda", "triton", "torch"]),
+    help="Time only these dualk backends (repeatable).",
+)
+@click.option(
+    "--peers/--no-peers", default=True, show_default=True, help="Time PyTorch's own paths too."
+)
+@click.option(
+    "--compile/--no-compile",
+    "with_compile",
+    default=False,
+    show_default=True,
+    help="Include torch.compile peers (slow to compile).",
+)
+@click.option("--cuda-graph", is_flag=True, help="Time dualk backends as CUDA-graph replays.")
+@click.option(
+    "--json", "json_path", type=_FilePath, help="Write the results and environment as JSON."
+)
+@click.option(
+    "--csv", "csv_path", type=_FilePath, help="Write one CSV line per result, environment included."
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=_FilePath,
+    help="Write a PNG of speedup vs eager (needs dualk[plot]).",
+)
+@click.option(
+    "--compare",
+    "compare_path",
+    type=_ExistingFile,
+    help="An older --json file: show old vs new times.",
+)
+@click.option(
+    "--fail-if-slower",
+    type=click.FloatRange(min=0),
+    metavar="PCT",
+    help="With --compare: exit 1 if a dualk row got more than PCT percent slower.",
+)
+@click.option(
+    "--list", "list_cases", is_flag=True, help="List operators and shape cases, then exit."
+)
+def bench(
+    ops,
+    dtypes,
+    shapes,
+    suite,
+    all_backends,
+    backends,
+    peers,
+    with_compile,
+    cuda_graph,
+    json_path,
+    csv_path,
+    plot_path,
+    compare_path,
+    fail_if_slower,
+    list_cases,
+) -> None:
+    """Time dualk's backends against PyTorch on this GPU. Without a GPU: a correctness smoke
+    check on the CPU (Triton under its interpreter), no timings."""
+    ops = ops or tuple(OPS)
+    if list_cases:
+        _list_cases(ops)
+        return
+    if all_backends and backends:
+        raise click.UsageError("use either --all-backends or --backend, not both")
+    if fail_if_slower is not None and compare_path is None:
+        raise click.UsageError("--fail-if-slower needs --compare OLD.json")
+    _check_shapes(ops, shapes)
+    backends = backends or ("cuda", "triton")
+    dtype_list = [DTYPE_NAMES[d] for d in dict.fromkeys(dtypes)] or None
+    if compare_path is not None:
+        _load(compare_path)  # a bad file fails now, not after the run
+    if plot_path is not None:
+        try:
+            rep.require_matplotlib()
+        except rep.PlotUnavailableError as exc:
+            click.echo(f"--plot {plot_path} will be skipped: {exc}", err=True)
+            plot_path = None
+
+    if not _has_gpu():
+        _bench_without_gpu(
+            ops, dtype_list, shapes, backends, peers, json_path, csv_path, plot_path, compare_path
+        )
+        return
+
+    from . import bench as engine
+
+    with _progress("benchmarking") as progress:
+        report = engine.run(
+            ops,
+            suite,
+            dtype_list,
+            shapes,
+            backends,
+            with_peers=peers,
+            with_compile=with_compile,
+            cuda_graph=cuda_graph,
+            progress=progress,
+        )
+    click.echo(rep.render_table(report))
+    _write_outputs(report, json_path, csv_path, plot_path)
+    if compare_path is not None:
+        _compare_and_gate(compare_path, report, fail_if_slower)
+
+
+def _bench_without_gpu(
+    ops, dtypes, shapes, backends, peers, json_path, csv_path, plot_path, compare_path
+) -> None:
+    """No GPU: say so, run the CPU smoke check, exit 0. Nothing here is a GPU figure."""
+    from .bench import environment
+
+    click.echo(
+        "No CUDA GPU found: nothing is timed. Running the CPU smoke check instead "
+        "(correctness only; Triton under its CPU interpreter)."
+    )
+    if "triton" in backends:
+        # The interpreter must be chosen before Triton compiles any dualk kernel (import time).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    with _progress("CPU smoke check") as progress:
+        rows = cpu_smoke_check(ops, dtypes, shapes, backends, peers, progress)
+    click.echo(rep.render_smoke(rows))
+    report = rep.Report({**environment(), "mode": SMOKE_MODE}, {}, rows)
+    if plot_path is not None:
+        click.echo(f"--plot {plot_path} skipped: the CPU smoke check has no timings to plot")
+    _write_outputs(report, json_path, csv_path, None)
+    if compare_path is not None:
+        click.echo(
+            f"--compare {compare_path} skipped: the CPU smoke check has no timings to compare"
+        )
+
+
+# ---------------------------------------------------------------------------- report
+@main.command("report")
+@click.argument("json_file", type=_ExistingFile)
+@click.option("--markdown", "markdown_path", type=_FilePath, help="Write a BENCHMARKS.md page.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=_FilePath,
+    help="Write a PNG of speedup vs eager (needs dualk[plot]); linked from --markdown.",
+)
+@click.option(
+    "--csv", "csv_path", type=_FilePath, help="Write the rows as CSV, environment included."
+)
+@click.option(
+    "--compare",
+    "compare_path",
+    type=_ExistingFile,
+    help="An older JSON file: show old vs new times.",
+)
+@click.option(
+    "--fail-if-slower",
+    type=click.FloatRange(min=0),
+    metavar="PCT",
+    help="With --compare: exit 1 if a dualk row got more than PCT percent slower.",
+)
+def report_command(
+    json_file: Path,
+    markdown_path: Path | None,
+    plot_path: Path | None,
+    csv_path: Path | None,
+    compare_path: Path | None,
+    fail_if_slower: float | None,
+) -> None:
+    """Present a saved `dualk bench --json` run: the table (when no file is asked for), CSV, a
+    plot, a BENCHMARKS.md page, or a comparison with an older run."""
+    if fail_if_slower is not None and compare_path is None:
+        raise click.UsageError("--fail-if-slower needs --compare OLD.json")
+    if plot_path is not None:
+        try:
+            rep.require_matplotlib()
+        except rep.PlotUnavailableError as exc:
+            raise click.UsageError(f"--plot: {exc}") from None
+    report = _load(json_file)
+    if not (markdown_path or plot_path or csv_path or compare_path):
+        click.echo(rep.render_table(report))
+    _write_outputs(report, None, csv_path, plot_path)
+    if markdown_path is not None:
+        base = markdown_path.resolve().parent
+        command = ["dualk", "report", str(json_file), "--markdown", str(markdown_path)]
+        if plot_path is not None:
+            command += ["--plot", str(plot_path)]
+        text = rep.render_markdown(
+            report,
+            source=os.path.relpath(json_file.resolve(), base),
+            plot=os.path.relpath(plot_path.resolve(), base) if plot_path else None,
+            command=shlex.join(command),
+        )
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(text)
+        click.echo(f"wrote {markdown_path}")
+    if compare_path is not None:
+        _compare_and_gate(compare_path, report, fail_if_slower)
