@@ -1,0 +1,35 @@
+# Developer entry points. `make gpu OUT=dir` is the whole GPU loop (install, build, tests, bench).
+PY ?= python3
+OUT ?= gpu-out
+
+.PHONY: install test lint format bench gpu sass build
+
+install:
+	$(PY) -m pip install -c constraints.txt -e ".[dev]"
+
+test:
+	$(PY) -m pytest -q
+
+lint:
+	ruff check dualk triton_src tests bench
+	ruff format --check dualk triton_src tests bench
+
+format:
+	ruff format dualk triton_src tests bench
+
+build:
+	$(PY) -m dualk build
+
+bench:
+	$(PY) -m dualk bench --suite default --all-backends --compile --json bench.json
+
+gpu:
+	bash bench/gpu_check.sh $(OUT) all default --compile
+
+# SASS of every kernel file for sm_90a (look for HMMA / LDG.E.128 / LDL spills).
+sass:
+	@mkdir -p build/sass
+	@for f in cuda_src/*.cu; do \
+	  nvcc -cubin -std=c++17 -O3 -Icuda_src -gencode=arch=compute_90a,code=sm_90a -o build/sass/$$(basename $$f .cu).cubin $$f && \
+	  cuobjdump --dump-sass build/sass/$$(basename $$f .cu).cubin > build/sass/$$(basename $$f .cu).sass; \
+	done; ls -l build/sass
