@@ -89,7 +89,11 @@ def environment() -> dict:
         env["gpu"] = None
     nvcc = shutil.which("nvcc")
     if nvcc:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        out = (
+            subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()
+        )
         env["nvcc"] = out[-1] if out else "?"
     return env
 
@@ -135,7 +139,7 @@ def measure_ceilings() -> dict:
     dev = torch.device("cuda")
     src = torch.randn(2**28, device=dev)
     dst = torch.empty_like(src)
-    us, _ = time_device(lambda: dst.copy_(src))
+    us, _ = time_device(lambda src=src, dst=dst: dst.copy_(src))
     ceilings = {"copy_gbs": 2 * src.numel() * 4 / us / 1e3, "copy_shape": "2^28 fp32"}
     del src, dst
     prev = torch.backends.cuda.matmul.allow_tf32
@@ -153,7 +157,9 @@ def measure_ceilings() -> dict:
 
 
 # ---------------------------------------------------------------------------- peers
-def peers(spec: OpSpec, sample: Sample, with_compile: bool) -> dict[str, tuple[Callable[[], torch.Tensor], bool]]:
+def peers(
+    spec: OpSpec, sample: Sample, with_compile: bool
+) -> dict[str, tuple[Callable[[], torch.Tensor], bool]]:
     """PyTorch's own ways of computing the same thing: name -> (function, time as a CUDA-graph
     replay). The first entry is eager PyTorch, the base of every speedup."""
     import torch.nn.functional as F
@@ -176,7 +182,9 @@ def peers(spec: OpSpec, sample: Sample, with_compile: bool) -> dict[str, tuple[C
         out["torch eager gelu(linear)"] = lambda: F.gelu(F.linear(x, w, bias), approximate=approx)
         if bias is not None and approx == "tanh" and x.dim() == 2:
             # cuBLASLt's fused bias+GELU(tanh) epilogue.
-            out["cuBLASLt addmm+gelu"] = lambda: torch._addmm_activation(bias, x, w.t(), use_gelu=True)
+            out["cuBLASLt addmm+gelu"] = lambda: torch._addmm_activation(
+                bias, x, w.t(), use_gelu=True
+            )
     elif spec.name == "fused_mlp":
         x, weights, biases = args
         out["torch eager nn.Sequential"] = lambda: spec.reference(*args, **kwargs)
@@ -200,14 +208,16 @@ def select_cases(spec: OpSpec, suite: str, shapes: Iterable[str] = ()) -> list[r
     return [c for c in spec.cases if c.bench or c.gpu_only]
 
 
-def plan(ops: Iterable[str], suite: str, dtypes: Iterable[torch.dtype] | None, shapes: Iterable[str] = ()):
+def plan(
+    ops: Iterable[str], suite: str, dtypes: Iterable[torch.dtype] | None, shapes: Iterable[str] = ()
+):
     """(spec, case, dtype) triples the run will time."""
     items = []
     shapes = list(shapes)
     for name in ops:
         spec = OPS[name]
         for case in select_cases(spec, suite, shapes if shapes else ()):
-            for dtype in (dtypes or case.bench_dtypes):
+            for dtype in dtypes or case.bench_dtypes:
                 items.append((spec, case, dtype))
     return items
 
@@ -296,7 +306,9 @@ def dispatch_overhead(calls: int = 2000) -> list[Row]:
 def run(ops, suite="default", dtypes=None, shapes=(), backends=("cuda", "triton"), *, with_peers=True,
         with_compile=False, cuda_graph=False, progress=None) -> Report:  # fmt: skip
     if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA GPU: the benchmark times GPU kernels (see `dualk bench` for the CPU smoke check)")
+        raise RuntimeError(
+            "no CUDA GPU: the benchmark times GPU kernels (see `dualk bench` for the CPU smoke check)"
+        )
     report = Report(environment(), measure_ceilings())
     items = plan(ops, suite, dtypes, shapes)
     for i, (spec, case, dtype) in enumerate(items):

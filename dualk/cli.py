@@ -20,6 +20,7 @@ import click
 import torch
 
 from . import report as rep
+from .bench import Report, Row
 from .registry import OPS, OpSpec, ShapeCase
 
 DTYPE_NAMES = {
@@ -31,7 +32,6 @@ DTYPE_NAMES = {
     "bf16": torch.bfloat16,
 }
 SMOKE_CASES_PER_OP = 2  # the first non-gpu_only cases of each operator
-SMOKE_MODE = "cpu smoke check: correctness only, no timings"
 
 Progress = Callable[[int, int, str], None]
 _FilePath = click.Path(dir_okay=False, path_type=Path)
@@ -120,12 +120,16 @@ def info() -> None:
         click.echo(f"{key:<{width}}  {value}")
 
     device = torch.device("cuda" if _has_gpu() else "cpu")
+    build_dir = cuda_backend.build_directory()
+    built = "built" if build_dir.is_dir() and any(build_dir.glob("*.so")) else "not built yet"
+    if device.type == "cuda" and built != "built":
+        click.echo(
+            "\n(checking the cuda backend builds the extension first: this can take minutes)"
+        )
     click.echo(f"\nbackends per operator on {device}:")
     for line in _availability_table(device):
         click.echo("  " + line)
 
-    build_dir = cuda_backend.build_directory()
-    built = "built" if build_dir.is_dir() and any(build_dir.glob("*.so")) else "not built yet"
     config_file = config.config_path()
     paths = [
         (
@@ -227,7 +231,7 @@ def cpu_smoke_check(
     backends: Sequence[str],
     with_peers: bool = True,
     progress: Progress | None = None,
-) -> list[rep.Row]:
+) -> list[Row]:
     """Run each backend once on small registry cases on the CPU (Triton under its interpreter)
     and judge the outputs against the float64 reference. Rows carry rel_err and ok, never a
     time. With `with_peers`, eager PyTorch on the CPU is checked too (a check of the harness)."""
@@ -246,13 +250,13 @@ def cpu_smoke_check(
     impls = [(f"dualk:{b}", "dualk", b) for b in backends] + (
         [("torch eager (cpu)", "peer", None)] if with_peers else []
     )
-    rows: list[rep.Row] = []
+    rows: list[Row] = []
     for i, (spec, case, dtype) in enumerate(items):
         if progress:
             progress(i, len(items), f"{spec.name} {case.name} {str(dtype)[6:]}")
         if case.gpu_only:
             rows += [
-                rep.Row(
+                Row(
                     spec.name,
                     case.name,
                     case.name,
@@ -267,7 +271,7 @@ def cpu_smoke_check(
         sample = case.make(dtype, device, torch.Generator().manual_seed(0))
         ref = float64_reference(spec, sample)
         for impl, kind, backend in impls:
-            row = rep.Row(spec.name, case.name, sample.label, str(dtype)[6:], impl, kind)
+            row = Row(spec.name, case.name, sample.label, str(dtype)[6:], impl, kind)
             rows.append(row)
             reason = unavailable_reason(backend, device) if backend else None
             if reason is not None:
@@ -291,8 +295,10 @@ def cpu_smoke_check(
 
 
 def _write_outputs(
-    report: rep.Report, json_path: Path | None, csv_path: Path | None, plot_path: Path | None
-) -> None:
+    report: Report, json_path: Path | None, csv_path: Path | None, plot_path: Path | None
+) -> list[Path]:
+    """Write the files asked for (creating folders); say what was written; return those paths."""
+    written = []
     for path, write in (
         (json_path, rep.write_json),
         (csv_path, rep.write_csv),
@@ -307,9 +313,11 @@ def _write_outputs(
             click.echo(f"{path} not written: {exc}", err=True)
             continue
         click.echo(f"wrote {path}")
+        written.append(path)
+    return written
 
 
-def _compare_and_gate(old_path: Path, new: rep.Report, fail_if_slower: float | None) -> None:
+def _compare_and_gate(old_path: Path, new: Report, fail_if_slower: float | None) -> None:
     """Print old vs new; exit 1 when a dualk row regressed beyond `fail_if_slower` percent."""
     old = _load(old_path)
     cmp = rep.compare(old, new)
@@ -329,7 +337,7 @@ def _compare_and_gate(old_path: Path, new: rep.Report, fail_if_slower: float | N
     click.echo(f"no dualk row is more than {fail_if_slower:g}% slower than in {old_path}")
 
 
-def _load(path: Path) -> rep.Report:
+def _load(path: Path) -> Report:
     try:
         return rep.load_report(path)
     except (OSError, ValueError, TypeError) as exc:
@@ -415,21 +423,21 @@ def _load(path: Path) -> rep.Report:
     "--list", "list_cases", is_flag=True, help="List operators and shape cases, then exit."
 )
 def bench(
-    ops,
-    dtypes,
-    shapes,
-    suite,
-    all_backends,
-    backends,
-    peers,
-    with_compile,
-    cuda_graph,
-    json_path,
-    csv_path,
-    plot_path,
-    compare_path,
-    fail_if_slower,
-    list_cases,
+    ops: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    shapes: tuple[str, ...],
+    suite: str,
+    all_backends: bool,
+    backends: tuple[str, ...],
+    peers: bool,
+    with_compile: bool,
+    cuda_graph: bool,
+    json_path: Path | None,
+    csv_path: Path | None,
+    plot_path: Path | None,
+    compare_path: Path | None,
+    fail_if_slower: float | None,
+    list_cases: bool,
 ) -> None:
     """Time dualk's backends against PyTorch on this GPU. Without a GPU: a correctness smoke
     check on the CPU (Triton under its interpreter), no timings."""
@@ -443,7 +451,7 @@ def bench(
         raise click.UsageError("--fail-if-slower needs --compare OLD.json")
     _check_shapes(ops, shapes)
     backends = backends or ("cuda", "triton")
-    dtype_list = [DTYPE_NAMES[d] for d in dict.fromkeys(dtypes)] or None
+    dtype_list = list(dict.fromkeys(DTYPE_NAMES[d] for d in dtypes)) or None
     if compare_path is not None:
         _load(compare_path)  # a bad file fails now, not after the run
     if plot_path is not None:
@@ -480,7 +488,15 @@ def bench(
 
 
 def _bench_without_gpu(
-    ops, dtypes, shapes, backends, peers, json_path, csv_path, plot_path, compare_path
+    ops: Sequence[str],
+    dtypes: Sequence[torch.dtype] | None,
+    shapes: Sequence[str],
+    backends: Sequence[str],
+    peers: bool,
+    json_path: Path | None,
+    csv_path: Path | None,
+    plot_path: Path | None,
+    compare_path: Path | None,
 ) -> None:
     """No GPU: say so, run the CPU smoke check, exit 0. Nothing here is a GPU figure."""
     from .bench import environment
@@ -495,7 +511,7 @@ def _bench_without_gpu(
     with _progress("CPU smoke check") as progress:
         rows = cpu_smoke_check(ops, dtypes, shapes, backends, peers, progress)
     click.echo(rep.render_smoke(rows))
-    report = rep.Report({**environment(), "mode": SMOKE_MODE}, {}, rows)
+    report = Report({**environment(), "mode": rep.SMOKE_MODE}, {}, rows)
     if plot_path is not None:
         click.echo(f"--plot {plot_path} skipped: the CPU smoke check has no timings to plot")
     _write_outputs(report, json_path, csv_path, None)
@@ -550,16 +566,16 @@ def report_command(
     report = _load(json_file)
     if not (markdown_path or plot_path or csv_path or compare_path):
         click.echo(rep.render_table(report))
-    _write_outputs(report, None, csv_path, plot_path)
+    plotted = plot_path in _write_outputs(report, None, csv_path, plot_path)
     if markdown_path is not None:
         base = markdown_path.resolve().parent
         command = ["dualk", "report", str(json_file), "--markdown", str(markdown_path)]
-        if plot_path is not None:
+        if plotted:
             command += ["--plot", str(plot_path)]
         text = rep.render_markdown(
             report,
             source=os.path.relpath(json_file.resolve(), base),
-            plot=os.path.relpath(plot_path.resolve(), base) if plot_path else None,
+            plot=os.path.relpath(plot_path.resolve(), base) if plotted else None,
             command=shlex.join(command),
         )
         markdown_path.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ def _getenv(name: str) -> str | None:
     raw = _ENV_BYTES.get(name.encode())
     return None if raw is None else os.fsdecode(raw)
 
+
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("dualk_backend", default=None)
 _process_default: str | None = None
 _auto_choices: dict[tuple[str, torch.device, torch.dtype], str] = {}
@@ -137,6 +138,8 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"dualk.{self.op}: runs on {self.backend!r} (chosen by {self.source})"]
         for name, reason in self.availability.items():
-            lines.append(f"  {name:7s} {'available' if reason is None else 'unavailable: ' + reason}")
+            lines.append(
+                f"  {name:7s} {'available' if reason is None else 'unavailable: ' + reason}"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -22,7 +22,9 @@ MLP_ACTIVATIONS = ("relu", "gelu", "silu", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 
 
-def add(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto") -> torch.Tensor:
+def add(
+    a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto"
+) -> torch.Tensor:
     """`a + alpha * b` with torch.add's broadcasting, for floating tensors of one dtype
     (float32, float16, bfloat16) on one device. Computed in fp32, rounded once."""
     _check_add(a, b, alpha)
@@ -72,14 +74,18 @@ def _check_matmul(a, b) -> None:
     validate.same_dtype_and_device("matmul", {"a": a, "b": b})
     for name, t in (("a", a), ("b", b)):
         if t.dim() not in (2, 3):
-            raise ValueError(f"dualk.matmul: '{name}' must be 2-dim or 3-dim (batched), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"dualk.matmul: '{name}' must be 2-dim or 3-dim (batched), got shape {tuple(t.shape)}"
+            )
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(
             f"dualk.matmul: inner sizes differ: 'a' {tuple(a.shape)} has K={a.shape[-1]}, "
             f"'b' {tuple(b.shape)} has K={b.shape[-2]}"
         )
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(f"dualk.matmul: batch sizes differ: 'a' has {a.shape[0]}, 'b' has {b.shape[0]}")
+        raise ValueError(
+            f"dualk.matmul: batch sizes differ: 'a' has {a.shape[0]}, 'b' has {b.shape[0]}"
+        )
 
 
 def linear_gelu(
@@ -106,14 +112,18 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
     validate.same_dtype_and_device(op, {"x": x, wname: weight, bname: bias})
     validate.ndim_at_least(op, "x", x, 1)
     if weight.dim() != 2:
-        raise ValueError(f"dualk.{op}: '{wname}' must be 2-dim (out, in), got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"dualk.{op}: '{wname}' must be 2-dim (out, in), got shape {tuple(weight.shape)}"
+        )
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"dualk.{op}: 'x' has {x.shape[-1]} features (shape {tuple(x.shape)}) but '{wname}' "
             f"expects {weight.shape[1]} (shape {tuple(weight.shape)})"
         )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"dualk.{op}: '{bname}' must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        raise ValueError(
+            f"dualk.{op}: '{bname}' must have shape ({weight.shape[0]},), got {tuple(bias.shape)}"
+        )
 
 
 def fused_mlp(
@@ -142,7 +152,11 @@ def fused_mlp(
 def _check_mlp(x, weights, biases, activation) -> None:
     if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
         raise TypeError("dualk.fused_mlp: 'weights' must be a non-empty list of 2-dim tensors")
-    if isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence) or len(biases) != len(weights):
+    if (
+        isinstance(biases, torch.Tensor)
+        or not isinstance(biases, Sequence)
+        or len(biases) != len(weights)
+    ):
         raise TypeError(
             f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
             f"({len(weights)} layers)"
@@ -152,10 +166,14 @@ def _check_mlp(x, weights, biases, activation) -> None:
     for i, (w, b) in enumerate(zip(weights, biases)):
         _check_linear("fused_mlp", h, w, b, f"weights[{i}]", f"biases[{i}]")
         h = w[:, :1].t()  # a stand-in with the next layer's width, for the shape check
-    validate.same_dtype_and_device("fused_mlp", {"x": x, **{f"weights[{i}]": w for i, w in enumerate(weights)}})
+    validate.same_dtype_and_device(
+        "fused_mlp", {"x": x, **{f"weights[{i}]": w for i, w in enumerate(weights)}}
+    )
 
 
-def mlp_fallback_reason(backend: str, x: torch.Tensor, weights: Sequence[torch.Tensor]) -> str | None:
+def mlp_fallback_reason(
+    backend: str, x: torch.Tensor, weights: Sequence[torch.Tensor]
+) -> str | None:
     """Why `backend`'s fused kernel cannot hold this MLP on chip (None when it can)."""
     widths = [weights[0].shape[1], *(w.shape[0] for w in weights)]
     return _FUSED_MLP.backend_function(backend, "fused_mlp_unsupported_reason")(widths, x.dtype)
@@ -205,7 +223,11 @@ def explain(op_name: str, *args, backend: str = "auto", **kwargs) -> dispatch.Ex
         from .backends import unavailable_reason
 
         availability[name] = unavailable_reason(name, like.device)
-    chosen = dispatch.choose(spec, backend, like) if name == "auto" or availability[name] is None else name
+    chosen = (
+        dispatch.choose(spec, backend, like)
+        if name == "auto" or availability[name] is None
+        else name
+    )
     if name == "auto":
         source = f"auto (first available of {', '.join(spec.auto_order)})"
     expl = dispatch.Explanation(op_name, chosen, source, availability)

@@ -102,7 +102,9 @@ class OpSpec:
         for c in self.cases:
             if c.name == name:
                 return c
-        raise KeyError(f"{self.name} has no shape case {name!r}; known: {[c.name for c in self.cases]}")
+        raise KeyError(
+            f"{self.name} has no shape case {name!r}; known: {[c.name for c in self.cases]}"
+        )
 
 
 # ---------------------------------------------------------------------------- input makers
@@ -204,7 +206,9 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
             scale = 1.0 / math.sqrt(max(k, 1))
             a = randn(ashape, dt, dev, g) if a_view is None else a_view(dt, dev, g)
             b = randn(bshape, dt, dev, g, scale) if b_view is None else b_view(dt, dev, g)
-            return Sample((a, b), {}, label or f"{m}x{k}x{n}" + (f" batch {batch}" if batch else ""))
+            return Sample(
+                (a, b), {}, label or f"{m}x{k}x{n}" + (f" batch {batch}" if batch else "")
+            )
 
         return _case(label or f"{m}x{k}x{n}" + (f"_b{batch}" if batch else ""), make, **flags)
 
@@ -240,7 +244,11 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
     def lg(batch_shape, k, n, label, bias=True, approximate="tanh", w_view=None, **flags):
         def make(dt, dev, g):
             x = randn((*batch_shape, k), dt, dev, g)
-            w = randn((n, k), dt, dev, g, 1.0 / math.sqrt(max(k, 1))) if w_view is None else w_view(dt, dev, g)
+            w = (
+                randn((n, k), dt, dev, g, 1.0 / math.sqrt(max(k, 1)))
+                if w_view is None
+                else w_view(dt, dev, g)
+            )
             b = randn(n, dt, dev, g, 0.5) if bias else None
             return Sample((x, w, b), {"approximate": approximate}, label)
 
@@ -328,7 +336,11 @@ def _mlp_cost(s: Sample) -> Cost:
 
 def _impls(function: str) -> dict[str, str]:
     """Each backend module (dualk/backends/<module>.py) names the operator's function alike."""
-    return {"cuda": f"cuda:{function}", "triton": f"triton:{function}", "torch": f"torch_ref:{function}"}
+    return {
+        "cuda": f"cuda:{function}",
+        "triton": f"triton:{function}",
+        "torch": f"torch_ref:{function}",
+    }
 
 
 OPS: Mapping[str, OpSpec] = {

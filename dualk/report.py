@@ -26,6 +26,7 @@ from .bench import Report, Row
 ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Row))
 _REQUIRED_ROW_FIELDS = ("op", "case", "shape", "dtype", "impl", "kind")
 PLOT_INSTALL_HINT = "plotting needs matplotlib: pip install 'dualk[plot]'"
+SMOKE_MODE = "cpu smoke check: correctness only, no timings"  # env["mode"] of such a run
 
 
 class PlotUnavailableError(RuntimeError):
@@ -83,6 +84,11 @@ def status(row: Row) -> str:
 
 def _short(text: str, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def is_smoke(report: Report) -> bool:
+    """Was this the CPU smoke check (correctness only, no timings)?"""
+    return report.env.get("mode") == SMOKE_MODE
 
 
 def _measured(report: Report) -> list[Row]:
@@ -193,7 +199,10 @@ def _table_cells(r: Row, mark: str) -> list[str]:
 def render_table(report: Report) -> str:
     """The run for a person: the environment and ceilings, then one table per operator with the
     fastest correct implementation of each (shape, dtype) marked `*`, rows that failed the
-    correctness check marked `!!`, the dispatch overhead, and a list of failures at the end."""
+    correctness check marked `!!`, the dispatch overhead, and a list of failures at the end.
+    A CPU smoke-check report is shown as such, without timing columns."""
+    if is_smoke(report):
+        return "\n".join([*describe_env(report.env), "", render_smoke(report.rows)])
     lines = [*describe_env(report.env)]
     if report.ceilings:
         lines.append("ceilings: " + "; ".join(describe_ceilings(report.ceilings)))
@@ -528,6 +537,8 @@ def render_markdown(
             "",
             f"![speedup vs eager PyTorch]({plot})",
         ]
+    if is_smoke(report):
+        lines += ["", "> **This run is a CPU smoke check: correctness only, no timings.**"]
     lines += [
         "",
         "## Results",

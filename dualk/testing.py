@@ -41,7 +41,11 @@ def float64_reference(spec: OpSpec, sample: Sample) -> torch.Tensor:
 
 
 def clone_inputs(sample: Sample) -> Sample:
-    return Sample(_map_tensors(sample.args, torch.clone), _map_tensors(sample.kwargs, torch.clone), sample.label)
+    return Sample(
+        _map_tensors(sample.args, torch.clone),
+        _map_tensors(sample.kwargs, torch.clone),
+        sample.label,
+    )
 
 
 def inputs_unchanged(before: Sample, after: Sample) -> bool:
@@ -57,11 +61,15 @@ def _worst(out64: torch.Tensor, ref: torch.Tensor, excess: torch.Tensor, k: int 
     rows = []
     for i in idx.tolist():
         pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(i), ref.shape))
-        rows.append(f"at {pos}: got {out64.flatten()[i].item():.6g}, expected {ref.flatten()[i].item():.6g}")
+        rows.append(
+            f"at {pos}: got {out64.flatten()[i].item():.6g}, expected {ref.flatten()[i].item():.6g}"
+        )
     return "; ".join(rows)
 
 
-def judge(spec: OpSpec, sample: Sample, out: torch.Tensor, ref: torch.Tensor | None = None) -> Verdict:
+def judge(
+    spec: OpSpec, sample: Sample, out: torch.Tensor, ref: torch.Tensor | None = None
+) -> Verdict:
     """Is `out` (from some backend, on `sample`) right? `ref` is the float64 reference if known."""
     like = sample.first_tensor()
     if ref is None:

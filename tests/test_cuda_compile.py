@@ -11,12 +11,26 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "cuda_src"
 KERNEL_FILES = sorted(p for p in SRC.glob("*.cu"))
-NVCC = shutil.which("nvcc") or (Path("/usr/local/cuda/bin/nvcc") if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+NVCC = shutil.which("nvcc") or (
+    Path("/usr/local/cuda/bin/nvcc") if Path("/usr/local/cuda/bin/nvcc").exists() else None
+)
 ARCHS = ("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a")
 
 
 def compile_report(path: Path) -> subprocess.CompletedProcess:
-    cmd = [str(NVCC), "-c", "-std=c++17", f"-I{SRC}", "-O3", "-Xptxas", "-v", *ARCHS, "-o", "/dev/null", str(path)]
+    cmd = [
+        str(NVCC),
+        "-c",
+        "-std=c++17",
+        f"-I{SRC}",
+        "-O3",
+        "-Xptxas",
+        "-v",
+        *ARCHS,
+        "-o",
+        "/dev/null",
+        str(path),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -31,7 +45,9 @@ def reports():
 def test_compiles_without_spills(path, reports):
     result = reports[path]
     assert result.returncode == 0, f"nvcc failed on {path.name}:\n{result.stderr[-4000:]}"
-    spills = [line for line in result.stderr.splitlines() if re.search(r"[1-9]\d* bytes spill", line)]
+    spills = [
+        line for line in result.stderr.splitlines() if re.search(r"[1-9]\d* bytes spill", line)
+    ]
     assert not spills, f"{path.name} spills registers:\n" + "\n".join(spills)
     functions = re.findall(r"Compiling entry function '(\w+)' for '(sm_\w+)'", result.stderr)
     assert functions, f"no kernels were compiled from {path.name}"

@@ -46,7 +46,9 @@ def test_matches_float64_reference(op, case_name, backend, dtype):
         return
     verdict = judge(spec, sample, out, float64_reference(spec, sample))
     assert verdict.ok, f"{op} [{sample.label}] on {backend}/{dtype}: {verdict.message}"
-    assert inputs_unchanged(before, sample), f"{op} [{sample.label}] on {backend} modified its inputs"
+    assert inputs_unchanged(before, sample), (
+        f"{op} [{sample.label}] on {backend} modified its inputs"
+    )
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="compares the two GPU backends with each other")
@@ -63,8 +65,13 @@ def test_cuda_and_triton_agree(op, dtype):
         ref = float64_reference(spec, sample)
         if ref.numel() == 0:
             continue
-        outs = [getattr(dualk, op)(*sample.args, **sample.kwargs, backend=b).double() for b in ("cuda", "triton")]
-        torch_err = (spec.reference(*sample.args, **sample.kwargs).double() - ref).abs().max().item()
+        outs = [
+            getattr(dualk, op)(*sample.args, **sample.kwargs, backend=b).double()
+            for b in ("cuda", "triton")
+        ]
+        torch_err = (
+            (spec.reference(*sample.args, **sample.kwargs).double() - ref).abs().max().item()
+        )
         ulp = torch.finfo(dtype).eps * ref.abs().max().item()
         diff = (outs[0] - outs[1]).abs()
         assert diff.max().item() <= 4 * torch_err + 2 * ulp, (

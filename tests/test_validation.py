@@ -13,8 +13,12 @@ def r(*shape, dtype=torch.float32, device=DEVICE):
 
 @pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
 def test_integer_dtype_rejected(backend):
-    with pytest.raises(TypeError, match=r"'a' has dtype torch.int32; expected float32, float16 or bfloat16"):
-        dualk.add(torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32), backend=backend)
+    with pytest.raises(
+        TypeError, match=r"'a' has dtype torch.int32; expected float32, float16 or bfloat16"
+    ):
+        dualk.add(
+            torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32), backend=backend
+        )
     with pytest.raises(TypeError, match="'x' has dtype torch.int64"):
         dualk.relu_scale(torch.ones(3, dtype=torch.int64), 2.0, backend=backend)
 
@@ -39,7 +43,9 @@ def test_non_tensor_rejected():
 
 
 def test_shapes_that_do_not_broadcast():
-    with pytest.raises(ValueError, match=r"shapes \(3,\) \('a'\) and \(4,\) \('b'\) do not broadcast"):
+    with pytest.raises(
+        ValueError, match=r"shapes \(3,\) \('a'\) and \(4,\) \('b'\) do not broadcast"
+    ):
         dualk.add(r(3), r(4))
 
 

@@ -42,8 +42,12 @@ def add_kernel(
         a_offs = offs
         b_offs = offs
     else:
-        a_offs = strided_offset(offs, size1, size2, size3, stride_a0, stride_a1, stride_a2, stride_a3)
-        b_offs = strided_offset(offs, size1, size2, size3, stride_b0, stride_b1, stride_b2, stride_b3)
+        a_offs = strided_offset(
+            offs, size1, size2, size3, stride_a0, stride_a1, stride_a2, stride_a3
+        )
+        b_offs = strided_offset(
+            offs, size1, size2, size3, stride_b0, stride_b1, stride_b2, stride_b3
+        )
     a = tl.load(a_ptr + a_offs, mask=mask).to(tl.float32)
     b = tl.load(b_ptr + b_offs, mask=mask).to(tl.float32)
     out = a + alpha * b

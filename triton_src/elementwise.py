@@ -6,7 +6,6 @@ one copy before launch)."""
 from __future__ import annotations
 
 import triton
-import triton.language as tl
 
 MAX_DIMS = 4
 NUM_WARPS = 8

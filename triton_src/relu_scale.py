@@ -36,7 +36,9 @@ def relu_scale_kernel(
     if DENSE:
         x_offs = offs
     else:
-        x_offs = strided_offset(offs, size1, size2, size3, stride_x0, stride_x1, stride_x2, stride_x3)
+        x_offs = strided_offset(
+            offs, size1, size2, size3, stride_x0, stride_x1, stride_x2, stride_x3
+        )
     x = tl.load(x_ptr + x_offs, mask=mask).to(tl.float32)
     out = tl.where(x < 0, 0.0, x) * scale
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)

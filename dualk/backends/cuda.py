@@ -210,7 +210,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a3 = a if a.dim() == 3 else a.unsqueeze(0)
     b3 = b if b.dim() == 3 else b.unsqueeze(0)
     batch = max(a3.shape[0], b3.shape[0])
-    m, k, n = a3.shape[1], a3.shape[2], b3.shape[2]
+    m, n = a3.shape[1], b3.shape[2]
     out = _alloc.empty((batch, m, n), a.dtype, a.device)
     if out.numel():
         extension().matmul(_as_gemm_a(a3), _as_gemm_b(b3), out, _allow_tf32(a.dtype))
@@ -218,7 +218,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def linear_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    approximate: str = "tanh",
 ) -> torch.Tensor:
     x2d = as_rows(x)
     out = _alloc.empty((1, x2d.shape[0], weight.shape[0]), x.dtype, x.device)

@@ -29,7 +29,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def linear_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    approximate: str = "tanh",
 ) -> torch.Tensor:
     return F.gelu(F.linear(x, weight, bias), approximate=approximate)
 

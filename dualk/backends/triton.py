@@ -97,7 +97,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def linear_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    approximate: str = "tanh",
 ) -> torch.Tensor:
     x2d = as_rows(x)
     with _device_guard(x):
