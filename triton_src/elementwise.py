@@ -6,6 +6,7 @@ one copy before launch)."""
 from __future__ import annotations
 
 import triton
+import triton.language as tl  # noqa: F401  (jit functions need tl in their module, even unused)
 
 MAX_DIMS = 4
 NUM_WARPS = 8
