@@ -161,22 +161,76 @@ def _check_mlp(x, weights, biases, activation) -> None:
             f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
             f"({len(weights)} layers)"
         )
-    validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
-    h = x
+    if activation not in MLP_ACTIVATIONS:
+        validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
+    validate.tensor("fused_mlp", "x", x)
+    validate.ndim_at_least("fused_mlp", "x", x, 1)
+    dtype, device, width = x.dtype, x.device, x.shape[-1]
     for i, (w, b) in enumerate(zip(weights, biases)):
-        _check_linear("fused_mlp", h, w, b, f"weights[{i}]", f"biases[{i}]")
-        h = w[:, :1].t()  # a stand-in with the next layer's width, for the shape check
-    validate.same_dtype_and_device(
-        "fused_mlp", {"x": x, **{f"weights[{i}]": w for i, w in enumerate(weights)}}
+        # One cheap test per layer on the hot path; the detailed checks only explain a failure.
+        if not (
+            type(w) is torch.Tensor
+            and w.dim() == 2
+            and w.shape[1] == width
+            and w.dtype is dtype
+            and w.device == device
+            and (
+                b is None
+                or (
+                    type(b) is torch.Tensor
+                    and b.shape == (w.shape[0],)
+                    and b.dtype is dtype
+                    and b.device == device
+                )
+            )
+        ):
+            _explain_bad_layer(x, i, width, w, b)
+        width = w.shape[0]
+
+
+def _explain_bad_layer(x, i, width, w, b) -> None:
+    name, bname = f"weights[{i}]", f"biases[{i}]"
+    validate.tensor("fused_mlp", name, w)
+    if b is not None:
+        validate.tensor("fused_mlp", bname, b)
+    validate.same_pair("fused_mlp", ("x", x), (name, w), (bname, b))
+    if w.dim() != 2:
+        raise ValueError(
+            f"dualk.fused_mlp: '{name}' must be 2-dim (out, in), got shape {tuple(w.shape)}"
+        )
+    if w.shape[1] != width:
+        source = "'x'" if i == 0 else f"layer {i - 1} (its output)"
+        raise ValueError(
+            f"dualk.fused_mlp: {source} has {width} features but '{name}' (shape "
+            f"{tuple(w.shape)}) expects {w.shape[1]}"
+        )
+    raise ValueError(
+        f"dualk.fused_mlp: '{bname}' must have shape ({w.shape[0]},), got {tuple(b.shape)}"
     )
+
+
+_fallback_reasons: dict[tuple, str | None] = {}
 
 
 def mlp_fallback_reason(
     backend: str, x: torch.Tensor, weights: Sequence[torch.Tensor]
 ) -> str | None:
-    """Why `backend`'s fused kernel cannot hold this MLP on chip (None when it can)."""
-    widths = [weights[0].shape[1], *(w.shape[0] for w in weights)]
-    return _FUSED_MLP.backend_function(backend, "fused_mlp_unsupported_reason")(widths, x.dtype)
+    """Why `backend`'s fused kernel cannot hold this MLP on chip (None when it can); remembered
+    per (backend, widths, dtype, device) so the hot path pays a dict lookup."""
+    widths = (weights[0].shape[1], *(w.shape[0] for w in weights))
+    key = (backend, widths, x.dtype, x.device)
+    if key not in _fallback_reasons:
+        check = _FUSED_MLP.backend_function(backend, "fused_mlp_unsupported_reason")
+        with _device_of(x):
+            _fallback_reasons[key] = check(list(widths), x.dtype)
+    return _fallback_reasons[key]
+
+
+def _device_of(x: torch.Tensor):
+    """The input's device as the current one (a device query inside a limit check reads it)."""
+    import contextlib
+
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:

@@ -82,7 +82,7 @@ def test_linear_gelu_shape_errors():
 
 def test_fused_mlp_errors():
     x = r(2, 8)
-    with pytest.raises(ValueError, match=r"'x' has 6 features .* 'weights\[1\]' expects 5"):
+    with pytest.raises(ValueError, match=r"layer 0 \(its output\) has 6 features but 'weights\[1\]'"):
         dualk.fused_mlp(x, [r(6, 8), r(4, 5)], [None, None])
     with pytest.raises(TypeError, match="one entry"):
         dualk.fused_mlp(x, [r(6, 8)], [])
@@ -90,3 +90,9 @@ def test_fused_mlp_errors():
         dualk.fused_mlp(x, [r(6, 8)], [None], activation="tanh")
     with pytest.raises(ValueError, match=r"'biases\[0\]' must have shape \(6,\)"):
         dualk.fused_mlp(x, [r(6, 8)], [r(5)])
+    with pytest.raises(ValueError, match=r"'x' has 8 features but 'weights\[0\]'"):
+        dualk.fused_mlp(x, [r(6, 7)], [None])
+    with pytest.raises(TypeError, match=r"'weights\[1\]' has dtype torch.float16"):
+        dualk.fused_mlp(x, [r(6, 8), r(4, 6, dtype=torch.float16)], [None, None])
+    with pytest.raises(ValueError, match=r"'weights\[0\]' must be 2-dim"):
+        dualk.fused_mlp(x, [r(6, 8, 1)], [None])

@@ -1,0 +1,25 @@
+"""A regular (non-editable) install carries cuda_src/ and triton_src/ inside the package, so JIT
+builds and Triton imports work from site-packages."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_carries_kernel_sources(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("dualk-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for src in sorted((ROOT / "cuda_src").glob("*")):
+        if src.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            assert f"dualk/cuda_src/{src.name}" in names, f"{src.name} missing from the wheel"
+    for src in sorted((ROOT / "triton_src").glob("*.py")):
+        assert f"dualk/triton_src/{src.name}" in names, f"{src.name} missing from the wheel"
+    assert any(n.endswith("entry_points.txt") for n in names)
