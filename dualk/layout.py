@@ -61,3 +61,12 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     """(..., features) as (rows, features): a view when the strides allow (reshape copies
     otherwise); well defined for zero features too, unlike reshape(-1, 0)."""
     return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def fit_plan(plan: ElementwisePlan, max_dims: int, *operands: torch.Tensor):
+    """(*operands, plan) unchanged when a kernel can index the plan's dims; else one documented
+    copy makes every operand dense in output order (plans that deep are rare: dims merge)."""
+    if plan.ndim <= max_dims:
+        return (*operands, plan)
+    dense = [t.expand(plan.out_shape).contiguous() for t in operands]
+    return (*dense, plan_elementwise(*dense))

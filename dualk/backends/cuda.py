@@ -20,7 +20,7 @@ import torch
 
 from .. import _alloc
 from ..errors import BackendUnavailableError
-from ..layout import MAX_DIMS, as_rows, plan_elementwise
+from ..layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
 
 KERNEL_SOURCES = ("add.cu", "relu_scale.cu", "matmul.cu", "linear_gelu.cu", "fused_mlp.cu")
 BINDING_SOURCE = "binding.cpp"
@@ -162,7 +162,7 @@ def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     plan = plan_elementwise(a, b)
     out = _alloc.empty(plan.out_shape, a.dtype, a.device)
     if plan.numel:
-        a, b, plan = _fit_dims(plan, a, b)
+        a, b, plan = fit_plan(plan, MAX_DIMS, a, b)
         extension().add(a, b, out, alpha, plan.sizes, *plan.strides, plan.dense)
     return out
 
@@ -171,18 +171,9 @@ def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     plan = plan_elementwise(x)
     out = _alloc.empty(plan.out_shape, x.dtype, x.device)
     if plan.numel:
-        x, plan = _fit_dims(plan, x)
+        x, plan = fit_plan(plan, MAX_DIMS, x)
         extension().relu_scale(x, out, scale, plan.sizes, plan.strides[0], plan.dense)
     return out
-
-
-def _fit_dims(plan, *operands):
-    """Operands and plan unchanged, unless the plan has more dims than the kernels index: then
-    one documented copy makes every operand dense in output order."""
-    if plan.ndim <= MAX_DIMS:
-        return (*operands, plan)
-    dense = [t.expand(plan.out_shape).contiguous() for t in operands]
-    return (*dense, plan_elementwise(*dense))
 
 
 def _allow_tf32(dtype: torch.dtype) -> bool:

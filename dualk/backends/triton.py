@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import _alloc
-from ..layout import as_rows, plan_elementwise
+from ..layout import as_rows, fit_plan, plan_elementwise
 
 _import_error: str | None = None
 _triton_checked = False
@@ -58,20 +58,12 @@ def _device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def _dense_if_deep(plan, *operands):
-    """Plans deeper than the kernels' four dims: one documented copy makes operands dense."""
-    if plan.ndim <= _module("elementwise").MAX_DIMS:
-        return (*operands, plan)
-    dense = [t.expand(plan.out_shape).contiguous() for t in operands]
-    return (*dense, plan_elementwise(*dense))
-
-
 # ---------------------------------------------------------------------------- operators
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     plan = plan_elementwise(a, b)
     out = _alloc.empty(plan.out_shape, a.dtype, a.device)
     if plan.numel:
-        a, b, plan = _dense_if_deep(plan, a, b)
+        a, b, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, a, b)
         with _device_guard(out):
             _module("add").add(a, b, out, alpha, plan)
     return out
@@ -81,7 +73,7 @@ def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     plan = plan_elementwise(x)
     out = _alloc.empty(plan.out_shape, x.dtype, x.device)
     if plan.numel:
-        x, plan = _dense_if_deep(plan, x)
+        x, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, x)
         with _device_guard(out):
             _module("relu_scale").relu_scale(x, out, scale, plan)
     return out
