@@ -58,54 +58,87 @@ __device__ __forceinline__ float epilogue_value(float acc, const T* bias, int64_
 
 // ------------------------------------------------------------------ tensor-core kernel (fp16/bf16)
 
-constexpr int kTcBlockK = 32;
-// Shared-memory rows are padded by 8 elements (16 bytes): a row of 32 + 8 elements is 80 bytes, so
-// the 8 row addresses of one ldmatrix 8x8 matrix land on 8 distinct 16-byte bank groups
-// ((row * 5 + chunk) % 8 differs for 8 consecutive rows). Same for the (k, n) layout of B:
-// (kBlockN + 8) * 2 bytes is an odd number of 16-byte chunks.
-constexpr int kTcPad = 8;
+// Shared-memory tiles are stored unpadded with 16-byte chunks XOR-swizzled inside each 128-byte
+// line, so the 8 row addresses of one ldmatrix 8x8 matrix (8 rows, one logical chunk) and the
+// cp.async chunk stores of a warp land on 8 distinct 16-byte bank groups:
+//   rows of >= 8 chunks (>= 128 bytes): physical chunk = chunk ^ (row % 8);
+//   rows of 4 chunks (64 bytes, two rows per 128-byte line): chunk ^ ((row / 2) % 4).
+template <int kChunks>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kChunks == 4 || kChunks % 8 == 0, "swizzle needs 4 or a multiple of 8 chunks per row");
+  if constexpr (kChunks >= 8)
+    return row * kChunks * 8 + ((chunk ^ (row & 7)) * 8);
+  else
+    return row * 32 + ((chunk ^ ((row >> 1) & 3)) * 8);
+}
 
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kBKMajor>
+// 32-bit shared-memory address forms of the common.cuh copy/ldmatrix wrappers: the main loop keeps
+// one 32-bit base per operand instead of 64-bit generic pointers.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+}
+__device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_u32(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Tile: kBlockM x kBlockN x kBlockK block tile, kWarpsM x kWarpsN warps, kStages-deep cp.async
+// pipeline, kMinBlocks for __launch_bounds__ (see TcLarge/TcMedium/TcSmall below).
+template <typename Tile, bool kBKMajor>
 struct TensorCoreConfig {
-  static constexpr int kBlockK = kTcBlockK;
+  static constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kBlockK = Tile::kBlockK;
+  static constexpr int kWarpsM = Tile::kWarpsM, kWarpsN = Tile::kWarpsN, kStages = Tile::kStages;
   static constexpr int kThreads = kWarpsM * kWarpsN * 32;
   static constexpr int kWarpTileM = kBlockM / kWarpsM;
   static constexpr int kWarpTileN = kBlockN / kWarpsN;
   static constexpr int kMmaTilesM = kWarpTileM / 16;  // m16 tiles per warp
   static constexpr int kMmaTilesN = kWarpTileN / 8;   // n8 tiles per warp
-  static constexpr int kStrideA = kBlockK + kTcPad;   // sA[m][k]
-  // sB[n][k] when B is k-major (ldmatrix), sB[k][n] otherwise (ldmatrix.trans).
-  static constexpr int kStrideB = kBKMajor ? kBlockK + kTcPad : kBlockN + kTcPad;
-  static constexpr int kStageElemsA = kBlockM * kStrideA;
-  static constexpr int kStageElemsB = kBKMajor ? kBlockN * kStrideB : kBlockK * kStrideB;
+  static constexpr int kKSteps = kBlockK / 16;        // mma k16 steps per stage
+  // sA[m][k]; sB[n][k] when B is k-major (ldmatrix), sB[k][n] otherwise (ldmatrix.trans).
+  static constexpr int kChunksRowA = kBlockK / 8;  // 16-byte chunks of 8 elements
+  static constexpr int kChunksRowB = kBKMajor ? kBlockK / 8 : kBlockN / 8;
+  static constexpr int kRowsB = kBKMajor ? kBlockN : kBlockK;
+  static constexpr int kStageElemsA = kBlockM * kBlockK;
+  static constexpr int kStageElemsB = kBlockN * kBlockK;
   static constexpr int kStageElems = kStageElemsA + kStageElemsB;
-  // The epilogue stages the fp32 C tile through the same memory; +8 floats for conflict-free stores.
-  static constexpr int kStrideC = kBlockN + 8;
-  static constexpr int kPipelineBytes = kStages * kStageElems * 2;  // 2-byte elements
-  static constexpr int kEpilogueBytes = kBlockM * kStrideC * 4;
-  static constexpr int kSmemBytes = kPipelineBytes > kEpilogueBytes ? kPipelineBytes : kEpilogueBytes;
+  static constexpr int kSmemBytes = kStages * kStageElems * 2;  // 2-byte elements
+  // Each thread copies one fixed chunk column, kLoads rows kRowsPerPass apart.
+  static constexpr int kRowsPerPassA = kThreads / kChunksRowA;
+  static constexpr int kRowsPerPassB = kThreads / kChunksRowB;
+  static constexpr int kLoadsA = kBlockM / kRowsPerPassA;
+  static constexpr int kLoadsB = kRowsB / kRowsPerPassB;
 
-  static constexpr int kChunksPerRowA = kBlockK / 8;  // 16-byte chunks of 8 elements
-  static constexpr int kChunksA = kBlockM * kChunksPerRowA;
-  static constexpr int kChunksPerRowB = kBKMajor ? kBlockK / 8 : kBlockN / 8;
-  static constexpr int kChunksB = kBlockN * kBlockK / 8;
-  static constexpr int kLoadsA = kChunksA / kThreads;
-  static constexpr int kLoadsB = kChunksB / kThreads;
-
-  static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockN % (16 * kWarpsN) == 0, "warp tile shape");
+  static_assert(kWarpTileM % 16 == 0 && kWarpTileN % 16 == 0, "warp tile shape");
   static_assert(kMmaTilesN % 2 == 0, "B fragments are loaded two n8 tiles per ldmatrix_x4");
-  static_assert(kChunksA % kThreads == 0 && kChunksB % kThreads == 0, "whole chunks per thread");
+  static_assert(kBlockK % 32 == 0, "k tile: 4 or a multiple of 8 chunks per row");
+  static_assert(kThreads % kChunksRowA == 0 && kBlockM % kRowsPerPassA == 0, "A chunks per thread");
+  static_assert(kThreads % kChunksRowB == 0 && kRowsB % kRowsPerPassB == 0, "B chunks per thread");
   static_assert(kStages >= 2, "pipeline depth");
 };
 
-// Host-checked precondition (a_rows_aligned, b_rows_aligned): every 16-byte chunk of A and B rows starts on a
-// 16-byte boundary, and k (and n for B (k, n)) is a multiple of 8, so each chunk is either wholly
-// inside the matrix or wholly outside (then zero-filled).
-template <typename T, int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks,
-          bool kBKMajor, Activation kAct, bool kHasBias>
-__global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, kMinBlocks)
+// Host-checked precondition (a_rows_aligned, b_rows_aligned): every 16-byte chunk of A and B rows
+// starts on a 16-byte boundary, and k (and n for B (k, n)) is a multiple of 8, so each chunk is
+// either wholly inside the matrix or wholly outside (then zero-filled).
+//
+// Main loop (per k tile, kKSteps mma steps of k16): the fragments of step s+1 are loaded from shared
+// memory (ldmatrix) while the mma of step s run; the wait for the next stage and the one barrier per
+// k tile sit before the last step, so the next stage's first fragments also overlap the last mma.
+// Epilogue straight from the accumulators: bias and activation in fp32 registers, two outputs per
+// 32-bit store.
+template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias>
+__global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinBlocks)
     gemm_tensor_core_kernel(const GemmArgs args) {
-  using Cfg = TensorCoreConfig<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, kBKMajor>;
+  using Cfg = TensorCoreConfig<Tile, kBKMajor>;
+  constexpr int kStages = Cfg::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
@@ -118,77 +151,104 @@ __global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, kMinBlocks)
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  const int warp_m = warp / kWarpsN;
-  const int warp_n = warp % kWarpsN;
+  const int warp_m = warp / Cfg::kWarpsN;
+  const int warp_n = warp % Cfg::kWarpsN;
 
-  const int64_t tiles_m = ceil_div(m, kBlockM);
-  const int64_t tiles_n = ceil_div(n, kBlockN);
+  const int64_t tiles_m = ceil_div(m, Cfg::kBlockM);
+  const int64_t tiles_n = ceil_div(n, Cfg::kBlockN);
   const int64_t num_tiles = args.batch * tiles_m * tiles_n;
-  const int64_t k_tiles = ceil_div(k, Cfg::kBlockK);
-  // 16-byte stores of C need 16-byte aligned rows.
-  const bool c_vec16 = ((reinterpret_cast<uintptr_t>(c) & 15) | (args.stride_cm & 7) |
-                        (args.batch > 1 ? (args.stride_c_batch & 7) : 0)) == 0;
+  // Host-checked: k < 2^31 (select_gemm_kernel), so k offsets fit in int.
+  const int k_tiles = static_cast<int>(ceil_div(k, Cfg::kBlockK));
+  const int k_int = static_cast<int>(k);
+  // 32-bit stores of two C elements need 4-byte aligned element pairs.
+  const bool c_vec = ((reinterpret_cast<uintptr_t>(c) & 3) | (args.stride_cm & 1) |
+                      (args.batch > 1 ? (args.stride_c_batch & 1) : 0)) == 0;
+
+  // This thread's copy slots: chunk column and first row of each operand tile.
+  const int a_chunk = tid % Cfg::kChunksRowA;
+  const int a_row0 = tid / Cfg::kChunksRowA;
+  const int b_chunk = tid % Cfg::kChunksRowB;
+  const int b_row0 = tid / Cfg::kChunksRowB;
+
+  // Byte offsets inside one stage. Every row a lane addresses has row % 8 == lane % 8 (and
+  // (row / 2) % 4 == (lane / 2) % 4), and logical chunks 2 ks + h with h < 2, so the swizzled chunk
+  // of k step ks is (2 ks) ^ (h ^ swizzle(lane)), a compile-time XOR per step.
+  constexpr int kRowBytesA = Cfg::kChunksRowA * 16;
+  constexpr int kRowBytesB = Cfg::kChunksRowB * 16;
+  const int lane_swz_a = Cfg::kChunksRowA >= 8 ? lane % 8 : (lane / 2) % 4;
+  const int lane_swz_b = Cfg::kChunksRowB >= 8 ? lane % 8 : (lane / 2) % 4;
+  // A (m16 x k16 per x4): lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 at k 8-15.
+  const uint32_t a_ld_row_off = (warp_m * Cfg::kWarpTileM + lane % 16) * kRowBytesA;
+  const int a_ld_hx = (lane / 16) ^ lane_swz_a;
+  // B k-major, sB[n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+  // are b0, b1 of n-tile j and b0, b1 of n-tile j+1.
+  // B (k, n), sB[k][n] transposed on load: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
+  // (k 8-15, n 8-15), the same four fragments; its chunk does not depend on the k step.
+  uint32_t b_ld_row_off;
+  int b_ld_hx = 0;
+  uint32_t b_ld_col_off[Cfg::kMmaTilesN / 2];
+  if constexpr (kBKMajor) {
+    b_ld_row_off = (warp_n * Cfg::kWarpTileN + lane % 8 + (lane / 16) * 8) * kRowBytesB;
+    b_ld_hx = ((lane / 8) % 2) ^ lane_swz_b;
+  } else {
+    b_ld_row_off = (lane % 16) * kRowBytesB;
+#pragma unroll
+    for (int j = 0; j < Cfg::kMmaTilesN; j += 2)
+      b_ld_col_off[j / 2] = ((warp_n * (Cfg::kWarpTileN / 8) + lane / 16 + j) ^ lane_swz_b) * 16;
+  }
+  const uint32_t smem_base = smem_u32(smem);
 
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord coord = tile_coord(tile, tiles_m, tiles_n);
-    const int64_t m0 = coord.tile_m * kBlockM;
-    const int64_t n0 = coord.tile_n * kBlockN;
+    const int64_t m0 = coord.tile_m * Cfg::kBlockM;
+    const int64_t n0 = coord.tile_n * Cfg::kBlockN;
     const T* a_batch = a + coord.batch * args.stride_a_batch;
     const T* b_batch = b + coord.batch * args.stride_b_batch;
+    const int64_t m_left = m - m0;
+    const int64_t n_left = n - n0;
 
-    // Per-thread source rows, fixed for the whole k loop: the k offset is added per tile.
-    const T* a_src[Cfg::kLoadsA];
-    bool a_row_ok[Cfg::kLoadsA];
-#pragma unroll
-    for (int i = 0; i < Cfg::kLoadsA; ++i) {
-      const int chunk = tid + i * Cfg::kThreads;
-      const int row = chunk / Cfg::kChunksPerRowA;
-      const int col = (chunk % Cfg::kChunksPerRowA) * 8;
-      a_row_ok[i] = m0 + row < m;
-      a_src[i] = a_batch + (a_row_ok[i] ? (m0 + row) * args.stride_am : 0) + col;
-    }
-    const T* b_src[Cfg::kLoadsB];
-    bool b_row_ok[Cfg::kLoadsB];  // k-major: n row inside; (k, n): n chunk inside
-#pragma unroll
-    for (int i = 0; i < Cfg::kLoadsB; ++i) {
-      const int chunk = tid + i * Cfg::kThreads;
-      const int row = chunk / Cfg::kChunksPerRowB;
-      const int col = (chunk % Cfg::kChunksPerRowB) * 8;
-      if constexpr (kBKMajor) {
-        b_row_ok[i] = n0 + row < n;
-        b_src[i] = b_batch + (b_row_ok[i] ? (n0 + row) * args.stride_b_outer : 0) + col;
-      } else {
-        b_row_ok[i] = n0 + col < n;
-        b_src[i] = b_batch + row * args.stride_b_outer + (b_row_ok[i] ? n0 + col : 0);
-      }
+    // Source of this thread's first chunk at k tile 0; rows kRowsPerPass apart follow by a stride.
+    const T* a_src = a_batch + (m0 + a_row0) * args.stride_am + a_chunk * 8;
+    const int64_t a_pass_stride = static_cast<int64_t>(Cfg::kRowsPerPassA) * args.stride_am;
+    const T* b_src;
+    int64_t b_pass_stride, b_tile_step;
+    bool b_col_ok = true;  // (k, n): this thread's n chunk is inside
+    if constexpr (kBKMajor) {
+      b_src = b_batch + (n0 + b_row0) * args.stride_b_outer + b_chunk * 8;
+      b_pass_stride = static_cast<int64_t>(Cfg::kRowsPerPassB) * args.stride_b_outer;
+      b_tile_step = Cfg::kBlockK;
+    } else {
+      b_col_ok = b_chunk * 8 < n_left;
+      b_src = b_batch + b_row0 * args.stride_b_outer + n0 + b_chunk * 8;
+      b_pass_stride = static_cast<int64_t>(Cfg::kRowsPerPassB) * args.stride_b_outer;
+      b_tile_step = Cfg::kBlockK * args.stride_b_outer;
     }
 
-    auto load_stage = [&](int stage, int64_t k_tile) {
-      T* sa = smem + stage * Cfg::kStageElems;
-      T* sb = sa + Cfg::kStageElemsA;
-      const int64_t k0 = k_tile * Cfg::kBlockK;
+    auto load_stage = [&](int stage, int k_tile) {
+      const uint32_t sa = smem_base + stage * (Cfg::kStageElems * 2);
+      const uint32_t sb = sa + Cfg::kStageElemsA * 2;
+      const int k0 = k_tile * Cfg::kBlockK;
+      const T* a_tile = a_src + k0;
+      const bool a_k_ok = k0 + a_chunk * 8 < k_int;
 #pragma unroll
       for (int i = 0; i < Cfg::kLoadsA; ++i) {
-        const int chunk = tid + i * Cfg::kThreads;
-        const int row = chunk / Cfg::kChunksPerRowA;
-        const int col = (chunk % Cfg::kChunksPerRowA) * 8;
-        const bool ok = a_row_ok[i] && k0 + col < k;
+        const int row = a_row0 + i * Cfg::kRowsPerPassA;
+        const bool ok = a_k_ok && row < m_left;
         // A zero-byte copy reads nothing; the pointer still stays inside the allocation.
-        cp_async_16(sa + row * Cfg::kStrideA + col, ok ? a_src[i] + k0 : a_batch, ok ? 16 : 0);
+        cp_async_16_u32(sa + 2 * swizzled_offset<Cfg::kChunksRowA>(row, a_chunk),
+                        ok ? a_tile + i * a_pass_stride : a, ok ? 16 : 0);
       }
+      const T* b_tile = b_src + k_tile * b_tile_step;
 #pragma unroll
       for (int i = 0; i < Cfg::kLoadsB; ++i) {
-        const int chunk = tid + i * Cfg::kThreads;
-        const int row = chunk / Cfg::kChunksPerRowB;
-        const int col = (chunk % Cfg::kChunksPerRowB) * 8;
-        if constexpr (kBKMajor) {
-          const bool ok = b_row_ok[i] && k0 + col < k;
-          cp_async_16(sb + row * Cfg::kStrideB + col, ok ? b_src[i] + k0 : b_batch, ok ? 16 : 0);
-        } else {
-          const bool ok = b_row_ok[i] && k0 + row < k;
-          cp_async_16(sb + row * Cfg::kStrideB + col,
-                      ok ? b_src[i] + k0 * args.stride_b_outer : b_batch, ok ? 16 : 0);
-        }
+        const int row = b_row0 + i * Cfg::kRowsPerPassB;
+        bool ok;
+        if constexpr (kBKMajor)
+          ok = row < n_left && k0 + b_chunk * 8 < k_int;
+        else
+          ok = b_col_ok && k0 + row < k_int;
+        cp_async_16_u32(sb + 2 * swizzled_offset<Cfg::kChunksRowB>(row, b_chunk),
+                        ok ? b_tile + i * b_pass_stride : b, ok ? 16 : 0);
       }
     };
 
@@ -200,122 +260,112 @@ __global__ void __launch_bounds__(kWarpsM* kWarpsN * 32, kMinBlocks)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
 
+    uint32_t a_frag[2][Cfg::kMmaTilesM][4];
+    uint32_t b_frag[2][Cfg::kMmaTilesN][2];
+    // Fragments of mma step `ks` (k16 slice) of the stage at shared address sa into buffer `buf`.
+    auto load_frags = [&](int buf, uint32_t sa, int ks) {
+      const uint32_t sb = sa + Cfg::kStageElemsA * 2;
+#pragma unroll
+      for (int i = 0; i < Cfg::kMmaTilesM; ++i)
+        ldmatrix_x4_u32(a_frag[buf][i], sa + a_ld_row_off + i * 16 * kRowBytesA + (((2 * ks) ^ a_ld_hx) * 16));
+#pragma unroll
+      for (int j = 0; j < Cfg::kMmaTilesN; j += 2) {
+        uint32_t r[4];
+        if constexpr (kBKMajor)
+          ldmatrix_x4_u32(r, sb + b_ld_row_off + j * 8 * kRowBytesB + (((2 * ks) ^ b_ld_hx) * 16));
+        else
+          ldmatrix_x4_trans_u32(r, sb + b_ld_row_off + ks * 16 * kRowBytesB + b_ld_col_off[j / 2]);
+        b_frag[buf][j][0] = r[0];
+        b_frag[buf][j][1] = r[1];
+        b_frag[buf][j + 1][0] = r[2];
+        b_frag[buf][j + 1][1] = r[3];
+      }
+    };
+
     // Prologue: tiles 0 .. kStages-2 in flight, one commit group each (empty groups keep the
-    // group count equal to the tile index, which the wait below relies on).
+    // group count equal to the tile index, which the waits below rely on).
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < k_tiles) load_stage(s, s);
       cp_async_commit();
     }
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    int read_stage = 0;
+    int write_stage = kStages - 1;
+    if (k_tiles > 0) load_frags(0, smem_base, 0);
 
-    for (int64_t kt = 0; kt < k_tiles; ++kt) {
-      // Groups committed so far: kStages-1+kt; at most kStages-2 pending means tile kt landed.
-      cp_async_wait<kStages - 2>();
-      // Makes tile kt visible to all warps, and guarantees every warp finished computing on tile
-      // kt-1, whose stage the load below overwrites.
-      __syncthreads();
-      const int64_t next = kt + kStages - 1;
-      if (next < k_tiles) load_stage(static_cast<int>(next % kStages), next);
-      cp_async_commit();
-
-      const T* sa = smem + static_cast<int>(kt % kStages) * Cfg::kStageElems;
-      const T* sb = sa + Cfg::kStageElemsA;
+    for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kBlockK; kk += 16) {
-        uint32_t a_frag[Cfg::kMmaTilesM][4];
-        uint32_t b_frag[Cfg::kMmaTilesN][2];
-#pragma unroll
-        for (int i = 0; i < Cfg::kMmaTilesM; ++i) {
-          // Lanes 0-15 address rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15: the four 8x8
-          // matrices come back as a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3.
-          const int row = warp_m * Cfg::kWarpTileM + i * 16 + (lane % 16);
-          const int col = kk + (lane / 16) * 8;
-          ldmatrix_x4(a_frag[i], sa + row * Cfg::kStrideA + col);
+      for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+        if (ks == Cfg::kKSteps - 1) {
+          // Groups committed: kStages-1+kt+1; at most kStages-2 pending means tile kt+1 landed.
+          // The barrier publishes it, and ends every warp's reads of tile kt's stage (its last
+          // fragments were loaded in step kKSteps-2, or before the previous barrier), which the
+          // copy issued in step 0 of the next k tile overwrites.
+          cp_async_wait<kStages - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
         }
-#pragma unroll
-        for (int j = 0; j < Cfg::kMmaTilesN; j += 2) {
-          uint32_t r[4];
-          if constexpr (kBKMajor) {
-            // sB[n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
-            // are b0, b1 of n-tile j and b0, b1 of n-tile j+1.
-            const int row = warp_n * Cfg::kWarpTileN + j * 8 + (lane % 8) + (lane / 16) * 8;
-            const int col = kk + ((lane / 8) % 2) * 8;
-            ldmatrix_x4(r, sb + row * Cfg::kStrideB + col);
-          } else {
-            // sB[k][n], transposed on load: matrices (k 0-7, n 0-7), (k 8-15, n 0-7),
-            // (k 0-7, n 8-15), (k 8-15, n 8-15), the same four fragments.
-            const int row = kk + (lane % 16);
-            const int col = warp_n * Cfg::kWarpTileN + j * 8 + (lane / 16) * 8;
-            ldmatrix_x4_trans(r, sb + row * Cfg::kStrideB + col);
-          }
-          b_frag[j][0] = r[0];
-          b_frag[j][1] = r[1];
-          b_frag[j + 1][0] = r[2];
-          b_frag[j + 1][1] = r[3];
+        if (ks < Cfg::kKSteps - 1 || kt + 1 < k_tiles)
+          load_frags((ks + 1) % 2, smem_base + read_stage * (Cfg::kStageElems * 2), (ks + 1) % Cfg::kKSteps);
+        if (ks == 0) {
+          // Overwrites the stage of tile kt-1, free since the barrier of step kKSteps-1 of kt-1.
+          const int next = kt + kStages - 1;
+          if (next < k_tiles) load_stage(write_stage, next);
+          cp_async_commit();
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
         }
 #pragma unroll
         for (int i = 0; i < Cfg::kMmaTilesM; ++i)
 #pragma unroll
-          for (int j = 0; j < Cfg::kMmaTilesN; ++j) mma_16816<T>(acc[i][j], a_frag[i], b_frag[j]);
+          for (int j = 0; j < Cfg::kMmaTilesN; ++j)
+            mma_16816<T>(acc[i][j], a_frag[ks % 2][i], b_frag[ks % 2][j]);
       }
     }
-    // Drain (only empty groups can remain) and let every warp finish reading the pipeline buffers
-    // before the epilogue reuses them.
+    // Only empty groups can remain; every read of shared memory is behind the last barrier (the
+    // next tile's prologue may overwrite any stage).
     cp_async_wait<0>();
-    __syncthreads();
 
-    // Epilogue, stage 1: the fp32 accumulators into a C tile in shared memory (the pipeline buffers
-    // are free now). Lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
-    // of every m16n8 tile; a row stride of 8 (mod 32) words puts each half-warp's 16 float2 stores
-    // on 32 distinct banks.
-    float* s_c = reinterpret_cast<float*>(smem_raw);
-    const int g = lane / 4;
-    const int t = lane % 4;
-#pragma unroll
-    for (int i = 0; i < Cfg::kMmaTilesM; ++i) {
-#pragma unroll
-      for (int j = 0; j < Cfg::kMmaTilesN; ++j) {
-        const int row = warp_m * Cfg::kWarpTileM + i * 16 + g;
-        const int col = warp_n * Cfg::kWarpTileN + j * 8 + 2 * t;
-        *reinterpret_cast<float2*>(s_c + row * Cfg::kStrideC + col) = make_float2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<float2*>(s_c + (row + 8) * Cfg::kStrideC + col) =
-            make_float2(acc[i][j][2], acc[i][j][3]);
-      }
-    }
-    __syncthreads();
-
-    // Stage 2: per 8-column chunk of a row, bias + activation in fp32, down-cast, one 16-byte store
-    // (coalesced across the warp); masked element stores at the edges or when C rows are not
-    // 16-byte aligned. Kept rolled: the activation is inlined once, not once per accumulator.
+    // Epilogue: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1 of
+    // every m16n8 tile; bias + activation in fp32, down-cast, one 32-bit store per pair (masked
+    // element stores at the right edge or when C pairs are not 4-byte aligned).
     T* c_batch = c + coord.batch * args.stride_c_batch;
-    constexpr int kChunksPerRowC = kBlockN / 8;
-#pragma unroll 1
-    for (int chunk = tid; chunk < kBlockM * kChunksPerRowC; chunk += Cfg::kThreads) {
-      const int row = chunk / kChunksPerRowC;
-      const int col = (chunk % kChunksPerRowC) * 8;
-      const int64_t g_row = m0 + row;
-      const int64_t g_col = n0 + col;
-      if (g_row >= m || g_col >= n) continue;
-      const float4 lo = *reinterpret_cast<const float4*>(s_c + row * Cfg::kStrideC + col);
-      const float4 hi = *reinterpret_cast<const float4*>(s_c + row * Cfg::kStrideC + col + 4);
-      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      T* dst = c_batch + g_row * args.stride_cm + g_col;
-      if (c_vec16 && g_col + 8 <= n) {
-        uint4 packed;
-        uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+    const int row_base = warp_m * Cfg::kWarpTileM + lane / 4;
+    const int col_base = warp_n * Cfg::kWarpTileN + 2 * (lane % 4);
 #pragma unroll
-        for (int e = 0; e < 8; e += 2)
-          words[e / 2] = pack2<T>(epilogue_value<T, kAct, kHasBias>(v[e], bias, g_col + e),
-                                  epilogue_value<T, kAct, kHasBias>(v[e + 1], bias, g_col + e + 1));
-        *reinterpret_cast<uint4*>(dst) = packed;
-      } else {
+    for (int j = 0; j < Cfg::kMmaTilesN; ++j) {
+      const int col = col_base + j * 8;
+      if (col >= n_left) continue;
+      const bool pair = col + 1 < n_left;
+      float bias0 = 0.f, bias1 = 0.f;
+      if constexpr (kHasBias) {
+        bias0 = to_float<T>(bias[n0 + col]);
+        if (pair) bias1 = to_float<T>(bias[n0 + col + 1]);
+      }
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (g_col + e < n) dst[e] = from_float<T>(epilogue_value<T, kAct, kHasBias>(v[e], bias, g_col + e));
+      for (int i = 0; i < Cfg::kMmaTilesM; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_base + i * 16 + h * 8;
+          if (row >= m_left) continue;
+          float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+          if constexpr (kHasBias) {
+            v0 += bias0;
+            v1 += bias1;
+          }
+          v0 = apply_activation<kAct>(v0);
+          v1 = apply_activation<kAct>(v1);
+          T* dst = c_batch + (m0 + row) * args.stride_cm + n0 + col;
+          if (c_vec && pair) {
+            *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
+          } else {
+            dst[0] = from_float<T>(v0);
+            if (pair) dst[1] = from_float<T>(v1);
+          }
+        }
       }
     }
-    // The next tile's prologue overwrites shared memory.
-    __syncthreads();
   }
 }
 
@@ -595,40 +645,38 @@ inline DeviceLimits device_limits() {
   return limits;
 }
 
-// Tensor-core tile configs (kBlockM x kBlockN x 32, warps, stages).
-//   large: 128 x 256, 8 warps of 64 x 64, 4 stages: 120 KB of pipeline (k-major B), 132 KB with
-//          the fp32 C tile of the epilogue; one block per SM;
-//          the 64 x 64 warp tile gives the best mma-to-ldmatrix ratio mma.sync allows.
-//   small: 64 x 64, 4 warps of 32 x 32, 4 stages: 40 KB, up to 4 blocks per SM; for grids the
+// Tensor-core tile configs (kBlockM x kBlockN x kBlockK, warps, stages, blocks per SM).
+//   large: 128 x 256 x 32, 8 warps of 64 x 64, 4 stages: 96 KB; one block per SM (~255 registers).
+//          Measured on an H200 (bench/standalone/NOTES-gemm.md) against BK = 64 with 3 or 4 stages,
+//          256 x 128, and 128 x 128 at two blocks per SM (4 warps of 64 x 64, or 8 warps of 64 x 32,
+//          which spill at the 128-register cap): this one was fastest or tied on every case.
+//   small: 64 x 64 x 32, 4 warps of 32 x 32, 4 stages: 32 KB, up to 4 blocks per SM; for grids the
 //          large tile cannot fill.
 struct TcLarge {
-  static constexpr int kBlockM = 128, kBlockN = 256, kWarpsM = 2, kWarpsN = 4, kStages = 4;
-  static constexpr int kMinBlocks = 1;  // ~240 registers x 256 threads
+  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 32, kWarpsM = 2, kWarpsN = 4, kStages = 4;
+  static constexpr int kMinBlocks = 1;
 };
 struct TcSmall {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarpsM = 2, kWarpsN = 2, kStages = 4;
+  static constexpr int kBlockM = 64, kBlockN = 64, kBlockK = 32, kWarpsM = 2, kWarpsN = 2, kStages = 4;
   static constexpr int kMinBlocks = 4;  // <= 128 registers: 16 warps per SM to hide latency
 };
 
 template <typename Tile>
 constexpr int tensor_core_smem_bytes() {
-  // The larger of the two B layouts.
-  return std::max(TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
-                                   true>::kSmemBytes,
-                  TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
-                                   false>::kSmemBytes);
+  return TensorCoreConfig<Tile, true>::kSmemBytes;  // the same for both B layouts
 }
 
 // The one config heuristic: which kernel and tile serve C[b] = A[b] @ B[b] for these sizes.
 inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceLimits& device) {
   if (args.dtype == DType::kFloat32) return GemmKernel::kSimt;
   if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return GemmKernel::kSimt;
+  if (args.k >= (int64_t{1} << 31)) return GemmKernel::kSimt;  // tensor-core k offsets are 32-bit
   const int64_t large_tiles =
       args.batch * ceil_div(args.m, TcLarge::kBlockM) * ceil_div(args.n, TcLarge::kBlockN);
   // Half a wave of large tiles still beats many small ones (2048^2: 128 large tiles on 132 SMs);
   // below that, or when n <= 128 would leave half of a 256-wide tile idle, the 64 x 64 tile
   // spreads the work over more SMs.
-  // The large tile needs 132 KB of shared memory (sm_80/sm_90 have 163/227 KB; sm_86/89 99 KB).
+  // The large tile needs 96 KB of shared memory (sm_80/sm_90 have 163/227 KB; sm_86/89 99 KB).
   const bool large = 2 * large_tiles >= device.num_sms && args.n > 128 &&
                      tensor_core_smem_bytes<TcLarge>() <= device.max_smem_per_block;
   return large ? GemmKernel::kTensorCoreLarge : GemmKernel::kTensorCoreSmall;
@@ -641,10 +689,8 @@ inline unsigned grid_for(int64_t num_tiles) {
 
 template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias>
 cudaError_t launch_tensor_core(const GemmArgs& args, cudaStream_t stream) {
-  using Cfg = TensorCoreConfig<Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN, Tile::kStages,
-                               kBKMajor>;
-  auto kernel = gemm_tensor_core_kernel<T, Tile::kBlockM, Tile::kBlockN, Tile::kWarpsM, Tile::kWarpsN,
-                                        Tile::kStages, Tile::kMinBlocks, kBKMajor, kAct, kHasBias>;
+  using Cfg = TensorCoreConfig<Tile, kBKMajor>;
+  auto kernel = gemm_tensor_core_kernel<T, Tile, kBKMajor, kAct, kHasBias>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
