@@ -82,7 +82,9 @@ def test_linear_gelu_shape_errors():
 
 def test_fused_mlp_errors():
     x = r(2, 8)
-    with pytest.raises(ValueError, match=r"layer 0 \(its output\) has 6 features but 'weights\[1\]'"):
+    with pytest.raises(
+        ValueError, match=r"layer 0 \(its output\) has 6 features but 'weights\[1\]'"
+    ):
         dualk.fused_mlp(x, [r(6, 8), r(4, 5)], [None, None])
     with pytest.raises(TypeError, match="one entry"):
         dualk.fused_mlp(x, [r(6, 8)], [])

@@ -34,8 +34,29 @@ ACT_SILU = 4
 
 
 @triton.jit
-def apply_activation(x, ACTIVATION: tl.constexpr):
+def _fast_exp2(x):
+    """2^x by ex2.approx.ftz.f32 (2 ulp; denormal results flush to 0, +inf past 128)."""
+    return tl.inline_asm_elementwise(
+        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _fast_rcp(x):
+    """1/x by rcp.approx.ftz.f32 (1 ulp; 1/inf = 0)."""
+    return tl.inline_asm_elementwise(
+        "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def apply_activation(x, ACTIVATION: tl.constexpr, FAST: tl.constexpr):
     """Activation ``ACTIVATION`` (one of the ACT_* ids) of an fp32 block; fp32 out.
+
+    FAST (for fp16/bf16 outputs, whose rounding dwarfs a few fp32 ulps): gelu_tanh and silu as
+    x * sigmoid(.): 1 = tl.exp2 and an approximate division (div.full.f32); 2 = PTX
+    ex2.approx.ftz and rcp.approx.ftz (two MUFU instructions, no range fix-ups; the
+    interpreter, which cannot run PTX, uses 1). 0 = precise (PRECISE_MATH below), for fp32.
 
     gelu_tanh uses 0.5 * (1 + tanh(z)) == sigmoid(2 z), so gelu(x) = x / (1 + exp(-2 z)): no
     tanh intrinsic (its availability differs across Triton versions) and no cancellation near 0.
@@ -47,14 +68,22 @@ def apply_activation(x, ACTIVATION: tl.constexpr):
         x = tl.where(x < 0.0, 0.0, x)
     elif ACTIVATION == 2:  # gelu, approximate="tanh"
         z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        if PRECISE_MATH:
+        if FAST == 2 and PRECISE_MATH:  # one MUFU.EX2 and one MUFU.RCP, no range fix-ups
+            x = x * _fast_rcp(1.0 + _fast_exp2(-2.8853900817779268 * z))
+        elif FAST:  # exp(-2 z) = 2^(-2 log2(e) z)
+            x = tl.fdiv(x, 1.0 + tl.exp2(-2.8853900817779268 * z), ieee_rounding=False)
+        elif PRECISE_MATH:
             x = 0.5 * x * (1.0 + libdevice.tanh(z))
         else:
             x = x / (1.0 + tl.exp(-2.0 * z))
     elif ACTIVATION == 3:  # gelu, approximate="none"
         x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     elif ACTIVATION == 4:  # silu
-        if PRECISE_MATH:
+        if FAST == 2 and PRECISE_MATH:
+            x = x * _fast_rcp(1.0 + _fast_exp2(-1.4426950408889634 * x))
+        elif FAST:
+            x = tl.fdiv(x, 1.0 + tl.exp2(-1.4426950408889634 * x), ieee_rounding=False)
+        elif PRECISE_MATH:
             x = x / (1.0 + libdevice.exp(-x))
         else:
             x = x / (1.0 + tl.exp(-x))
@@ -91,9 +120,11 @@ def activation_id(name: str) -> int:
         raise ValueError(f"activation must be one of {sorted(ids)}, got {name!r}") from None
 
 
+@functools.cache
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): launchers then
-    use one small fixed config instead of autotuning, which would take minutes there."""
+    use one small fixed config instead of autotuning, which would take minutes there. Read once
+    (the first launch), as Triton itself decides at @triton.jit time."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -116,3 +147,99 @@ def num_sms(device: torch.device) -> int:
         return 4
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _num_sms_cuda(index)
+
+
+# --- Cheap launches -------------------------------------------------------------------------
+#
+# ``kernel[grid](...)`` costs 20-30 us of Python per call in Triton 3.6 (argument binding,
+# specialization key, option parsing), and ``triton.autotune`` adds its key and hooks on top.
+# KernelLauncher keeps the CompiledKernel of each (caller key, argument specialization) and
+# launches it through its C launcher directly, which is what JITFunction.run does after its
+# cache lookup (same call in Triton 3.6 and 3.9). The first call of a key goes through
+# ``kernel[grid]`` (compiling if needed) and records the CompiledKernel it returns.
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton: always the ordinary path
+    _knobs = None
+
+
+def int_spec(v: int) -> int:
+    """What Triton specializes an int argument on: == 1, divisible by 16, needs 64 bits."""
+    if v == 1:
+        return 1
+    return (2 if v % 16 == 0 else 0) | (0 if -0x80000000 <= v <= 0x7FFFFFFF else 4)
+
+
+def ptr_spec(t: torch.Tensor) -> bool:
+    """What Triton specializes a tensor argument on (besides its dtype): 16-byte alignment."""
+    return t.data_ptr() % 16 == 0
+
+
+class KernelLauncher:
+    """Launch ``kernel`` (a @triton.jit function) with cached CompiledKernels.
+
+    ``launch(key, grid, args, num_warps, num_stages)``: ``args`` are all the kernel's parameters
+    in signature order, constexprs included; ``key`` must determine every constexpr, the launch
+    options, the specialization of the runtime arguments (see int_spec / ptr_spec) and the
+    dtypes of the tensor arguments (a key without the dtype once ran an fp16 kernel on bf16
+    data). Under the interpreter it is always ``kernel[grid]``.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled: dict = {}
+        self._stream = None
+        self.fast_launches = 0  # counters for benchmarks
+        self.slow_launches = 0
+
+    def launch(self, key, grid, args, num_warps, num_stages, device_index=None):
+        compiled = self.compiled.get(key)
+        if compiled is not None:
+            if self._stream is None:
+                from triton.runtime import driver
+
+                self._stream = driver.active.get_current_stream
+                self._device = driver.active.get_current_device
+            stream = self._stream(self._device() if device_index is None else device_index)
+            # As JITFunction.run launches after its cache lookup (hooks: profilers).
+            runtime = _knobs.runtime
+            enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+            metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args)
+            compiled.run(
+                grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                metadata, enter, exit_, *args,
+            )  # fmt: skip
+            self.fast_launches += 1
+            return
+        result = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        self.slow_launches += 1
+        if _knobs is not None and not interpreting() and hasattr(result, "packed_metadata"):
+            self.compiled[key] = result
+
+
+def bench_configs(launch_with, configs, quantile=0.5):
+    """Time ``launch_with(config)`` for each config (as triton.autotune does, with do_bench);
+    configs that fail to compile or do not fit are skipped. Returns [(ms, config)], fastest
+    first."""
+    from triton.testing import do_bench
+
+    timings = []
+    for cfg in configs:
+        try:
+            launch_with(cfg)  # compile and load outside the timing
+            ms = do_bench(lambda cfg=cfg: launch_with(cfg), warmup=10, rep=40, quantiles=[quantile])
+        except Exception as e:  # OutOfResources, PTXASError, CompileTimeAssertionFailure, ...
+            name = type(e).__name__
+            if name in ("OutOfResources", "PTXASError", "CompileTimeAssertionFailure") or (
+                "out of resource" in str(e).lower()
+            ):
+                continue
+            raise
+        if isinstance(ms, (list, tuple)):
+            ms = ms[0]
+        timings.append((ms, cfg))
+    if not timings:
+        raise RuntimeError("no kernel configuration compiled for this device")
+    timings.sort(key=lambda t: t[0])
+    return timings

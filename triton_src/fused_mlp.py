@@ -16,11 +16,15 @@ import triton.language as tl
 
 from triton_src.common import (
     ACT_NONE,
+    KernelLauncher,
     activation_id,
     apply_activation,
+    bench_configs,
     dot_in_fp32,
+    int_spec,
     interpreting,
     num_sms,
+    ptr_spec,
 )
 
 MAX_LAYERS = 8
@@ -114,6 +118,7 @@ def _apply_layer(
     IS_LAST: tl.constexpr,  # the last layer has no activation
     INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
+    FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16)
 ):
     """act(h @ w_t + bias) in fp32. Padded columns stay 0: their weights and bias are 0 and every
     supported activation maps 0 to 0."""
@@ -129,11 +134,11 @@ def _apply_layer(
         bias = tl.load(b_ptr + offs_n, mask=offs_n < D_OUT, other=0.0).to(tl.float32)
         acc += bias[None, :]
     if not IS_LAST:
-        acc = apply_activation(acc, ACTIVATION)
+        acc = apply_activation(acc, ACTIVATION, FAST_ACT)
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "M_BUCKET"])
+@triton.jit(do_not_specialize=["M"])
 def fused_mlp_kernel(
     # Pointers: input x (M, D0), output (M, D_last); weights w_i (D_{i+1}, D_i) row-major, and
     # biases b_i (D_{i+1},). Entries past NUM_LAYERS (or without a bias) are never read.
@@ -155,10 +160,8 @@ def fused_mlp_kernel(
     b5_ptr,
     b6_ptr,
     b7_ptr,
-    # Sizes: M (rows) is not specialized, so every batch size shares one compiled kernel;
-    # M_BUCKET (a coarse class of M, see _m_bucket) is read only by the autotune key.
+    # Sizes: M (rows) is not specialized, so every batch size shares one compiled kernel.
     M,
-    M_BUCKET,
     # Strides in elements.
     stride_xm,
     stride_xk,
@@ -189,8 +192,8 @@ def fused_mlp_kernel(
     ACTIVATION: tl.constexpr,  # common.ACT_* id, after every layer but the last
     INPUT_PRECISION: tl.constexpr,  # "ieee" for fp32, "tf32" (ignored) for fp16/bf16
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
+    FAST_ACT: tl.constexpr,  # fp16/bf16: cheap exp/division in the activation
     BLOCK_M: tl.constexpr,  # rows per tile
-    PROGRAMS_PER_SM: tl.constexpr,  # read by the launcher's grid only
 ):
     dtype = x_ptr.dtype.element_ty
 
@@ -226,42 +229,42 @@ def fused_mlp_kernel(
         # in the operand dtype, as the eager per-layer chain would.
         acc = _apply_layer(
             h, w0, b0_ptr, D1, P1, (BIAS_MASK >> 0) & 1, ACTIVATION, NUM_LAYERS == 1,
-            INPUT_PRECISION, DOT_IN_FP32,
+            INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
         )  # fmt: skip
         if NUM_LAYERS > 1:
             acc = _apply_layer(
                 acc.to(dtype), w1, b1_ptr, D2, P2, (BIAS_MASK >> 1) & 1, ACTIVATION,
-                NUM_LAYERS == 2, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 2, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 2:
             acc = _apply_layer(
                 acc.to(dtype), w2, b2_ptr, D3, P3, (BIAS_MASK >> 2) & 1, ACTIVATION,
-                NUM_LAYERS == 3, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 3, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 3:
             acc = _apply_layer(
                 acc.to(dtype), w3, b3_ptr, D4, P4, (BIAS_MASK >> 3) & 1, ACTIVATION,
-                NUM_LAYERS == 4, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 4, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 4:
             acc = _apply_layer(
                 acc.to(dtype), w4, b4_ptr, D5, P5, (BIAS_MASK >> 4) & 1, ACTIVATION,
-                NUM_LAYERS == 5, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 5, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 5:
             acc = _apply_layer(
                 acc.to(dtype), w5, b5_ptr, D6, P6, (BIAS_MASK >> 5) & 1, ACTIVATION,
-                NUM_LAYERS == 6, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 6, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 6:
             acc = _apply_layer(
                 acc.to(dtype), w6, b6_ptr, D7, P7, (BIAS_MASK >> 6) & 1, ACTIVATION,
-                NUM_LAYERS == 7, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 7, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
         if NUM_LAYERS > 7:
             acc = _apply_layer(
                 acc.to(dtype), w7, b7_ptr, D8, P8, (BIAS_MASK >> 7) & 1, ACTIVATION,
-                NUM_LAYERS == 8, INPUT_PRECISION, DOT_IN_FP32,
+                NUM_LAYERS == 8, INPUT_PRECISION, DOT_IN_FP32, FAST_ACT,
             )  # fmt: skip
 
         offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -271,71 +274,84 @@ def fused_mlp_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def fused_mlp_configs() -> list[triton.Config]:
-    """Autotune configs for ``fused_mlp_kernel``, keyed on the widths, layer count, activation,
-    dtype and a coarse batch bucket (not the batch size itself: every batch size of a bucket
-    reuses the tuned config and the compiled kernel).
+def fused_mlp_configs() -> list[tuple]:
+    """Candidate configs (BLOCK_M, num_warps, programs per SM) for ``fused_mlp_kernel``; each new
+    (widths, biases, activation, dtype, batch bucket) key times the fitting ones once and keeps
+    the fastest (a coarse batch bucket, not the batch size: every batch size of a bucket reuses
+    the choice and the compiled kernel).
 
-    Untimed here (written without a GPU). Small BLOCK_M and several programs per SM keep more row
-    tiles in flight to hide the dependent layer chain; 2-3 stages prefetch the next input tile.
+    Small BLOCK_M and several programs per SM keep more row tiles in flight to hide the
+    dependent layer chain; the kernel prefetches the next input tile by hand (num_stages=1).
     """
-
-    def cfg(block_m, warps, per_sm):
-        meta = dict(BLOCK_M=block_m, PROGRAMS_PER_SM=per_sm)
-        # The row loop prefetches by hand (see fused_mlp_kernel): no compiler pipelining.
-        return triton.Config(meta, num_warps=warps, num_stages=1)
-
     return [
         # fp16/bf16 (wgmma on Hopper). Checked by compiling for sm_90 with Triton 3.9's ptxas:
         # 64-64-64-64-16 uses 128-203 registers and 35-59 KiB smem, no spills; 128-wide layers
         # spill at 4 warps for BLOCK_M >= 128 (the 8-warp configs use 214 registers, no spills).
-        cfg(128, 8, 1),
-        cfg(128, 8, 2),
-        cfg(64, 4, 2),
-        cfg(64, 4, 4),
-        cfg(128, 4, 2),
-        cfg(256, 8, 1),
-        cfg(64, 8, 2),
+        (128, 8, 1),
+        (128, 8, 2),
+        (64, 4, 2),
+        (64, 4, 4),
+        (64, 4, 6),
+        (64, 4, 8),
+        (128, 8, 3),
+        (128, 4, 2),
+        (128, 4, 3),
+        (256, 8, 1),
+        (256, 8, 2),
+        (64, 8, 2),
         # fp32 (exact, CUDA-core dots; also the small-batch picks): the FMA dot unrolls the
         # whole K, so small row tiles and 8 warps: seed model 100-128-64-10 at BLOCK_M=16 uses
         # 80 registers, no spills; at BLOCK_M=32 it spills ~600 B a thread.
-        cfg(16, 8, 4),
-        cfg(32, 8, 4),
-        cfg(16, 4, 4),
+        (16, 8, 4),
+        (32, 8, 4),
+        (16, 4, 4),
     ]
 
 
-def _prune_configs(configs, named_args, **kwargs):
+def _candidate_configs(m: int, dtype: torch.dtype) -> list[tuple]:
     """fp32: only BLOCK_M <= 32 (larger tiles spill heavily on the FMA path). Small batches:
     BLOCK_M past the batch only pads; keep the tiles that do not exceed it."""
-    if named_args["x_ptr"].dtype == torch.float32:
-        configs = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
-    limit = max(16, triton.next_power_of_2(named_args["M"]))
-    fitting = [c for c in configs if c.kwargs["BLOCK_M"] <= limit]
-    return fitting or [min(configs, key=lambda c: c.kwargs["BLOCK_M"])]
+    configs = fused_mlp_configs()
+    if dtype == torch.float32:
+        configs = [c for c in configs if c[0] <= 32]
+    limit = max(16, triton.next_power_of_2(m))
+    fitting = [c for c in configs if c[0] <= limit]
+    return fitting or [min(configs, key=lambda c: c[0])]
 
-
-_MLP_KEY = ["M_BUCKET", "NUM_LAYERS", "D0", "D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8"]
-_MLP_KEY += ["BIAS_MASK", "ACTIVATION"]
-
-
-_fused_mlp_tuned = triton.autotune(
-    configs=fused_mlp_configs(),
-    key=_MLP_KEY,
-    prune_configs_by={"early_config_prune": _prune_configs},
-)(fused_mlp_kernel)
 
 # Interpreter: one config; BLOCK_M=16 with 4 "SMs" gives several tiles per program on test
 # batches, so the persistent loop is exercised.
-_INTERPRETER_META = dict(BLOCK_M=16, PROGRAMS_PER_SM=1)
+_INTERPRETER_CONFIG = (16, 4, 1)
+
+_launcher = KernelLauncher(fused_mlp_kernel)
+_plans: dict = {}  # (widths, dtype, activation, bias pattern) -> constexpr tuple
+_best_config: dict = {}  # (plan key, batch bucket, alignment) -> config
+TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchmarks)
+FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
 
 
 def _m_bucket(m: int) -> int:
-    """Coarse batch class for the autotune key: <=64, <=1024, <=16384, <=262144, larger."""
+    """Coarse batch class for the tuning key: <=64, <=1024, <=16384, <=262144, larger."""
     for bucket, limit in enumerate((64, 1024, 16384, 262144)):
         if m <= limit:
             return bucket
     return 4
+
+
+def _plan(widths, dtype, act, bias_mask):
+    """The kernel's constexprs (all but BLOCK_M) for one MLP shape; raises ValueError for
+    unsupported shapes."""
+    reason = fused_mlp_unsupported_reason(widths, dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    num_layers = len(widths) - 1
+    d = list(widths) + [widths[-1]] * (MAX_LAYERS + 1 - len(widths))
+    p = [_padded(w) for w in d]
+    return (
+        num_layers, *d, *p, widths[-1], _padded(widths[-1]), bias_mask,
+        act if num_layers > 1 else ACT_NONE, "ieee" if dtype == torch.float32 else "tf32",
+        dot_in_fp32(dtype), 0 if dtype == torch.float32 else 2,
+    )  # fmt: skip
 
 
 def fused_mlp(
@@ -353,58 +369,58 @@ def fused_mlp(
     ``fused_mlp_unsupported_reason`` is None for these widths). ``activation``: "relu", "gelu"
     (tanh approximation), "silu" or "none", applied after every layer but the last.
     """
-    if activation not in _MLP_ACTIVATIONS:
-        raise ValueError(f"activation must be one of {_MLP_ACTIVATIONS}, got {activation!r}")
-    act = activation_id(activation)
+    dtype = x2d.dtype
     num_layers = len(weights)
-    widths = [x2d.shape[1]] + [w.shape[0] for w in weights]
-    reason = fused_mlp_unsupported_reason(widths, x2d.dtype)
-    if reason is not None:
-        raise ValueError(reason)
+    widths = (x2d.shape[1], *[w.shape[0] for w in weights])
+    bias_mask = 0
+    for i, b in enumerate(biases):
+        if b is not None:
+            bias_mask |= 1 << i
+    plan_key = (widths, dtype, activation, bias_mask)
+    consts = _plans.get(plan_key)
+    if consts is None:
+        if activation not in _MLP_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_MLP_ACTIVATIONS}, got {activation!r}")
+        consts = _plans[plan_key] = _plan(list(widths), dtype, activation_id(activation), bias_mask)
     M = x2d.shape[0]
-    out = torch.empty((M, widths[-1]), dtype=x2d.dtype, device=x2d.device)
+    out = torch.empty((M, widths[-1]), dtype=dtype, device=x2d.device)
     if M == 0:
         return out
 
     # The kernel indexes weights with constexpr row stride D_in and biases with unit stride;
-    # .contiguous() is free for nn.Linear parameters.
-    ws = [w.contiguous() for w in weights]
-    bs = [b.contiguous() if b is not None else None for b in biases]
-    bias_mask = sum(1 << i for i, b in enumerate(bs) if b is not None)
-    w_args = ws + [x2d] * (MAX_LAYERS - num_layers)
-    b_args = [b if b is not None else x2d for b in bs] + [x2d] * (MAX_LAYERS - num_layers)
-    d = widths + [widths[-1]] * (MAX_LAYERS + 1 - len(widths))
-    p = [_padded(w) for w in d]
-    meta = dict(NUM_LAYERS=num_layers)
-    meta.update({f"D{i}": d[i] for i in range(MAX_LAYERS + 1)})
-    meta.update({f"P{i}": p[i] for i in range(MAX_LAYERS + 1)})
-    meta.update(
-        D_OUT=widths[-1],
-        P_OUT=_padded(widths[-1]),
-        BIAS_MASK=bias_mask,
-        ACTIVATION=act if num_layers > 1 else ACT_NONE,
-        INPUT_PRECISION="ieee" if x2d.dtype == torch.float32 else "tf32",
-        DOT_IN_FP32=dot_in_fp32(x2d.dtype),
-    )
-    sms = num_sms(x2d.device)
-
-    def grid(META):
-        tiles = triton.cdiv(M, META["BLOCK_M"])
-        return (max(1, min(tiles, sms * META["PROGRAMS_PER_SM"])),)
-
-    args = (
-        x2d,
-        out,
-        *w_args,
-        *b_args,
-        M,
-        _m_bucket(M),
-        x2d.stride(0),
-        x2d.stride(1),
-        out.stride(0),
-    )
+    # .contiguous() is free (and skipped) for nn.Linear parameters.
+    ws = [w if w.is_contiguous() else w.contiguous() for w in weights]
+    bs = [x2d if b is None else (b if b.stride(0) == 1 else b.contiguous()) for b in biases]
+    pad = [x2d] * (MAX_LAYERS - num_layers)
+    sxm, sxk = x2d.stride()
+    som = out.stride(0)
+    # The dtype is part of the key: fp16 and bf16 share every other constexpr.
+    spec = (
+        dtype, M > 0x7FFFFFFF,  # M is not specialized, but its width (i32 / i64) is
+        int_spec(sxm), int_spec(sxk), int_spec(som), ptr_spec(x2d), ptr_spec(out),
+        *[ptr_spec(w) for w in ws], *[ptr_spec(b) for b in bs],
+    )  # fmt: skip
     if interpreting():
-        fused_mlp_kernel[grid](*args, **meta, **_INTERPRETER_META)
+        cfg = _INTERPRETER_CONFIG
+    elif FORCE_CONFIG:
+        cfg = FORCE_CONFIG[0]
     else:
-        _fused_mlp_tuned[grid](*args, **meta)
+        tune_key = (plan_key, _m_bucket(M), spec)
+        cfg = _best_config.get(tune_key)
+        if cfg is None:
+            timings = bench_configs(
+                lambda cfg: _launch(cfg, spec, consts, x2d, out, ws, bs, pad, M, sxm, sxk, som),
+                _candidate_configs(M, dtype),
+            )
+            TUNING_LOG[tune_key] = timings
+            cfg = _best_config[tune_key] = timings[0][1]
+    _launch(cfg, spec, consts, x2d, out, ws, bs, pad, M, sxm, sxk, som)
     return out
+
+
+def _launch(cfg, spec, consts, x2d, out, ws, bs, pad, M, sxm, sxk, som):
+    block_m, warps, per_sm = cfg
+    tiles = (M + block_m - 1) // block_m
+    programs = max(1, min(tiles, num_sms(x2d.device) * per_sm))
+    args = (x2d, out, *ws, *pad, *bs, *pad, M, sxm, sxk, som, *consts, block_m)
+    _launcher.launch((cfg, spec, consts), (programs, 1, 1), args, warps, 1)

@@ -13,10 +13,15 @@ import triton.language as tl
 
 from triton_src.common import (
     ACT_NONE,
+    KernelLauncher,
     apply_activation,
+    bench_configs,
     dot_in_fp32,
     grouped_tile,
+    int_spec,
     interpreting,
+    num_sms,
+    ptr_spec,
 )
 
 
@@ -45,6 +50,7 @@ def gemm_kernel(
     # Meta-parameters.
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # common.ACT_* id, applied after the bias, in fp32
+    FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16 outputs)
     INPUT_PRECISION: tl.constexpr,  # tl.dot's: "ieee" (exact fp32) or "tf32"
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
     EVEN_K: tl.constexpr,  # K % BLOCK_SIZE_K == 0: the K loop needs no mask
@@ -101,7 +107,7 @@ def gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0)
         accumulator += bias.to(tl.float32)[None, :]
-    accumulator = apply_activation(accumulator, ACTIVATION)
+    accumulator = apply_activation(accumulator, ACTIVATION, FAST_ACT)
     c = accumulator.to(c_ptr.dtype.element_ty)
 
     c_ptrs = (
@@ -113,70 +119,236 @@ def gemm_kernel(
     tl.store(c_ptrs, c, mask=c_mask)
 
 
-def gemm_configs(kind: str) -> list[triton.Config]:
-    """Autotune configs for ``gemm_kernel``; ``kind`` is "tensor_core" (fp16/bf16), "tf32" or
-    "fp32" (exact fp32: tl.dot on CUDA cores). Keyed on M, N, K, the epilogue and the dtypes.
+@triton.jit
+def gemm_persistent_kernel(
+    # Same arguments and meaning as gemm_kernel, plus the batch count: each program walks tiles
+    # pid, pid + num_programs, ... of all batches.
+    a_ptr,
+    b_ptr,
+    bias_ptr,
+    c_ptr,
+    BATCH,
+    M,
+    N,
+    K,
+    stride_ab,
+    stride_am,
+    stride_ak,
+    stride_bb,
+    stride_bk,
+    stride_bn,
+    stride_cb,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    FAST_ACT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):
+    """Persistent form of gemm_kernel: one program per SM (or fewer) loops over output tiles.
+    The tile loop is flattened with the K loop (tl.range(flatten=True)), so the software
+    pipeline runs across tile boundaries: the next tile's first loads are in flight while this
+    tile's epilogue (bias, GELU, store) runs, which matters when K is short."""
+    start = tl.program_id(axis=0)
+    num_programs = tl.num_programs(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    tiles_per_batch = num_pid_m * num_pid_n
+    num_tiles = BATCH * tiles_per_batch
+    k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    for tile_id in tl.range(start, num_tiles, num_programs, flatten=True):
+        pid_batch = (tile_id // tiles_per_batch).to(tl.int64)
+        pid_m, pid_n = grouped_tile(tile_id % tiles_per_batch, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        offs_am = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        offs_bn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        a_base = a_ptr + pid_batch * stride_ab + offs_am[:, None].to(tl.int64) * stride_am
+        b_base = b_ptr + pid_batch * stride_bb + offs_bn[None, :].to(tl.int64) * stride_bn
+        a_row_ok = offs_am[:, None] < M
+        b_col_ok = offs_bn[None, :] < N
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            k0 = ki * BLOCK_SIZE_K
+            a_ptrs = a_base + (k0 + offs_k)[None, :] * stride_ak
+            b_ptrs = b_base + (k0 + offs_k)[:, None] * stride_bk
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=a_row_ok, other=0.0)
+                b = tl.load(b_ptrs, mask=b_col_ok, other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=a_row_ok & ((k0 + offs_k)[None, :] < K), other=0.0)
+                b = tl.load(b_ptrs, mask=b_col_ok & ((k0 + offs_k)[:, None] < K), other=0.0)
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            accumulator = tl.dot(a, b, accumulator, input_precision=INPUT_PRECISION)
 
-    Untimed here (written on a machine without a GPU): tensor_core follows the shapes that suit
-    Hopper's wgmma (128x256x64 with 8 warps, 3 stages: 48 KiB of smem a stage, 144 KiB in all);
-    tf32 halves BLOCK_SIZE_K so a stage holds as many bytes. Configs that do not fit a device's
-    shared memory fail to compile and the autotuner drops them.
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_bn, mask=offs_bn < N, other=0.0)
+            accumulator += bias.to(tl.float32)[None, :]
+        accumulator = apply_activation(accumulator, ACTIVATION, FAST_ACT)
+        c = accumulator.to(c_ptr.dtype.element_ty)
+        c_ptrs = (
+            c_ptr
+            + pid_batch * stride_cb
+            + (offs_am[:, None].to(tl.int64) * stride_cm + offs_bn[None, :] * stride_cn)
+        )
+        tl.store(c_ptrs, c, mask=(offs_am[:, None] < M) & (offs_bn[None, :] < N))
+
+
+# A config: (persistent, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_stages,
+# num_warps). Persistent configs launch min(tiles, SMs) programs of gemm_persistent_kernel.
+def gemm_configs(kind: str) -> list[tuple]:
+    """Candidate configs for one GEMM shape; ``kind`` is "tensor_core" (fp16/bf16), "tf32" or
+    "fp32" (exact fp32: tl.dot on CUDA cores). Each new (shape, epilogue, dtype, layout) key
+    times them all once (common.bench_configs) and keeps the fastest.
+
+    tensor_core follows the shapes that suit Hopper's wgmma (128x256x64 with 8 warps, 3 stages:
+    48 KiB of smem a stage, 144 KiB in all); tf32 halves BLOCK_SIZE_K so a stage holds as many
+    bytes. Configs that do not fit a device's shared memory fail to compile and are dropped.
     """
 
-    def cfg(bm, bn, bk, stages, warps, group=8):
-        meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=group)
-        return triton.Config(meta, num_stages=stages, num_warps=warps)
+    def both(bm, bn, bk, stages, warps, group=8):
+        return [(False, bm, bn, bk, group, stages, warps), (True, bm, bn, bk, group, stages, warps)]
 
     if kind == "tensor_core":
         return [
-            cfg(128, 256, 64, 3, 8),
-            cfg(256, 128, 64, 3, 8),
-            cfg(128, 256, 64, 4, 8),
-            cfg(128, 128, 64, 4, 8),
-            cfg(128, 128, 64, 3, 4),
-            cfg(64, 256, 64, 4, 4),
-            cfg(128, 64, 64, 4, 4),
-            cfg(64, 128, 64, 4, 4),
-            cfg(64, 64, 64, 4, 4),
-            cfg(32, 64, 64, 5, 2),
+            *both(128, 256, 64, 3, 8),
+            *both(256, 128, 64, 3, 8),
+            (False, 128, 256, 64, 8, 4, 8),
+            *both(128, 128, 64, 4, 8),
+            *both(128, 128, 64, 3, 4),
+            *both(128, 128, 64, 4, 4),
+            (False, 64, 256, 64, 8, 4, 4),
+            (False, 128, 64, 64, 8, 4, 4),
+            (False, 64, 128, 64, 8, 4, 4),
+            (False, 64, 64, 64, 8, 4, 4),
+            (False, 32, 64, 64, 8, 5, 2),
         ]
     if kind == "tf32":
         return [
-            cfg(128, 256, 32, 3, 8),
-            cfg(256, 128, 32, 3, 8),
-            cfg(128, 128, 32, 4, 8),
-            cfg(128, 128, 32, 3, 4),
-            cfg(64, 256, 32, 4, 4),
-            cfg(128, 64, 32, 4, 4),
-            cfg(64, 128, 32, 4, 4),
-            cfg(64, 64, 32, 4, 4),
+            *both(128, 256, 32, 3, 8),
+            (False, 256, 128, 32, 8, 3, 8),
+            *both(128, 128, 32, 4, 8),
+            (False, 128, 128, 32, 8, 3, 4),
+            (False, 64, 256, 32, 8, 4, 4),
+            (False, 128, 64, 32, 8, 4, 4),
+            (False, 64, 128, 32, 8, 4, 4),
+            (False, 64, 64, 32, 8, 4, 4),
         ]
     if kind == "fp32":
         # CUDA-core FMA path: moderate tiles keep the per-thread accumulator (BM*BN / threads)
         # at 32-64 registers; shallow BLOCK_SIZE_K keeps operand fragments small. tl.dot needs
         # BLOCK_SIZE_K >= 16 (Triton 3.6 asserts it at compile time).
         return [
-            cfg(128, 128, 16, 3, 8),
-            cfg(128, 128, 32, 3, 8),
-            cfg(128, 64, 32, 3, 4),
-            cfg(64, 128, 32, 3, 4),
-            cfg(64, 64, 32, 3, 4),
-            cfg(256, 128, 16, 3, 8),
+            (False, 128, 128, 16, 8, 3, 8),
+            (False, 128, 128, 32, 8, 3, 8),
+            (False, 128, 64, 32, 8, 3, 4),
+            (False, 64, 128, 32, 8, 3, 4),
+            (False, 64, 64, 32, 8, 3, 4),
+            (False, 256, 128, 16, 8, 3, 8),
         ]
     raise ValueError(f"unknown GEMM config kind {kind!r}")
 
 
-# One interpreter config: small tiles keep the CPU interpreter fast, and a 32-wide tile still
-# exercises masked M/N/K tails and several tiles per batch on small test shapes.
-_INTERPRETER_META = dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=32, BLOCK_SIZE_K=16, GROUP_SIZE_M=2)
+def _candidate_configs(kind, batch, M, N, device):
+    """gemm_configs(kind) less those that only pad a small problem: tiles wider than the
+    problem (rounded up to a power of two, at least 64), and persistent configs when there are
+    fewer tiles than SMs (each program then runs one tile anyway)."""
+    limit_m = max(64, triton.next_power_of_2(M))
+    limit_n = max(64, triton.next_power_of_2(N))
+    sms = num_sms(device)
+    out = []
+    for cfg in gemm_configs(kind):
+        persistent, bm, bn = cfg[:3]
+        if bm > limit_m or bn > limit_n:
+            continue
+        if persistent and batch * triton.cdiv(M, bm) * triton.cdiv(N, bn) <= sms:
+            continue
+        out.append(cfg)
+    return out or [min(gemm_configs(kind), key=lambda c: c[1] * c[2])]
 
-_GEMM_KEY = ["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"]
-_even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_SIZE_K"] == 0})
-_gemm_untuned = _even_k(gemm_kernel)
-_gemm_tuned = {
-    kind: triton.autotune(configs=gemm_configs(kind), key=_GEMM_KEY)(_even_k(gemm_kernel))
-    for kind in ("tensor_core", "tf32", "fp32")
-}
+
+# One interpreter config: small tiles keep the CPU interpreter fast, and a 32-wide tile still
+# exercises masked M/N/K tails and several tiles per batch on small test shapes. The
+# interpreter alternates the two kernels per call so both stay tested.
+_INTERPRETER_CONFIGS = ((False, 32, 32, 16, 2, 1, 4), (True, 32, 32, 16, 2, 1, 4))
+_interpreter_turn = [0]
+
+_launchers = {False: KernelLauncher(gemm_kernel), True: KernelLauncher(gemm_persistent_kernel)}
+_best_config: dict = {}  # tuning key -> config
+TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchmarks)
+FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
+# fp16/bf16 activation math: 2 = PTX MUFU ex2/rcp, 1 = tl.exp2 + div.full (common.apply_activation)
+FAST_ACT_LEVEL = [2]
+
+
+def _gemm(
+    a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2, activation,
+    allow_tf32,
+):  # fmt: skip
+    """act(A @ B + bias) into c for raw (batch, M, K) x (batch, K, N) -> (batch, M, N) strides;
+    bias (N,) contiguous or None. The hot path: no tensor views, one dict lookup per launch."""
+    dtype = a.dtype
+    fast_act = 0 if dtype == torch.float32 else FAST_ACT_LEVEL[0]
+    kind = "tensor_core" if dtype != torch.float32 else ("tf32" if allow_tf32 else "fp32")
+    has_bias = bias is not None
+    spec = (
+        dtype, int_spec(M), int_spec(N), int_spec(K), int_spec(sa0), int_spec(sa1),
+        int_spec(sa2), int_spec(sb0), int_spec(sb1), int_spec(sb2), int_spec(sc0),
+        int_spec(sc1), int_spec(sc2), ptr_spec(a), ptr_spec(b), ptr_spec(c),
+        has_bias and ptr_spec(bias), int_spec(batch),
+    )  # fmt: skip
+    if interpreting():
+        cfg = _INTERPRETER_CONFIGS[_interpreter_turn[0] % 2]
+        _interpreter_turn[0] += 1
+    elif FORCE_CONFIG:
+        cfg = FORCE_CONFIG[0]
+    else:
+        tune_key = (kind, batch, M, N, K, has_bias, activation, fast_act, spec)
+        cfg = _best_config.get(tune_key)
+        if cfg is None:
+
+            def launch_with(cfg):
+                _gemm_launch(
+                    cfg, spec, a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2,
+                    sc0, sc1, sc2, activation, fast_act, kind,
+                )  # fmt: skip
+
+            timings = bench_configs(launch_with, _candidate_configs(kind, batch, M, N, a.device))
+            TUNING_LOG[tune_key] = timings
+            cfg = _best_config[tune_key] = timings[0][1]
+    _gemm_launch(
+        cfg, spec, a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2,
+        activation, fast_act, kind,
+    )  # fmt: skip
+
+
+def _gemm_launch(
+    cfg, spec, a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2,
+    activation, fast_act, kind,
+):  # fmt: skip
+    persistent, bm, bn, bk, group, stages, warps = cfg
+    tiles = batch * ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+    # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
+    input_precision = "ieee" if kind == "fp32" else "tf32"
+    consts = (
+        bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype),
+        K % bk == 0, bm, bn, bk, group,
+    )  # fmt: skip
+    bias_arg = bias if bias is not None else c
+    if persistent:
+        grid = (min(tiles, num_sms(c.device)), 1, 1)
+        args = (a, b, bias_arg, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
+    else:
+        grid = (tiles, 1, 1)
+        args = (a, b, bias_arg, c, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
+    _launchers[persistent].launch((cfg, spec, consts), grid, args + consts, warps, stages)
 
 
 def launch_gemm(
@@ -188,58 +360,20 @@ def launch_gemm(
     activation: int,
     allow_tf32: bool,
 ) -> None:
-    """Write act(a @ b + bias) into ``c`` with one launch of ``gemm_kernel``.
+    """Write act(a @ b + bias) into ``c`` with one kernel launch.
 
     a (batch, M, K), b (batch, K, N), c (batch, M, N), any strides (batch stride 0 broadcasts);
     bias (N,) or None. Caller guarantees M, N, K > 0 and one dtype throughout.
     """
     batch, M, K = a.shape
     N = b.shape[2]
-    kind = "tensor_core" if a.dtype != torch.float32 else ("tf32" if allow_tf32 else "fp32")
-    # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
-    input_precision = "ieee" if kind == "fp32" else "tf32"
     if bias is not None:
         bias = bias.contiguous()  # (N,): the kernel reads it with unit stride
-    args = (
-        a,
-        b,
-        bias if bias is not None else c,
-        c,
-        M,
-        N,
-        K,
-        a.stride(0),
-        a.stride(1),
-        a.stride(2),
-        b.stride(0),
-        b.stride(1),
-        b.stride(2),
-        c.stride(0),
-        c.stride(1),
-        c.stride(2),
-    )
-    meta = dict(
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        INPUT_PRECISION=input_precision,
-        DOT_IN_FP32=dot_in_fp32(a.dtype),
-    )
-
-    def grid(META):
-        tiles = triton.cdiv(M, META["BLOCK_SIZE_M"]) * triton.cdiv(N, META["BLOCK_SIZE_N"])
-        return (batch * tiles,)
-
-    if interpreting():
-        _gemm_untuned[grid](*args, **meta, **_INTERPRETER_META)
-    else:
-        _gemm_tuned[kind][grid](*args, **meta)
-
-
-def as_batched(t: torch.Tensor, batch: int) -> torch.Tensor:
-    """View a 2-D operand as (batch, rows, cols) with batch stride 0 (no copy)."""
-    if t.dim() == 3:
-        return t
-    return t.unsqueeze(0).expand(batch, *t.shape)
+    sa, sb, sc = a.stride(), b.stride(), c.stride()
+    _gemm(
+        a, b, bias, c, batch, M, N, K, sa[0], sa[1], sa[2], sb[0], sb[1], sb[2], sc[0], sc[1],
+        sc[2], activation, allow_tf32,
+    )  # fmt: skip
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool) -> torch.Tensor:
@@ -248,30 +382,44 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool) -> torch.Tenso
     batch. Returns a new contiguous (M, N) or (B, M, N) tensor of a's dtype; fp32 accumulation.
     ``allow_tf32``: fp32 inputs may use TF32 tensor cores (else exact fp32 on CUDA cores).
     """
-    batched = a.dim() == 3 or b.dim() == 3
-    batch = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
+    a_dim, b_dim = a.dim(), b.dim()
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-1]
-    out_shape = (batch, M, N) if batched else (M, N)
+    if a_dim == 2 and b_dim == 2:
+        if M == 0 or N == 0:
+            return torch.empty((M, N), dtype=a.dtype, device=a.device)
+        if K == 0:
+            return torch.zeros((M, N), dtype=a.dtype, device=a.device)
+        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        sa, sb = a.stride(), b.stride()
+        _gemm(
+            a, b, None, c, 1, M, N, K, 0, sa[0], sa[1], 0, sb[0], sb[1], 0, N, 1, ACT_NONE,
+            allow_tf32,
+        )  # fmt: skip
+        return c
+
+    batch = a.shape[0] if a_dim == 3 else b.shape[0]
+    out_shape = (batch, M, N)
     if M == 0 or N == 0 or batch == 0:
         return torch.empty(out_shape, dtype=a.dtype, device=a.device)
     if K == 0:
         return torch.zeros(out_shape, dtype=a.dtype, device=a.device)
 
+    sa = a.stride() if a_dim == 3 else (0, *a.stride())
+    sb = b.stride() if b_dim == 3 else (0, *b.stride())
     # A batched A times a shared 2-D B whose batch rows are evenly spaced is one tall GEMM:
     # bigger tiles along M and no per-batch tail tiles.
-    if a.dim() == 3 and b.dim() == 2 and a.stride(0) == M * a.stride(1):
-        c = torch.empty((batch * M, N), dtype=a.dtype, device=a.device)
-        a2 = a.as_strided((batch * M, K), (a.stride(1), a.stride(2)))
-        launch_gemm(
-            a2.unsqueeze(0), b.unsqueeze(0), None, c.unsqueeze(0),
-            activation=ACT_NONE, allow_tf32=allow_tf32,
+    if a_dim == 3 and b_dim == 2 and sa[0] == M * sa[1]:
+        c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+        _gemm(
+            a, b, None, c, 1, batch * M, N, K, 0, sa[1], sa[2], 0, sb[1], sb[2], 0, N, 1,
+            ACT_NONE, allow_tf32,
         )  # fmt: skip
-        return c.view(out_shape)
+        return c
 
-    c = torch.empty((batch, M, N), dtype=a.dtype, device=a.device)
-    launch_gemm(
-        as_batched(a, batch), as_batched(b, batch), None, c,
-        activation=ACT_NONE, allow_tf32=allow_tf32,
+    c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+    _gemm(
+        a, b, None, c, batch, M, N, K, sa[0], sa[1], sa[2], sb[0], sb[1], sb[2], M * N, N, 1,
+        ACT_NONE, allow_tf32,
     )  # fmt: skip
-    return c.view(out_shape)
+    return c

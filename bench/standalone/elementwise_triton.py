@@ -31,17 +31,47 @@ def main():
             out = torch.empty_like(x)
             plan = plan_elementwise(x)
             sizes, (st,) = padded_plan(plan.sizes, plan.strides)
-            print(f"relu_scale n={n} {dtype}: eager {us(lambda: torch.relu(x) * 1.5):.2f} us, copy {us(lambda: out.copy_(x)):.2f} us")
+            print(
+                f"relu_scale n={n} {dtype}: eager {us(lambda: torch.relu(x) * 1.5):.2f} us, copy {us(lambda: out.copy_(x)):.2f} us"
+            )
             for block, warps in VARIANTS:
-                t = us(lambda b=block, w=warps: relu_mod.relu_scale_kernel[(triton.cdiv(n, b),)](
-                    x, out, n, sizes[1], sizes[2], sizes[3], *st, 1.5, DENSE=True, BLOCK_SIZE=b, num_warps=w))
+                t = us(
+                    lambda b=block, w=warps: relu_mod.relu_scale_kernel[(triton.cdiv(n, b),)](
+                        x,
+                        out,
+                        n,
+                        sizes[1],
+                        sizes[2],
+                        sizes[3],
+                        *st,
+                        1.5,
+                        DENSE=True,
+                        BLOCK_SIZE=b,
+                        num_warps=w,
+                    )
+                )
                 print(f"   BLOCK {block:6d} warps {warps:2d}: {t:8.2f} us")
             plan2 = plan_elementwise(x, y)
             sizes, (sa, sb) = padded_plan(plan2.sizes, plan2.strides)
             print(f"add n={n} {dtype}: eager {us(lambda: torch.add(x, y)):.2f} us")
             for block, warps in VARIANTS:
-                t = us(lambda b=block, w=warps: add_mod.add_kernel[(triton.cdiv(n, b),)](
-                    x, y, out, n, sizes[1], sizes[2], sizes[3], *sa, *sb, 1.0, DENSE=True, BLOCK_SIZE=b, num_warps=w))
+                t = us(
+                    lambda b=block, w=warps: add_mod.add_kernel[(triton.cdiv(n, b),)](
+                        x,
+                        y,
+                        out,
+                        n,
+                        sizes[1],
+                        sizes[2],
+                        sizes[3],
+                        *sa,
+                        *sb,
+                        1.0,
+                        DENSE=True,
+                        BLOCK_SIZE=b,
+                        num_warps=w,
+                    )
+                )
                 print(f"   BLOCK {block:6d} warps {warps:2d}: {t:8.2f} us")
 
 
