@@ -482,10 +482,22 @@ __global__ void __launch_bounds__(kSimtThreads)
             for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
               for (int j = 0; j < kCols; ++j) {
-                acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
-                acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
-                acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
-                acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
+                if constexpr (kRowsPerThread == 1) {
+                  // Blocked summation: each group of 4 products is summed on its own, then
+                  // added, so rounding error grows with k/4 rather than k (one serial chain put
+                  // a silu MLP at 3x PyTorch's cuBLAS error on an H200). The 4-row variant keeps
+                  // the serial chain: the extra temporaries make its gelu/silu builds spill.
+                  float part = hv[i].x * wv[j].x;
+                  part = fmaf(hv[i].y, wv[j].y, part);
+                  part = fmaf(hv[i].z, wv[j].z, part);
+                  part = fmaf(hv[i].w, wv[j].w, part);
+                  acc[i][j] += part;
+                } else {
+                  acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
+                  acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
+                  acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
+                  acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
+                }
               }
           }
 #pragma unroll
