@@ -92,11 +92,13 @@ def requested(spec: OpSpec, backend: str) -> tuple[str, str]:
     return "auto", "default"
 
 
-def auto_candidates(spec: OpSpec, device: torch.device) -> list[tuple[str, str | None]]:
-    """(backend, reason it cannot run or None) in auto order. Auto never picks Triton's CPU
-    interpreter: it is for tests, not speed."""
+def auto_candidates(
+    spec: OpSpec, device: torch.device, dtype: torch.dtype | None = None
+) -> list[tuple[str, str | None]]:
+    """(backend, reason it cannot run or None) in auto order for `dtype`. Auto never picks
+    Triton's CPU interpreter: it is for tests, not speed."""
     out = []
-    for name in spec.auto_order:
+    for name in spec.auto_order if dtype is None else spec.auto_order_for(dtype):
         if name == "triton" and device.type == "cpu":
             out.append((name, "auto does not use Triton's CPU interpreter"))
         else:
@@ -112,7 +114,9 @@ def choose(spec: OpSpec, backend: str, like: torch.Tensor) -> str:
         key = (spec.name, device, like.dtype)
         chosen = _auto_choices.get(key)
         if chosen is None:
-            chosen = next(n for n, reason in auto_candidates(spec, device) if reason is None)
+            chosen = next(
+                n for n, reason in auto_candidates(spec, device, like.dtype) if reason is None
+            )
             _auto_choices[key] = chosen
         return chosen
     reason = unavailable_reason(name, device)

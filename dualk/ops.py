@@ -272,7 +272,7 @@ def explain(op_name: str, *args, backend: str = "auto", **kwargs) -> dispatch.Ex
     _CHECKS[op_name](*args, **kwargs)
     like = args[0]
     name, source = dispatch.requested(spec, backend)
-    availability = dict(dispatch.auto_candidates(spec, like.device))
+    availability = dict(dispatch.auto_candidates(spec, like.device, like.dtype))
     if name != "auto":
         from .backends import unavailable_reason
 
@@ -283,7 +283,7 @@ def explain(op_name: str, *args, backend: str = "auto", **kwargs) -> dispatch.Ex
         else name
     )
     if name == "auto":
-        source = f"auto (first available of {', '.join(spec.auto_order)})"
+        source = f"auto (first available of {', '.join(spec.auto_order_for(like.dtype))})"
     expl = dispatch.Explanation(op_name, chosen, source, availability)
     if availability.get(chosen) is not None:
         expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")

@@ -142,3 +142,11 @@ def test_dispatch_overhead_is_small():
     per_call_us = (time.perf_counter() - t0) / n * 1e6
     assert per_call_us < 20, f"dispatch took {per_call_us:.1f} us per call"
     assert "DUALK_BACKEND" not in os.environ
+
+
+def test_auto_order_can_differ_by_dtype():
+    spec = OPS["fused_mlp"]
+    cpu = torch.device("cpu")
+    assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float32)][0] == "cuda"
+    assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float16)][0] == "triton"
+    assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float16)][-1] == "torch"
