@@ -6,6 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "launchers.h"
 
@@ -130,5 +133,23 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device, calling
+// cudaFuncSetAttribute only when the limit must grow: the call costs host time on every launch
+// otherwise, which small, launch-bound shapes feel.
+inline cudaError_t ensure_dynamic_smem(const void* kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;  // the default limit
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> granted;
+  std::lock_guard<std::mutex> lock(mutex);
+  int& limit = granted[{kernel, device}];
+  if (limit >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) limit = bytes;
+  return err;
+}
 
 }  // namespace dualk

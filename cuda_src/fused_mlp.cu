@@ -756,9 +756,7 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   for (int i = 0; i < args.num_layers; ++i)
     if (args.weights[i] == nullptr) return cudaErrorInvalidValue;
 
-  cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(plan.kernel),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         plan.smem_bytes);
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(plan.kernel), plan.smem_bytes);
   if (err != cudaSuccess) return err;
   int num_sms = args.num_sms;
   if (num_sms <= 0) {

@@ -691,8 +691,7 @@ template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBi
 cudaError_t launch_tensor_core(const GemmArgs& args, cudaStream_t stream) {
   using Cfg = TensorCoreConfig<Tile, kBKMajor>;
   auto kernel = gemm_tensor_core_kernel<T, Tile, kBKMajor, kAct, kHasBias>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t num_tiles =
       args.batch * ceil_div(args.m, Tile::kBlockM) * ceil_div(args.n, Tile::kBlockN);
