@@ -22,3 +22,9 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
 
         return triton.unavailable_reason(device)
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def allow_tf32(dtype: torch.dtype) -> bool:
+    """Whether an fp32 matrix op may use TF32: PyTorch's own switch
+    (torch.backends.cuda.matmul.allow_tf32, set by torch.set_float32_matmul_precision)."""
+    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32

@@ -21,6 +21,7 @@ import torch
 from .. import _alloc
 from ..errors import BackendUnavailableError
 from ..layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
+from . import allow_tf32
 
 KERNEL_SOURCES = ("add.cu", "relu_scale.cu", "matmul.cu", "linear_gelu.cu", "fused_mlp.cu")
 BINDING_SOURCE = "binding.cpp"
@@ -176,10 +177,6 @@ def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-def _allow_tf32(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
 def _unit_stride(t: torch.Tensor, dim: int) -> bool:
     return t.stride(dim) == 1 or t.size(dim) <= 1
 
@@ -204,7 +201,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, n = a3.shape[1], b3.shape[2]
     out = _alloc.empty((batch, m, n), a.dtype, a.device)
     if out.numel():
-        extension().matmul(_as_gemm_a(a3), _as_gemm_b(b3), out, _allow_tf32(a.dtype))
+        extension().matmul(_as_gemm_a(a3), _as_gemm_b(b3), out, allow_tf32(a.dtype))
     return out if batched else out[0]
 
 
@@ -221,7 +218,7 @@ def linear_gelu(
         bias = None if bias is None else bias.contiguous()
         extension().linear_gelu(
             _as_gemm_a(x2d.unsqueeze(0)), _as_gemm_b(weight.t().unsqueeze(0)), bias, out, act,
-            _allow_tf32(x.dtype),
+            allow_tf32(x.dtype),
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -16,6 +16,7 @@ import torch
 
 from .. import _alloc
 from ..layout import as_rows, fit_plan, plan_elementwise
+from . import allow_tf32
 
 _import_error: str | None = None
 _triton_checked = False
@@ -79,13 +80,9 @@ def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     return out
 
 
-def _allow_tf32(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     with _device_guard(a):
-        return _module("matmul").matmul(a, b, allow_tf32=_allow_tf32(a.dtype))
+        return _module("matmul").matmul(a, b, allow_tf32=allow_tf32(a.dtype))
 
 
 def linear_gelu(
@@ -97,7 +94,7 @@ def linear_gelu(
     x2d = as_rows(x)
     with _device_guard(x):
         out = _module("linear_gelu").linear_gelu(
-            x2d, weight, bias, approximate=approximate, allow_tf32=_allow_tf32(x.dtype)
+            x2d, weight, bias, approximate=approximate, allow_tf32=allow_tf32(x.dtype)
         )
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
