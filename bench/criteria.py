@@ -8,7 +8,8 @@ import sys
 
 
 def main(path: str) -> int:
-    data = json.load(open(path))
+    with open(path) as f:
+        data = json.load(f)
     rows = data["rows"]
     ceilings = data["ceilings"]
 

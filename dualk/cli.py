@@ -454,14 +454,15 @@ def bench(
     dtype_list = list(dict.fromkeys(DTYPE_NAMES[d] for d in dtypes)) or None
     if compare_path is not None:
         _load(compare_path)  # a bad file fails now, not after the run
-    if plot_path is not None:
+    has_gpu = _has_gpu()
+    if plot_path is not None and has_gpu:  # without a GPU nothing is plotted anyway (below)
         try:
             rep.require_matplotlib()
         except rep.PlotUnavailableError as exc:
             click.echo(f"--plot {plot_path} will be skipped: {exc}", err=True)
             plot_path = None
 
-    if not _has_gpu():
+    if not has_gpu:
         _bench_without_gpu(
             ops, dtype_list, shapes, backends, peers, json_path, csv_path, plot_path, compare_path
         )

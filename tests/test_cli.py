@@ -386,8 +386,9 @@ def test_plot_without_matplotlib_says_how_to_install(runner, tmp_path, monkeypat
     result = invoke(runner, "report", str(src), "--plot", str(tmp_path / "p.png"))
     assert result.exit_code == 2 and "pip install 'dualk[plot]'" in result.output
 
+    # Without a GPU there is nothing to plot, whether or not matplotlib is there.
     monkeypatch.setattr(cli, "_has_gpu", lambda: False)
     result = invoke(
         runner, "bench", "--op", "add", "--backend", "torch", "--plot", str(tmp_path / "p.png")
     )
-    assert result.exit_code == 0 and "pip install 'dualk[plot]'" in result.output
+    assert result.exit_code == 0 and "the CPU smoke check has no timings to plot" in result.output
