@@ -3,8 +3,8 @@
 - elementwise ops: |out - ref| <= atol + rtol * |ref| elementwise against a float64 reference,
   with the per-dtype table in dualk.registry (the op rounds once, so this is tight);
 - GEMM-family ops: max |out - ref| must stay within 2x PyTorch's own max error in the same dtype
-  (plus one unit in the last place of the largest reference value), so the rule is tight on every
-  dtype without a hand-tuned table.
+  (plus one unit in the last place of the largest reference value, four in fp32), so the rule is
+  tight on every dtype without a hand-tuned table.
 """
 
 from __future__ import annotations
@@ -97,7 +97,13 @@ def judge(
     # GEMM family: compare with PyTorch's own error in the same dtype.
     torch_out = spec.reference(*sample.args, **sample.kwargs).double()
     torch_err = (torch_out - ref).abs().max().item()
-    ulp_floor = torch.finfo(like.dtype).eps * scale
+    # The floor: one ulp of the largest reference value, four for fp32. In fp16/bf16 the final
+    # rounding dominates everyone's error, so PyTorch's max error is a stable yardstick. In fp32
+    # the summation order dominates, and over a handful of outputs (batch 1, 10 features)
+    # PyTorch's max error can land far below its typical value: H200 and CPU runs put correct
+    # kernels at 3-4x it (6.5e-8 vs 1.6e-8 on 0.13-sized outputs). Four fp32 ulps (5e-7
+    # relative) still fail any real bug by orders of magnitude.
+    ulp_floor = torch.finfo(like.dtype).eps * scale * (4.0 if like.dtype == torch.float32 else 1.0)
     budget = 2.0 * torch_err + ulp_floor
     if not finite_ok or not max_err <= budget:
         return Verdict(False, max_err, rel,
