@@ -194,14 +194,20 @@ class KernelLauncher:
         self.slow_launches = 0
 
     def launch(self, key, grid, args, num_warps, num_stages, device_index=None):
-        compiled = self.compiled.get(key)
-        if compiled is not None:
-            if self._stream is None:
-                from triton.runtime import driver
+        if interpreting():
+            self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            self.slow_launches += 1
+            return
+        if self._stream is None:
+            from triton.runtime import driver
 
-                self._stream = driver.active.get_current_stream
-                self._device = driver.active.get_current_device
-            stream = self._stream(self._device() if device_index is None else device_index)
+            self._stream = driver.active.get_current_stream
+            self._device = driver.active.get_current_device
+        device = self._device() if device_index is None else device_index
+        # A CompiledKernel's function handle belongs to the device it was loaded on.
+        compiled = self.compiled.get((key, device))
+        if compiled is not None:
+            stream = self._stream(device)
             # As JITFunction.run launches after its cache lookup (hooks: profilers).
             runtime = _knobs.runtime
             enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
@@ -214,8 +220,8 @@ class KernelLauncher:
             return
         result = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
         self.slow_launches += 1
-        if _knobs is not None and not interpreting() and hasattr(result, "packed_metadata"):
-            self.compiled[key] = result
+        if _knobs is not None and hasattr(result, "packed_metadata"):
+            self.compiled[(key, device)] = result
 
 
 def bench_configs(launch_with, configs, quantile=0.5):
