@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import KernelLauncher, int_spec, ptr_spec
 from .elementwise import NUM_WARPS, block_size, padded_plan, strided_offset
 
 
@@ -54,12 +55,16 @@ def add_kernel(
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_launcher = KernelLauncher(add_kernel)
+
+
 def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, plan) -> None:
     """Writes a + alpha * b into the contiguous `out` following `plan` (dualk.layout)."""
     sizes, (st_a, st_b) = padded_plan(plan.sizes, plan.strides)
     block = block_size(out.element_size())
-    grid = (triton.cdiv(plan.numel, block),)
-    add_kernel[grid](
-        a, b, out, plan.numel, sizes[1], sizes[2], sizes[3], *st_a, *st_b, float(alpha),
-        DENSE=plan.dense, BLOCK_SIZE=block, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    ints = (plan.numel, sizes[1], sizes[2], sizes[3], *st_a, *st_b)
+    # Everything Triton specializes the compiled kernel on (see KernelLauncher).
+    key = (out.dtype, plan.dense, *map(int_spec, ints), ptr_spec(a), ptr_spec(b), ptr_spec(out))
+    grid = (triton.cdiv(plan.numel, block), 1, 1)
+    args = (a, b, out, *ints, float(alpha), plan.dense, block)
+    _launcher.launch(key, grid, args, NUM_WARPS, 3)

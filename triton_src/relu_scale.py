@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import KernelLauncher, int_spec, ptr_spec
 from .elementwise import NUM_WARPS, block_size, padded_plan, strided_offset
 
 
@@ -44,12 +45,16 @@ def relu_scale_kernel(
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_launcher = KernelLauncher(relu_scale_kernel)
+
+
 def relu_scale(x: torch.Tensor, out: torch.Tensor, scale: float, plan) -> None:
     """Writes relu(x) * scale into the contiguous `out` following `plan` (dualk.layout)."""
     sizes, (st_x,) = padded_plan(plan.sizes, plan.strides)
     block = block_size(out.element_size())
-    grid = (triton.cdiv(plan.numel, block),)
-    relu_scale_kernel[grid](
-        x, out, plan.numel, sizes[1], sizes[2], sizes[3], *st_x, float(scale),
-        DENSE=plan.dense, BLOCK_SIZE=block, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    ints = (plan.numel, sizes[1], sizes[2], sizes[3], *st_x)
+    # Everything Triton specializes the compiled kernel on (see KernelLauncher).
+    key = (out.dtype, plan.dense, *map(int_spec, ints), ptr_spec(x), ptr_spec(out))
+    grid = (triton.cdiv(plan.numel, block), 1, 1)
+    args = (x, out, *ints, float(scale), plan.dense, block)
+    _launcher.launch(key, grid, args, NUM_WARPS, 3)
