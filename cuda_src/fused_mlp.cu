@@ -516,6 +516,15 @@ __global__ void __launch_bounds__(kSimtThreads)
           }
         }
       }
+      if (!last && out_l % 4 != 0) {
+        // Padded columns (out_l .. round_up(out_l, 4)) must be exactly 0 for the next layer: an
+        // inf input makes them inf * 0 = NaN, which the next layer would spread over the row.
+        // (A pass after a barrier: a select in the store loop above made the 4-row build spill.)
+        __syncthreads();
+        const int pad = round_up(out_l, 4) - out_l;
+        for (int e = threadIdx.x; e < p.tile_rows * pad; e += kSimtThreads)
+          dst[(e / pad) * h_pitch + out_l + e % pad] = 0.f;
+      }
     }
     first_tile = false;
     __syncthreads();  // all reads of h0/h1 done before the next tile's x overwrites h0

@@ -23,3 +23,17 @@ def test_wheel_carries_kernel_sources(tmp_path):
     for src in sorted((ROOT / "triton_src").glob("*.py")):
         assert f"dualk/triton_src/{src.name}" in names, f"{src.name} missing from the wheel"
     assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_triton_modules_import_from_outside_the_checkout(tmp_path):
+    """The installed package imports its Triton modules as dualk.triton_src.* (a stray absolute
+    `triton_src.` import only worked with the repository root on sys.path)."""
+    code = (
+        "import dualk.triton_src.matmul, dualk.triton_src.linear_gelu, dualk.triton_src.fused_mlp,"
+        " dualk.triton_src.add, dualk.triton_src.relu_scale"
+    )
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

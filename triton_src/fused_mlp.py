@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_src.common import (
+from .common import (
     ACT_NONE,
     KernelLauncher,
     activation_id,
@@ -101,7 +101,7 @@ def _load_rows(
     # below M + 2 * BLOCK_M * num_programs, within M's own type).
     offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_k = tl.arange(0, P0)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :].to(tl.int64) * stride_xk
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < D0)
     return tl.load(x_ptrs, mask=mask, other=0.0)
 
@@ -120,8 +120,8 @@ def _apply_layer(
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
     FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16)
 ):
-    """act(h @ w_t + bias) in fp32. Padded columns stay 0: their weights and bias are 0 and every
-    supported activation maps 0 to 0."""
+    """act(h @ w_t + bias) in fp32, padded columns forced to 0 (their weights and bias are 0, but
+    inf * 0 is NaN)."""
     if DOT_IN_FP32:
         h = h.to(tl.float32)
         w_t = w_t.to(tl.float32)
@@ -135,6 +135,11 @@ def _apply_layer(
         acc += bias[None, :]
     if not IS_LAST:
         acc = apply_activation(acc, ACTIVATION, FAST_ACT)
+        if P_OUT != D_OUT:
+            # Padded columns must stay exactly 0 for the next layer: an inf input makes them
+            # inf * 0 = NaN, which the next dot would spread over the whole row.
+            offs_out = tl.arange(0, P_OUT)
+            acc = tl.where(offs_out[None, :] < D_OUT, acc, 0.0)
     return acc
 
 
@@ -405,7 +410,7 @@ def fused_mlp(
     elif FORCE_CONFIG:
         cfg = FORCE_CONFIG[0]
     else:
-        tune_key = (plan_key, _m_bucket(M), spec)
+        tune_key = (x2d.device, plan_key, _m_bucket(M), spec)
         cfg = _best_config.get(tune_key)
         if cfg is None:
             timings = bench_configs(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from triton_src.common import ACT_GELU_ERF, ACT_GELU_TANH
-from triton_src.matmul import _gemm
+from .common import ACT_GELU_ERF, ACT_GELU_TANH
+from .matmul import _gemm
 
 _GELU_ACTIVATIONS = {"tanh": ACT_GELU_TANH, "none": ACT_GELU_ERF}
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_src.common import (
+from .common import (
     ACT_NONE,
     KernelLauncher,
     apply_activation,
@@ -92,11 +92,16 @@ def gemm_kernel(
     offs_am = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_bn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
+    offs_k64 = offs_k.to(tl.int64)  # k * stride can pass 2^31 (e.g. a column-major A)
     a_ptrs = (
-        a_ptr + pid_batch * stride_ab + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+        a_ptr
+        + pid_batch * stride_ab
+        + (offs_am[:, None] * stride_am + offs_k64[None, :] * stride_ak)
     )
     b_ptrs = (
-        b_ptr + pid_batch * stride_bb + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+        b_ptr
+        + pid_batch * stride_bb
+        + (offs_k64[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
     )
     a_row_ok = offs_am[:, None] < M
     b_col_ok = offs_bn[None, :] < N
@@ -114,8 +119,8 @@ def gemm_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         accumulator = accumulate_dot(accumulator, a, b, INPUT_PRECISION)
-        a_ptrs += BLOCK_SIZE_K * stride_ak
-        b_ptrs += BLOCK_SIZE_K * stride_bk
+        a_ptrs += BLOCK_SIZE_K * tl.cast(stride_ak, tl.int64)  # a stride of 1 is a constexpr
+        b_ptrs += BLOCK_SIZE_K * tl.cast(stride_bk, tl.int64)
 
     # Epilogue in fp32, then one down-cast.
     offs_cm = offs_am
@@ -191,8 +196,9 @@ def gemm_persistent_kernel(
         accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for ki in range(k_tiles):
             k0 = ki * BLOCK_SIZE_K
-            a_ptrs = a_base + (k0 + offs_k)[None, :] * stride_ak
-            b_ptrs = b_base + (k0 + offs_k)[:, None] * stride_bk
+            k64 = (k0 + offs_k).to(tl.int64)  # k * stride can pass 2^31
+            a_ptrs = a_base + k64[None, :] * stride_ak
+            b_ptrs = b_base + k64[:, None] * stride_bk
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=a_row_ok, other=0.0)
                 b = tl.load(b_ptrs, mask=b_col_ok, other=0.0)
@@ -326,7 +332,7 @@ def _gemm(
     elif FORCE_CONFIG:
         cfg = FORCE_CONFIG[0]
     else:
-        tune_key = (kind, batch, M, N, K, has_bias, activation, fast_act, spec)
+        tune_key = (a.device, kind, batch, M, N, K, has_bias, activation, fast_act, spec)
         cfg = _best_config.get(tune_key)
         if cfg is None:
 
