@@ -203,9 +203,14 @@ void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
     }
   }
   args.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const char* reason = dualk::fused_mlp_unsupported_reason(args);
-  TORCH_CHECK(reason == nullptr, "dualk.fused_mlp: ", reason);
-  check_launch("fused_mlp", dualk::launch_fused_mlp(args, at::cuda::getCurrentCUDAStream()));
+  // The launcher plans the launch itself and refuses what it cannot hold; only then is the
+  // (second) planning pass for the message worth its cost.
+  const cudaError_t err = dualk::launch_fused_mlp(args, at::cuda::getCurrentCUDAStream());
+  if (err == cudaErrorInvalidValue) {
+    const char* reason = dualk::fused_mlp_unsupported_reason(args);
+    TORCH_CHECK(false, "dualk.fused_mlp: ", reason != nullptr ? reason : "invalid arguments");
+  }
+  check_launch("fused_mlp", err);
 }
 
 }  // namespace

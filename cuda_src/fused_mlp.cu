@@ -18,6 +18,8 @@
 // and the activation.
 #include <cstdio>
 
+#include <atomic>
+
 #include "common.cuh"
 
 namespace dualk {
@@ -583,13 +585,25 @@ KernelFn pick_mma_kernel(int bucket, Activation act) {
   }
 }
 
+// The per-block shared-memory opt-in limit of the current device, queried once per device: the
+// planner runs on every launch.
 int max_dynamic_smem() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 = not queried yet
   int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // don't leave a sticky-looking error for the caller
     return 48 * 1024;
   }
+  if (device < kMaxDevices) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 48 * 1024;
+  }
+  if (device < kMaxDevices) cached[device].store(bytes, std::memory_order_relaxed);
   return bytes;
 }
 

@@ -7,6 +7,7 @@ precedence of arguments, environment variables, scopes and the config file)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -228,8 +229,6 @@ def mlp_fallback_reason(
 
 def _device_of(x: torch.Tensor):
     """The input's device as the current one (a device query inside a limit check reads it)."""
-    import contextlib
-
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
