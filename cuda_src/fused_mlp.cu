@@ -1,8 +1,10 @@
 // fused_mlp: a whole Linear/activation stack in one launch.
 //   out = L_{n-1}(act(... act(L_0(x)))),  L_i(h) = h @ W_i^T + b_i,  W_i: (out_i, in_i) row-major.
 //
-// Two kernels behind one launcher:
-//   * fp16/bf16: tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
+// Three kernels behind one launcher:
+//   * fp16/bf16, every width <= 128 and all weights resident: fused_mlp_mma_padded_kernel, below;
+//     each layer zero-padded to the 64/128 bucket so that all loops and offsets are compile-time.
+//   * fp16/bf16 otherwise: tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
 //     rows and keeps their activations in registers from the first layer to the last: the m16n8
 //     C fragments of layer i, after bias + activation + down-cast, are exactly the m16k16 A
 //     fragments of layer i+1 (see pack_a_fragment). Weights (zero-padded to multiples of 16) live
@@ -66,6 +68,8 @@ struct MlpKernelParams {
   bool x_vectorized;       // x and its row stride allow 16-byte cp.async
   int out_pitch;           // mma: elements per output staging row
   bool out_vectorized;     // mma: out 16-byte aligned and its rows a multiple of 16 bytes
+  int out_chunks_shift;    // padded mma: log2(16-byte chunks per output row), -1 if not a power of 2
+  int last_chunks;         // padded mma: 32-column chunks of the last layer
 };
 
 __device__ __forceinline__ bool is_aligned16(const void* p) {
@@ -390,6 +394,249 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
   }
 }
 
+// ------------------------------------------------------------- fp16 / bf16: padded, resident
+// The same register-resident chaining as fused_mlp_mma_kernel, for MLPs whose every width fits a
+// bucket (64 or 128) and whose weights, each zero-padded to bucket x bucket, all fit in shared
+// memory. Padding every layer to the bucket makes the k loop, the hidden layers' n loop, the
+// weight pitch and every shared-memory offset compile-time constants: the runtime-width kernel
+// spent ~3.4k instructions per 224 mma (H200 profile) on branches, register copies and index math.
+template <typename T, int kWidth, Activation kAct>
+__global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBlocks)
+    fused_mlp_mma_padded_kernel(const __grid_constant__ MlpKernelParams p) {
+  constexpr int kMTiles = MmaConfig<kWidth>::kMTiles;
+  constexpr int kKTiles = kWidth / 16;
+  constexpr int kChunks = kWidth / 32;
+  constexpr int kPitch = mma_row_pitch(kWidth);
+  constexpr int kWarpRows = 16 * kMTiles;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kChunksPerRow = kWidth / kVec;  // 16-byte chunks per padded x row
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* bias_smem = reinterpret_cast<float*>(smem_raw);
+  T* weight_smem = reinterpret_cast<T*>(smem_raw + p.weight_area_offset);
+  const int num_warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int out_pitch = p.out_pitch;
+  T* x_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) + warp * kWarpRows * kPitch;
+  T* out_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) +
+                num_warps * kWarpRows * kPitch + warp * kWarpRows * out_pitch;
+
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  const int in0 = p.widths[0];
+  const int num_layers = p.num_layers;
+  const int out_w = p.widths[num_layers];
+  const int64_t block_rows = static_cast<int64_t>(num_warps) * kWarpRows;
+
+  auto valid_rows = [&](int64_t row0) {
+    const int64_t remaining = p.m - row0;
+    return remaining <= 0 ? 0 : remaining < kWarpRows ? static_cast<int>(remaining) : kWarpRows;
+  };
+  // This warp's rows of row tile `tile` into its x buffer, zero beyond in0 and past m.
+  auto stage_x = [&](int64_t tile) {
+    const int64_t row0 = tile * block_rows + warp * kWarpRows;
+    const int rows = valid_rows(row0);
+    const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
+    if (p.x_vectorized) {
+#pragma unroll
+      for (int i = 0; i < kWarpRows * kChunksPerRow / 32; ++i) {
+        const int chunk = lane + 32 * i;
+        const int r = chunk / kChunksPerRow;  // constant divisor: a shift
+        const int c = (chunk % kChunksPerRow) * kVec;
+        const int valid = r < rows ? max(0, min(in0 - c, kVec)) : 0;
+        const void* g = valid > 0 ? static_cast<const void*>(src + r * p.stride_xm + c)
+                                  : static_cast<const void*>(x);
+        cp_async_16(x_smem + r * kPitch + c, g, valid * static_cast<int>(sizeof(T)));
+      }
+    } else {
+      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, false, lane,
+                    32);
+    }
+  };
+
+  load_biases<T>(p, bias_smem, kWidth);
+  for (int layer = 0; layer < num_layers; ++layer) {
+    const T* w = static_cast<const T*>(p.weights[layer]);
+    const int in = p.widths[layer], out_l = p.widths[layer + 1];
+    const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
+    stage_tile<T>(weight_smem + layer * kWidth * kPitch, kPitch, w, in, out_l, in, kWidth, kWidth,
+                  w, vec, threadIdx.x, blockDim.x);
+  }
+  int64_t tile = blockIdx.x;
+  stage_x(tile);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Lane roles as in fused_mlp_mma_kernel.
+  const int a_row = lane % 16;
+  const int a_col = (lane / 16) * 8;
+  const int b_row = (lane / 16) * 8 + (lane % 8);
+  const int b_col = ((lane / 8) % 2) * 8;
+  const int quad_row = lane / 4;
+  const int quad_col = 2 * (lane % 4);
+  const int last_chunks = p.last_chunks;
+
+  for (; tile < p.num_tiles; tile += gridDim.x) {
+    const int64_t warp_row0 = tile * block_rows + warp * kWarpRows;
+    uint32_t act[kMTiles][kKTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kt = 0; kt < kKTiles; ++kt)
+        ldmatrix_x4(act[mt][kt], x_smem + (mt * 16 + a_row) * kPitch + kt * 16 + a_col);
+    __syncwarp();  // every lane has read the buffer: refill it with the next tile
+    if (tile + gridDim.x < p.num_tiles) stage_x(tile + gridDim.x);
+    cp_async_commit();
+
+    for (int layer = 0; layer < num_layers; ++layer) {
+      const T* w_rows = weight_smem + layer * (kWidth * kPitch) + b_row * kPitch + b_col;
+      const float* bias = bias_smem + layer * kWidth + quad_col;
+      const bool hidden = layer + 1 < num_layers;
+      const int chunks = hidden ? kChunks : last_chunks;
+      // Columns past a hidden layer's width must be exactly 0 for the next layer: with an inf
+      // input, their zero weights give inf * 0 = NaN.
+      const int width = p.widths[layer + 1];
+      const bool mask = hidden && width < kWidth;
+      uint32_t next[kMTiles][kKTiles][4];
+#pragma unroll
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        if (chunk < chunks) {
+          float acc[kMTiles][4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 b = *reinterpret_cast<const float2*>(bias + chunk * 32 + j * 8);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              acc[mt][j][0] = b.x;
+              acc[mt][j][1] = b.y;
+              acc[mt][j][2] = b.x;
+              acc[mt][j][3] = b.y;
+            }
+          }
+#pragma unroll
+          for (int kt = 0; kt < kKTiles; ++kt) {
+            uint32_t b[2][4];
+            ldmatrix_x4(b[0], w_rows + (chunk * 32) * kPitch + kt * 16);
+            ldmatrix_x4(b[1], w_rows + (chunk * 32 + 16) * kPitch + kt * 16);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t b_lo[2] = {b[h][0], b[h][1]};
+              const uint32_t b_hi[2] = {b[h][2], b[h][3]};
+#pragma unroll
+              for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
+                mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
+              }
+            }
+          }
+          // relu runs on the packed pairs (one instruction per two values); other activations on
+          // the fp32 accumulator.
+          if constexpr (kAct != Activation::kRelu) {
+            if (hidden) {
+#pragma unroll
+              for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) acc[mt][j][e] = apply_activation<kAct>(acc[mt][j][e]);
+            }
+          }
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
+              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
+              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
+              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
+            }
+          if constexpr (kAct == Activation::kRelu) {
+            if (hidden) {
+#pragma unroll
+              for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i)
+                    next[mt][2 * chunk + q][i] = relu2<T>(next[mt][2 * chunk + q][i]);
+            }
+          }
+          if (mask) {
+            // Register i of k-tile 2*chunk+q holds columns 16*(2*chunk+q) + 8*(i/2) + quad_col, +1.
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int col = chunk * 32 + q * 16 + half * 8 + quad_col;
+                const uint32_t keep = (col < width ? 0xffffu : 0u) | (col + 1 < width ? 0xffff0000u : 0u);
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                  next[mt][2 * chunk + q][2 * half] &= keep;
+                  next[mt][2 * chunk + q][2 * half + 1] &= keep;
+                }
+              }
+          }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kt = 0; kt < kKTiles; ++kt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
+    }
+
+    // Output: registers -> this warp's staging rows -> global, 16-byte vectors where allowed.
+    {
+      const int out_tiles = round_up(out_w, 16) / 16;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kt = 0; kt < kKTiles; ++kt) {
+          if (kt < out_tiles) {
+            T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
+            T* hi = lo + 8 * out_pitch;
+            store_shared_u32(lo, act[mt][kt][0]);
+            store_shared_u32(hi, act[mt][kt][1]);
+            store_shared_u32(lo + 8, act[mt][kt][2]);
+            store_shared_u32(hi + 8, act[mt][kt][3]);
+          }
+        }
+      __syncwarp();
+      const int rows = valid_rows(warp_row0);
+      T* out_rows = out + warp_row0 * out_w;
+      if (p.out_vectorized && p.out_chunks_shift >= 0) {
+        // A power-of-two number of 16-byte chunks per row: shifts instead of divisions.
+        const int shift = p.out_chunks_shift;
+        const int mask_c = (1 << shift) - 1;
+        for (int i = lane; i < (rows << shift); i += 32) {
+          const int r = i >> shift;
+          const int c = (i & mask_c) * kVec;
+          *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
+              *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
+        }
+      } else {
+        for (int i = lane; i < rows * out_w; i += 32) {
+          const int r = i / out_w;
+          const int c = i - r * out_w;
+          out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+  }
+}
+
 // ============================================================== fp32: SIMT
 template <int kRowsPerThread, Activation kAct>
 __global__ void __launch_bounds__(kSimtThreads)
@@ -576,6 +823,18 @@ template <int kRowsPerThread> struct SimtPick {
   };
 };
 
+template <typename T, int kWidth> struct PaddedPick {
+  template <Activation kAct> struct By {
+    static KernelFn kernel() { return fused_mlp_mma_padded_kernel<T, kWidth, kAct>; }
+  };
+};
+
+template <typename T>
+KernelFn pick_padded_kernel(int bucket, Activation act) {
+  return bucket == 64 ? pick_by_activation<PaddedPick<T, 64>::template By>(act)
+                      : pick_by_activation<PaddedPick<T, 128>::template By>(act);
+}
+
 template <typename T>
 KernelFn pick_mma_kernel(int bucket, Activation act) {
   switch (bucket) {
@@ -649,6 +908,46 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
 
   if (a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
+    const int out_w = a.widths[a.num_layers];
+    p.out_pitch = mma_row_pitch(round_up(out_w, 16));
+    p.out_vectorized = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 && (out_w * elem) % 16 == 0;
+    p.out_chunks_shift = -1;
+    if (p.out_vectorized) {
+      const int chunks = out_w * elem / 16;
+      if ((chunks & (chunks - 1)) == 0)
+        for (p.out_chunks_shift = 0; (1 << p.out_chunks_shift) < chunks;) ++p.out_chunks_shift;
+    }
+    p.last_chunks = round_up(out_w, kMmaNPad) / kMmaNPad;
+    if (bucket <= 128) {
+      // Every layer padded to bucket x bucket, all resident: the padded kernel, when it fits.
+      const int warp_rows = 16 * (bucket == 64 ? MmaConfig<64>::kMTiles : MmaConfig<128>::kMTiles);
+      const int pitch = mma_row_pitch(bucket);
+      const int bias_bytes = a.num_layers * bucket * 4;
+      const int weight_bytes = a.num_layers * bucket * pitch * elem;
+      const int per_warp_bytes = warp_rows * (pitch + p.out_pitch) * elem;
+      const int padded_smem = bias_bytes + weight_bytes + kMaxMmaWarps * per_warp_bytes;
+      if (padded_smem <= smem_limit) {
+        for (int i = 0; i < a.num_layers; ++i) {
+          p.bias_offset[i] = i * bucket;
+          p.weight_offset[i] = i * bucket * pitch;
+          p.weight_pitch[i] = pitch;
+        }
+        p.num_groups = 1;
+        p.group_first_layer[0] = 0;
+        p.group_first_layer[1] = a.num_layers;
+        p.act_pitch = pitch;
+        p.weight_area_offset = bias_bytes;
+        p.act_area_offset = bias_bytes + weight_bytes;
+        p.num_tiles = ceil_div(a.m, static_cast<int64_t>(kMaxMmaWarps) * warp_rows);
+        threads = kMaxMmaWarps * 32;
+        smem = padded_smem;
+        kernel = a.dtype == DType::kFloat16 ? pick_padded_kernel<__half>(bucket, a.activation)
+                                            : pick_padded_kernel<__nv_bfloat16>(bucket, a.activation);
+      }
+    }
+  }
+  if (kernel == nullptr && a.dtype != DType::kFloat32) {
+    const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
     const int warp_rows = 16 * (bucket == 64    ? MmaConfig<64>::kMTiles
                                 : bucket == 128 ? MmaConfig<128>::kMTiles
                                                 : MmaConfig<256>::kMTiles);
@@ -659,7 +958,6 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     }
     const int bias_bytes = bias_floats * 4;  // a multiple of 128
     p.act_pitch = mma_row_pitch(round_up(a.widths[0], kMmaKPad));
-    p.out_pitch = mma_row_pitch(round_up(a.widths[a.num_layers], 16));
     // The most warps (8, else 4, 2, 1) whose per-warp buffers leave room for the widest layer.
     int warps = kMaxMmaWarps, max_group_bytes = 0, per_warp_bytes = 0;
     for (;; warps /= 2) {
@@ -700,11 +998,10 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.act_area_offset = bias_bytes + max_group_bytes;
     smem = p.act_area_offset + warps * per_warp_bytes;
     p.num_tiles = ceil_div(a.m, static_cast<int64_t>(warps) * warp_rows);
-    p.out_vectorized = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 &&
-                       (a.widths[a.num_layers] * elem) % 16 == 0;
     kernel = a.dtype == DType::kFloat16 ? pick_mma_kernel<__half>(bucket, a.activation)
                                         : pick_mma_kernel<__nv_bfloat16>(bucket, a.activation);
-  } else {
+  }
+  if (a.dtype == DType::kFloat32) {
     // Rows per block tile: one tile per SM, so a batch fills the GPU in one wave and each SM
     // copies the weights from L2 once (88 KB for the 100-128-64-10 seed model). Latency-bound
     // batches (<= 2 rows per SM) compute one row per item: more threads share each layer, and

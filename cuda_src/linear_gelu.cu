@@ -1,7 +1,7 @@
 // linear_gelu: C[b] = gelu(A[b] @ B[b] + bias) with B = W^T of an nn.Linear weight W (n, k).
-// The kernels live in gemm.cuh; this file compiles the gelu (tanh and erf) x bias / no-bias
-// instantiations.
-#include "gemm.cuh"
+// The kernels live in gemm_sm90.cuh (Hopper) and gemm.cuh (portable); this file compiles the
+// gelu (tanh and erf) x bias / no-bias instantiations.
+#include "gemm_sm90.cuh"  // includes gemm.cuh
 
 namespace dualk {
 
@@ -9,11 +9,11 @@ cudaError_t launch_linear_gelu(const GemmArgs& args, cudaStream_t stream) {
   const bool has_bias = args.bias != nullptr;
   switch (args.activation) {
     case Activation::kGeluTanh:
-      return has_bias ? gemm::run_gemm<Activation::kGeluTanh, true>(args, stream)
-                      : gemm::run_gemm<Activation::kGeluTanh, false>(args, stream);
+      return has_bias ? run_gemm_best<Activation::kGeluTanh, true>(args, stream)
+                      : run_gemm_best<Activation::kGeluTanh, false>(args, stream);
     case Activation::kGeluErf:
-      return has_bias ? gemm::run_gemm<Activation::kGeluErf, true>(args, stream)
-                      : gemm::run_gemm<Activation::kGeluErf, false>(args, stream);
+      return has_bias ? run_gemm_best<Activation::kGeluErf, true>(args, stream)
+                      : run_gemm_best<Activation::kGeluErf, false>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -1,12 +1,12 @@
-// matmul: C[b] = A[b] @ B[b], no bias, no activation. The kernels live in gemm.cuh; this file
-// compiles the activation-free instantiations.
-#include "gemm.cuh"
+// matmul: C[b] = A[b] @ B[b], no bias, no activation. The kernels live in gemm_sm90.cuh (Hopper)
+// and gemm.cuh (portable); this file compiles the activation-free instantiations.
+#include "gemm_sm90.cuh"  // includes gemm.cuh
 
 namespace dualk {
 
 cudaError_t launch_matmul(const GemmArgs& args, cudaStream_t stream) {
   if (args.activation != Activation::kNone || args.bias != nullptr) return cudaErrorInvalidValue;
-  return gemm::run_gemm<Activation::kNone, /*kHasBias=*/false>(args, stream);
+  return run_gemm_best<Activation::kNone, /*kHasBias=*/false>(args, stream);
 }
 
 }  // namespace dualk

@@ -1,0 +1,682 @@
+// Hopper (sm_90a) GEMM: C[b] = act(A[b] @ B[b] + bias) with TMA loads, wgmma and a persistent,
+// warp-specialized CTA. Framework-free (no torch); the same GemmArgs as gemm.cuh's mma.sync path.
+//
+// Per CTA (one per SM, persistent over output tiles, grouped tile order as gemm.cuh's tile_coord):
+//   * warpgroup 0, the producer: after setmaxnreg.dec to 40 registers, one thread walks the CTA's
+//     tiles and k tiles and issues cp.async.bulk.tensor loads (128-byte swizzle, TMA zero-fills
+//     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
+//     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
+//     warp, after the wgmma that read the stage retired).
+//   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): each owns kBlockM/2 rows of the
+//     tile and the whole kBlockN width; per k tile of 64 it issues 4 (k16) x kMSub wgmma m64nNk16
+//     with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
+//     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
+//     from registers: + bias, activation in fp32 (apply_activation, the math of gemm.cuh's
+//     epilogue), down-cast, bounds-checked stores. The producer meanwhile fills the ring with the
+//     next tile, so loads overlap the epilogue.
+// The ring position (stage, phase) runs on across tiles in both roles, so it never resets.
+//
+// B layouts: k-major (b_k_major, W (n, k) row-major: "TN") is loaded as rows of 64 k, like A;
+// n-major (B (k, n) row-major) as kBlockN / 64 boxes of 64 n x 64 k and fed to wgmma transposed
+// (imm-trans-b = 1, MN-major descriptor).
+//
+// Shared-memory descriptors (PTX ISA "matrix descriptor"): start address >> 4 (bits 0-13), leading
+// byte offset >> 4 (16-29), stride byte offset >> 4 (32-45), swizzle mode in bits 62-63 (1 = 128B).
+//   K-major tiles (A; B k-major): rows of 64 elements = 128 bytes, 8-row core groups 1024 bytes
+//     apart (SBO = 1024; LBO unused with swizzle, set to 1); the k16 step j starts 32 j bytes in
+//     (the hardware applies the 128B XOR swizzle to the computed address, as TMA wrote it).
+//   MN-major B: ((8 n, 8 chunks, N / 64 boxes), (8 k, k groups)): LBO = box stride 8192 bytes,
+//     SBO = 8 k rows = 1024 bytes; the k16 step j starts 2048 j bytes in.
+// Every stage buffer is 1024-byte aligned, so the swizzle phase (base offset 0) matches TMA's.
+//
+// Tensor maps are encoded on the host per launch through cuTensorMapEncodeTiled, fetched with
+// cudaGetDriverEntryPointByVersion (no libcuda link), and passed as __grid_constant__ params.
+// Device code exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile
+// an empty kernel body, and can_run() is false on any device but compute capability 9.0.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "gemm.cuh"  // gemm::device_limits (SM count, shared-memory limit per device)
+
+namespace dualk {
+namespace gemm_sm90 {
+
+// ------------------------------------------------------------------ configuration
+
+// kBlockM x kBlockN x 64 tile, kStages-deep ring, 2 consumer warpgroups + 1 producer warpgroup,
+// one CTA per SM.
+template <int kBlockM_, int kBlockN_, int kStages_>
+struct TileConfig {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  static constexpr int kWgRows = kBlockM / kConsumerWGs;  // tile rows per consumer warpgroup
+  static constexpr int kMSub = kWgRows / 64;              // m64 wgmma rows per consumer
+  static constexpr int kAccRegs = kBlockN / 2;            // fp32 accumulators per m64 per thread
+  static constexpr int kStageBytesA = kBlockM * kBlockK * 2;
+  static constexpr int kStageBytesB = kBlockN * kBlockK * 2;
+  static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
+  // Ring, then full[] and empty[] mbarriers; +1024 for aligning the dynamic base to 1024 bytes.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  // setmaxnreg moves registers inside the CTA's launch allocation (168 x 384 = 64512 at the
+  // __launch_bounds__(384, 1) cap): the producer frees 128 x (168 - 40) = 16384, exactly the
+  // 256 x (232 - 168) the consumers take. ptxas still compiles the whole kernel under the entry cap
+  // of 168 (a 2-CTA/SM variant, cap 80, fails with C7602 "insufficient registers" at the wgmma),
+  // so the consumers' extra registers are headroom, not used by this code.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "register pool");
+
+  static_assert(kWgRows % 64 == 0 && kMSub >= 1, "each consumer owns whole m64 slices");
+  static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA box dimensions are at most 256");
+  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
+  static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+};
+
+// 128 x 256, 4 stages (193 KB): the brief's starting point, one wgmma m64n256 per k16 per consumer.
+using Tile128x256 = TileConfig<128, 256, 4>;
+// 128 x 128, 6 stages (193 KB): more CTAs for grids the 128 x 256 tile cannot fill.
+using Tile128x128 = TileConfig<128, 128, 6>;
+
+constexpr int kGroupM = 8;  // tile rows walked together (L2 reuse of B columns)
+
+// Everything the kernel needs besides the two tensor maps.
+struct KernelParams {
+  const void* bias;  // (n,) or nullptr
+  void* c;
+  int64_t stride_cm, stride_c_batch;
+  int m, n;
+  int k_tiles;
+  int tiles_m, tiles_n, num_tiles;
+  int a_batched, b_batched;  // 0: the operand's tensor map is 2-D (batch 1 or batch stride 0)
+  int c_vec;                 // C element pairs are 4-byte aligned
+};
+
+// ------------------------------------------------------------------ sm_90a device primitives
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the barrier inits visible to the other threads and to the async (TMA) proxy.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Returns once the phase with parity `parity` has completed (a barrier starts in phase 0, so
+// parity 1 passes at once: "the phase before the first one").
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// One box of a 2-D / 3-D tensor map into shared memory; completes `bytes` on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
+template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor with 128-byte swizzle; byte offsets as in the header comment.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+
+// wgmma.mma_async m64nNk16, fp32 += A (smem, K-major) x B (smem, K-major or N-major when
+// kTransB), scale-d = 1 (the caller zeroes the accumulators). d[i] of thread t (warp w = t / 32
+// of the warpgroup, lane l): row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2.
+// Generated: one overload per (n, element type); the last argument only selects the type.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, __half) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, %67;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));
+}
+
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, __nv_bfloat16) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, %67;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));
+}
+
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, __half) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, %131;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));
+}
+
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, __nv_bfloat16) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, %131;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));
+}
+}  // namespace sm90
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+
+// ------------------------------------------------------------------ kernel
+
+// Tile `tile` of the flat (batch, tile_m, tile_n) order: kGroupM tile rows column by column.
+__device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int& batch, int& tile_m,
+                                           int& tile_n) {
+  const int per_batch = p.tiles_m * p.tiles_n;
+  batch = tile / per_batch;
+  const int t = tile - batch * per_batch;
+  const int per_group = kGroupM * p.tiles_n;
+  const int group = t / per_group;
+  const int first_m = group * kGroupM;
+  const int group_rows = min(p.tiles_m - first_m, kGroupM);
+  const int in_group = t - group * per_group;
+  tile_m = first_m + in_group % group_rows;
+  tile_n = in_group / group_rows;
+}
+
+// Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM; B k-major
+// (k, n[, batch]) box 64 x kBlockN; B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
+template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+                     const KernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B
+  const uint32_t full_bar = smem + kStages * Cfg::kStageBytes;
+  const uint32_t empty_bar = full_bar + kStages * 8;
+
+  const int wg = threadIdx.x / 128;
+  const int tid_wg = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, Cfg::kConsumerWGs * 4);  // lane 0 of every consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid_wg != 0) return;
+    prefetch_tensor_map(&tmap_a);
+    prefetch_tensor_map(&tmap_b);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+      int batch, tile_m, tile_n;
+      tile_coord(tile, p, batch, tile_m, tile_n);
+      const int m0 = tile_m * Cfg::kBlockM;
+      const int n0 = tile_n * Cfg::kBlockN;
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        // Wait until the consumers released this stage's previous contents (round r - 1).
+        mbar_wait(empty_bar + 8 * stage, phase ^ 1);
+        const uint32_t bar = full_bar + 8 * stage;
+        mbar_arrive_expect_tx(bar, Cfg::kStageBytes);  // whole boxes count, zero-filled parts too
+        const uint32_t sa = smem + stage * Cfg::kStageBytes;
+        const uint32_t sb = sa + Cfg::kStageBytesA;
+        const int k0 = kt * Cfg::kBlockK;
+        if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
+        else tma_load_2d(sa, &tmap_a, k0, m0, bar);
+        if constexpr (kBKMajor) {
+          if (p.b_batched) tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
+          else tma_load_2d(sb, &tmap_b, k0, n0, bar);
+        } else {
+#pragma unroll
+          for (int nb = 0; nb < Cfg::kBlockN / 64; ++nb) {
+            if (p.b_batched) tma_load_3d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar);
+            else tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
+          }
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int cw = wg - 1;  // consumer warpgroup: tile rows [cw * kWgRows, (cw + 1) * kWgRows)
+    const int warp = tid_wg / 32;
+    const int lane = tid_wg % 32;
+    const T* __restrict__ bias = static_cast<const T*>(p.bias);
+    T* __restrict__ c = static_cast<T*>(p.c);
+
+    // Descriptors of stage 0, k16 step 0; stage s and step j add (s * kStageBytes + offset) >> 4
+    // to the start-address field (addresses stay below 256 KB, so the 14-bit field never carries).
+    const uint64_t desc_a0 = make_desc(smem + cw * Cfg::kWgRows * 128, 16, 1024);
+    const uint64_t desc_b0 = kBKMajor ? make_desc(smem + Cfg::kStageBytesA, 16, 1024)
+                                      : make_desc(smem + Cfg::kStageBytesA, 8192, 1024);
+    constexpr uint32_t kStepB = kBKMajor ? 32 : 2048;  // bytes per k16 step inside a stage
+
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[Cfg::kMSub][Cfg::kAccRegs];
+    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+      int batch, tile_m, tile_n;
+      tile_coord(tile, p, batch, tile_m, tile_n);
+#pragma unroll
+      for (int ms = 0; ms < Cfg::kMSub; ++ms)
+#pragma unroll
+        for (int i = 0; i < Cfg::kAccRegs; ++i) acc[ms][i] = 0.f;
+
+      int prev_stage = 0;
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        mbar_wait(full_bar + 8 * stage, phase);
+        const uint64_t stage_off = static_cast<uint64_t>((stage * Cfg::kStageBytes) >> 4);
+#pragma unroll
+        for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < Cfg::kBlockK / 16; ++ks) {
+          const uint64_t db = desc_b0 + stage_off + ((ks * kStepB) >> 4);
+#pragma unroll
+          for (int ms = 0; ms < Cfg::kMSub; ++ms) {
+            const uint64_t da = desc_a0 + stage_off + ((ms * 64 * 128 + ks * 32) >> 4);
+            wgmma_m64k16<kBKMajor ? 0 : 1>(acc[ms], da, db, T{});
+          }
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
+        if (kt > 0) {
+          // The group of k tile kt-1 has retired: its stage can be refilled.
+          wgmma_wait<1>();
+          if (lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+        }
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
+      if (p.k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+
+      // Epilogue from registers. Thread (warp w, lane l) holds, per m64 slice ms and n8 column
+      // block j, rows 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1): acc[ms][4 j + 2 h + e].
+      const int m_left = p.m - tile_m * Cfg::kBlockM;
+      const int n_left = p.n - tile_n * Cfg::kBlockN;
+      T* c_tile = c + batch * p.stride_c_batch + static_cast<int64_t>(tile_m) * Cfg::kBlockM * p.stride_cm +
+                  static_cast<int64_t>(tile_n) * Cfg::kBlockN;
+      const T* bias_tile = bias + (kHasBias ? tile_n * Cfg::kBlockN : 0);
+      const int row_base = cw * Cfg::kWgRows + warp * 16 + lane / 4;
+      const int col_base = 2 * (lane % 4);
+      // Interior tiles (all but the right/bottom edge) skip every per-element check.
+      const bool full = m_left >= Cfg::kBlockM && n_left >= Cfg::kBlockN && p.c_vec;
+#pragma unroll
+      for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+        const int col = col_base + 8 * j;
+        if (!full && col >= n_left) continue;
+        const bool pair = full || col + 1 < n_left;
+        float bias0 = 0.f, bias1 = 0.f;
+        if constexpr (kHasBias) {
+          bias0 = to_float<T>(bias_tile[col]);
+          if (pair) bias1 = to_float<T>(bias_tile[col + 1]);
+        }
+#pragma unroll
+        for (int ms = 0; ms < Cfg::kMSub; ++ms) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row_base + ms * 64 + h * 8;
+            if (!full && row >= m_left) continue;
+            float v0 = acc[ms][4 * j + 2 * h], v1 = acc[ms][4 * j + 2 * h + 1];
+            if constexpr (kHasBias) {
+              v0 += bias0;
+              v1 += bias1;
+            }
+            v0 = apply_activation_16bit<kAct>(v0);
+            v1 = apply_activation_16bit<kAct>(v1);
+            T* dst = c_tile + row * p.stride_cm + col;
+            if (full || (p.c_vec && pair)) {
+              *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
+            } else {
+              dst[0] = from_float<T>(v0);
+              if (pair) dst[1] = from_float<T>(v1);
+            }
+          }
+        }
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  // Built for a target without wgmma (sm_80, or plain sm_90 without the "a"): can_run() keeps
+  // launches off such builds on every device but 9.0; should an sm_90 image ever run here, fail
+  // loudly rather than leave C unwritten.
+  __trap();
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// ------------------------------------------------------------------ host side
+namespace detail {
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no libcuda link); looked up
+// once per process, nullptr when the driver lacks it.
+inline EncodeTiledFn encode_tiled_fn() {
+  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess || ptr == nullptr) {
+      cudaGetLastError();  // not sticky, but do not leave it for the caller's next check
+      return nullptr;
+    }
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// Compute capability 9.0 (wgmma and setmaxnreg are sm_90a-only: not 10.x, not 12.x), cached per device.
+inline bool device_is_sm90() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v != 0) return v == 1;
+  }
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                  major == 9 && minor == 0;
+  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
+
+constexpr int64_t kMaxInt = 0x7fffffff;
+constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
+
+// A stride TMA can use for a dimension of `size` indices: a dimension of one index is never
+// stepped, so its (arbitrary, PyTorch-given) stride is not checked.
+inline bool tma_stride_ok(int64_t size, int64_t stride_elems) {
+  if (size <= 1) return true;
+  return stride_elems > 0 && (stride_elems * 2) % 16 == 0 && stride_elems * 2 < kMaxStrideBytes;
+}
+
+// 2-D (inner, outer) or, when `batched`, 3-D (inner, outer, batch) map over a 16-bit operand with
+// unit stride along `inner`; box 64 (inner) x box_outer, 128-byte swizzle, zero fill outside.
+inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, int64_t inner, int64_t outer,
+                             int64_t stride_outer, bool batched, int64_t batch, int64_t stride_batch,
+                             uint32_t box_outer) {
+  const EncodeTiledFn encode = encode_tiled_fn();
+  if (encode == nullptr) return false;
+  const int64_t row_bytes = (inner * 2 + 15) / 16 * 16;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(outer > 1 ? stride_outer * 2 : row_bytes),
+                                 static_cast<cuuint64_t>(stride_batch * 2)};
+  const cuuint32_t box[3] = {64, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             batched ? 3 : 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+// One config, one B layout: encodes the maps and launches a persistent grid (<= one CTA per SM).
+// The bench calls this directly to compare tile configs; launch() picks the config.
+template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
+cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
+  const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
+  const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
+  CUtensorMap map_a, map_b;
+  if (!make_operand_map(&map_a, args.dtype, args.a, args.k, args.m, args.stride_am, a_batched, args.batch,
+                        args.stride_a_batch, Cfg::kBlockM))
+    return cudaErrorInvalidValue;
+  const bool b_ok =
+      kBKMajor ? make_operand_map(&map_b, args.dtype, args.b, args.k, args.n, args.stride_b_outer, b_batched,
+                                  args.batch, args.stride_b_batch, Cfg::kBlockN)
+               : make_operand_map(&map_b, args.dtype, args.b, args.n, args.k, args.stride_b_outer, b_batched,
+                                  args.batch, args.stride_b_batch, 64);
+  if (!b_ok) return cudaErrorInvalidValue;
+
+  KernelParams p;
+  p.bias = args.bias;
+  p.c = args.c;
+  p.stride_cm = args.stride_cm;
+  p.stride_c_batch = args.stride_c_batch;
+  p.m = static_cast<int>(args.m);
+  p.n = static_cast<int>(args.n);
+  p.k_tiles = static_cast<int>(ceil_div(args.k, Cfg::kBlockK));
+  p.tiles_m = static_cast<int>(ceil_div(args.m, Cfg::kBlockM));
+  p.tiles_n = static_cast<int>(ceil_div(args.n, Cfg::kBlockN));
+  const int64_t num_tiles = args.batch * p.tiles_m * p.tiles_n;
+  if (num_tiles > kMaxInt) return cudaErrorInvalidValue;
+  p.num_tiles = static_cast<int>(num_tiles);
+  p.a_batched = a_batched;
+  p.b_batched = b_batched;
+  p.c_vec = ((reinterpret_cast<uintptr_t>(args.c) & 3) | (args.m > 1 ? args.stride_cm & 1 : 0) |
+             (args.batch > 1 ? (args.stride_c_batch & 1) : 0)) == 0;
+
+  auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
+  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int grid = static_cast<int>(std::min<int64_t>(num_tiles, gemm::device_limits().num_sms));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+// True when this path can serve `args` on the current device: compute capability 9.0, fp16/bf16,
+// non-empty sizes below 2^31 (k == 0 is the caller's), and what TMA needs of A and B: 16-byte
+// aligned base pointers, positive strides that are multiples of 16 bytes (below 2^40 bytes) on
+// every dimension with more than one index; batch stride 0 (broadcast) is allowed. C and bias
+// have no alignment requirement (plain stores and loads).
+inline bool can_run(const GemmArgs& args) {
+  if (args.dtype != DType::kFloat16 && args.dtype != DType::kBFloat16) return false;
+  if (args.batch < 1 || args.m < 1 || args.n < 1 || args.k < 1) return false;
+  if (args.m > detail::kMaxInt || args.n > detail::kMaxInt || args.k > detail::kMaxInt ||
+      args.batch > detail::kMaxInt)
+    return false;
+  if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return false;
+  if ((reinterpret_cast<uintptr_t>(args.a) | reinterpret_cast<uintptr_t>(args.b)) % 16 != 0) return false;
+  if (!detail::tma_stride_ok(args.m, args.stride_am)) return false;
+  if (!detail::tma_stride_ok(args.b_k_major ? args.n : args.k, args.stride_b_outer)) return false;
+  if (args.stride_a_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_a_batch)) return false;
+  if (args.stride_b_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_b_batch)) return false;
+  if (args.stride_a_batch < 0 || args.stride_b_batch < 0) return false;
+  // Tile counts (of the smallest tile launch() may pick) must fit the kernel's int tile index.
+  if (args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
+  if (!detail::device_is_sm90()) return false;
+  return detail::encode_tiled_fn() != nullptr;
+}
+
+// The config heuristic: 128 x 256 unless its tiles leave more than a quarter of the SMs idle in
+// the only wave (few tiles), then 128 x 128 (twice the CTAs). Returns cudaErrorInvalidValue for
+// arguments can_run() rejects.
+template <typename T, Activation kAct, bool kHasBias>
+cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
+  if (!can_run(args)) return cudaErrorInvalidValue;
+  if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
+  const int64_t wide_tiles = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
+  const bool wide = args.n > 128 && 4 * wide_tiles >= 3 * gemm::device_limits().num_sms;
+  if (wide) {
+    return args.b_k_major ? detail::launch_config<T, Tile128x256, true, kAct, kHasBias>(args, stream)
+                          : detail::launch_config<T, Tile128x256, false, kAct, kHasBias>(args, stream);
+  }
+  return args.b_k_major ? detail::launch_config<T, Tile128x128, true, kAct, kHasBias>(args, stream)
+                        : detail::launch_config<T, Tile128x128, false, kAct, kHasBias>(args, stream);
+}
+
+}  // namespace gemm_sm90
+
+// The GEMM family's entry point: the Hopper kernel where it can run (16-bit, sm_90a build on a
+// 9.0 device, TMA-compatible strides), else the portable kernels of gemm.cuh (which also own
+// the k == 0 and empty cases).
+template <Activation kAct, bool kHasBias>
+cudaError_t run_gemm_best(const GemmArgs& args, cudaStream_t stream) {
+  const bool nonempty = args.batch > 0 && args.m > 0 && args.n > 0 && args.k > 0 &&
+                        args.a != nullptr && args.b != nullptr && args.c != nullptr;
+  if (nonempty && args.dtype != DType::kFloat32 && gemm_sm90::can_run(args)) {
+    return args.dtype == DType::kFloat16
+               ? gemm_sm90::launch<__half, kAct, kHasBias>(args, stream)
+               : gemm_sm90::launch<__nv_bfloat16, kAct, kHasBias>(args, stream);
+  }
+  return gemm::run_gemm<kAct, kHasBias>(args, stream);
+}
+
+}  // namespace dualk
