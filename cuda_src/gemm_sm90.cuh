@@ -87,6 +87,10 @@ struct TileConfig {
 using Tile128x256 = TileConfig<128, 256, 4>;
 // 128 x 128, 6 stages (193 KB): more CTAs for grids the 128 x 256 tile cannot fill.
 using Tile128x128 = TileConfig<128, 128, 6>;
+// 256 x 128, 4 stages: with a gelu epilogue, 0.66x / 0.89x cuBLASLt against 0.61x / 0.87x for
+// 128 x 256 on the two linear_gelu benchmark shapes (H200, NOTES-gemm-sm90.md); plain matmul
+// prefers 128 x 256 (0.90x vs 0.87x at 4096^3).
+using Tile256x128 = TileConfig<256, 128, 4>;
 
 constexpr int kGroupM = 8;  // tile rows walked together (L2 reuse of B columns)
 
@@ -644,16 +648,25 @@ inline bool can_run(const GemmArgs& args) {
   return detail::encode_tiled_fn() != nullptr;
 }
 
-// The config heuristic: 128 x 256 unless its tiles leave more than a quarter of the SMs idle in
-// the only wave (few tiles), then 128 x 128 (twice the CTAs). Returns cudaErrorInvalidValue for
+// The config heuristic: with an activation epilogue 256 x 128 when its tiles fill the GPU; else
+// 128 x 256 unless its tiles leave more than a quarter of the SMs idle in the only wave (few
+// tiles), then 128 x 128 (twice the CTAs). Returns cudaErrorInvalidValue for
 // arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
   if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
+  const int num_sms = gemm::device_limits().num_sms;
+  if constexpr (kAct != Activation::kNone) {
+    const int64_t tall_tiles = args.batch * ceil_div(args.m, 256) * ceil_div(args.n, 128);
+    if (args.m > 128 && 4 * tall_tiles >= 3 * num_sms) {
+      return args.b_k_major ? detail::launch_config<T, Tile256x128, true, kAct, kHasBias>(args, stream)
+                            : detail::launch_config<T, Tile256x128, false, kAct, kHasBias>(args, stream);
+    }
+  }
   const int64_t wide_tiles = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
-  const bool wide = args.n > 128 && 4 * wide_tiles >= 3 * gemm::device_limits().num_sms;
+  const bool wide = args.n > 128 && 4 * wide_tiles >= 3 * num_sms;
   if (wide) {
     return args.b_k_major ? detail::launch_config<T, Tile128x256, true, kAct, kHasBias>(args, stream)
                           : detail::launch_config<T, Tile128x256, false, kAct, kHasBias>(args, stream);

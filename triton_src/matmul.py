@@ -2,7 +2,8 @@
 
 One kernel, ``gemm_kernel``: grouped tile ordering, batch folded into program axis 0, any strides
 for A, B and C (transposed and sliced views run natively), masked M/N/K tails, and a bias +
-activation epilogue applied to the fp32 accumulator before the down-cast.
+activation epilogue applied to the fp32 accumulator before the down-cast. Large fp16/bf16
+problems on Hopper also time the TMA kernel of triton_src/gemm_tma.py among the candidates.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .common import (
     num_sms,
     ptr_spec,
 )
+from .gemm_tma import launch_tma, tma_configs
 
 
 @triton.jit
@@ -342,7 +344,9 @@ def _gemm(
                     sc0, sc1, sc2, activation, fast_act, kind,
                 )  # fmt: skip
 
-            timings = bench_configs(launch_with, _candidate_configs(kind, batch, M, N, a.device))
+            candidates = _candidate_configs(kind, batch, M, N, a.device)
+            candidates += tma_configs(a, b, c, batch, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2)
+            timings = bench_configs(launch_with, candidates)
             TUNING_LOG[tune_key] = timings
             cfg = _best_config[tune_key] = timings[0][1]
     _gemm_launch(
@@ -355,6 +359,9 @@ def _gemm_launch(
     cfg, spec, a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2,
     activation, fast_act, kind,
 ):  # fmt: skip
+    if cfg[0] == "tma":
+        launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, num_sms(c.device))
+        return
     persistent, bm, bn, bk, group, stages, warps = cfg
     tiles = batch * ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
