@@ -15,6 +15,7 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 if has mlp; then
   mkdir -p "$OUT/mlp"
+  shopt -s nullglob  # no bench/standalone/mlp_v_*.cu variants: only the base
   for src in cuda_src/fused_mlp.cu bench/standalone/mlp_v_*.cu; do
     name=$(basename "$src" .cu | sed 's/^mlp_v_//; s/^fused_mlp$/base/')
     (nvcc $F bench/standalone/mlp_bench.cu "$src" -o /tmp/mb_$name > "$OUT/mlp/ptxas_$name.txt" 2>&1 || echo "BUILD FAILED mlp $name") &

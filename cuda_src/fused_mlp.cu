@@ -162,13 +162,66 @@ __device__ __forceinline__ void store_shared_u32(void* smem, uint32_t v) {
   *reinterpret_cast<uint32_t*>(smem) = v;
 }
 
+// A warp's output rows: its register-resident fragments (act[mt][kt]: rows 16 mt.., columns
+// 16 kt.., in the m16k16 A layout) -> its staging rows in shared memory -> `out_rows` as whole
+// rows (the warp's rows are contiguous in `out`), 16-byte vectors where the width and pointer
+// allow, indexed by shifts when a row holds a power-of-two number of them.
+template <typename T, int kMTiles, int kKTiles>
+__device__ __forceinline__ void store_warp_rows(const uint32_t (&act)[kMTiles][kKTiles][4],
+                                                const MlpKernelParams& p, T* out_smem, T* out_rows,
+                                                int rows, int lane) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const int out_w = p.widths[p.num_layers];
+  const int out_pitch = p.out_pitch;
+  const int out_tiles = round_up(out_w, 16) / 16;
+  const int quad_row = lane / 4;
+  const int quad_col = 2 * (lane % 4);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int kt = 0; kt < kKTiles; ++kt) {
+      if (kt < out_tiles) {
+        T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
+        T* hi = lo + 8 * out_pitch;
+        store_shared_u32(lo, act[mt][kt][0]);
+        store_shared_u32(hi, act[mt][kt][1]);
+        store_shared_u32(lo + 8, act[mt][kt][2]);
+        store_shared_u32(hi + 8, act[mt][kt][3]);
+      }
+    }
+  __syncwarp();
+  if (p.out_vectorized && p.out_chunks_shift >= 0) {
+    const int shift = p.out_chunks_shift;
+    const int mask_c = (1 << shift) - 1;
+    for (int i = lane; i < (rows << shift); i += 32) {
+      const int r = i >> shift;
+      const int c = (i & mask_c) * kVec;
+      *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
+          *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
+    }
+  } else if (p.out_vectorized) {
+    const int chunks_per_row = out_w / kVec;
+    for (int i = lane; i < rows * chunks_per_row; i += 32) {
+      const int r = i / chunks_per_row;
+      const int c = (i - r * chunks_per_row) * kVec;
+      *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
+          *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
+    }
+  } else {
+    for (int i = lane; i < rows * out_w; i += 32) {
+      const int r = i / out_w;
+      const int c = i - r * out_w;
+      out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
+    }
+  }
+}
+
 template <typename T, int kMaxWidth, Activation kAct>
 __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinBlocks)
     fused_mlp_mma_kernel(const __grid_constant__ MlpKernelParams p) {
   constexpr int kMTiles = MmaConfig<kMaxWidth>::kMTiles;
   constexpr int kKTiles = kMaxWidth / 16;  // 16-column tiles of the widest layer
   constexpr int kWarpRows = 16 * kMTiles;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* bias_smem = reinterpret_cast<float*>(smem_raw);
@@ -233,7 +286,6 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
   // n 8*(j/2).., k 8*(j%2).. -> {b0,b1} = the two k halves of n-tile 0, {b2,b3} of n-tile 1.
   const int b_row = (lane / 16) * 8 + (lane % 8);
   const int b_col = ((lane / 8) % 2) * 8;
-  const int quad_row = lane / 4;        // C fragment: rows quad_row and quad_row + 8
   const int quad_col = 2 * (lane % 4);  // C fragment: columns quad_col, quad_col + 1 of an n-tile
 
   for (; tile < p.num_tiles; tile += gridDim.x) {
@@ -351,42 +403,8 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
           for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
     }
 
-    // Output: registers -> this warp's staging rows -> global as whole rows (the warp's rows are
-    // contiguous in `out`), 16-byte vectors where the width and pointer allow.
-    {
-      const int out_tiles = round_up(out_w, 16) / 16;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          if (kt < out_tiles) {
-            T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
-            T* hi = lo + 8 * out_pitch;
-            store_shared_u32(lo, act[mt][kt][0]);
-            store_shared_u32(hi, act[mt][kt][1]);
-            store_shared_u32(lo + 8, act[mt][kt][2]);
-            store_shared_u32(hi + 8, act[mt][kt][3]);
-          }
-        }
-      __syncwarp();
-      const int rows = valid_rows(warp_row0);
-      T* out_rows = out + warp_row0 * out_w;
-      if (p.out_vectorized) {
-        const int chunks_per_row = out_w / kVec;
-        for (int i = lane; i < rows * chunks_per_row; i += 32) {
-          const int r = i / chunks_per_row;
-          const int c = (i - r * chunks_per_row) * kVec;
-          *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
-              *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
-        }
-      } else {
-        for (int i = lane; i < rows * out_w; i += 32) {
-          const int r = i / out_w;
-          const int c = i - r * out_w;
-          out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
-        }
-      }
-    }
+    store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
+                                         valid_rows(warp_row0), lane);
     // The next tile's x has landed (own copies) and every lane sees every lane's copies; the
     // staging rows have been read before the next tile writes them.
     cp_async_wait<0>();
@@ -474,7 +492,6 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
   const int a_col = (lane / 16) * 8;
   const int b_row = (lane / 16) * 8 + (lane % 8);
   const int b_col = ((lane / 8) % 2) * 8;
-  const int quad_row = lane / 4;
   const int quad_col = 2 * (lane % 4);
   const int last_chunks = p.last_chunks;
 
@@ -595,43 +612,8 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
           for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
     }
 
-    // Output: registers -> this warp's staging rows -> global, 16-byte vectors where allowed.
-    {
-      const int out_tiles = round_up(out_w, 16) / 16;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          if (kt < out_tiles) {
-            T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
-            T* hi = lo + 8 * out_pitch;
-            store_shared_u32(lo, act[mt][kt][0]);
-            store_shared_u32(hi, act[mt][kt][1]);
-            store_shared_u32(lo + 8, act[mt][kt][2]);
-            store_shared_u32(hi + 8, act[mt][kt][3]);
-          }
-        }
-      __syncwarp();
-      const int rows = valid_rows(warp_row0);
-      T* out_rows = out + warp_row0 * out_w;
-      if (p.out_vectorized && p.out_chunks_shift >= 0) {
-        // A power-of-two number of 16-byte chunks per row: shifts instead of divisions.
-        const int shift = p.out_chunks_shift;
-        const int mask_c = (1 << shift) - 1;
-        for (int i = lane; i < (rows << shift); i += 32) {
-          const int r = i >> shift;
-          const int c = (i & mask_c) * kVec;
-          *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
-              *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
-        }
-      } else {
-        for (int i = lane; i < rows * out_w; i += 32) {
-          const int r = i / out_w;
-          const int c = i - r * out_w;
-          out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
-        }
-      }
-    }
+    store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
+                                         valid_rows(warp_row0), lane);
     cp_async_wait<0>();
     __syncwarp();
   }

@@ -48,20 +48,13 @@ from triton_src.common import (  # noqa: E402
     num_sms,
 )
 
+from triton_src.gemm_tma import _tanh_approx_f32  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 HAS_DEVICE_DESC = hasattr(tl, "make_tensor_descriptor")
 
 
 # --- Kernels ---------------------------------------------------------------------------------
-
-
-@triton.jit
-def _tanh_approx_f32(x):
-    """tanh by PTX tanh.approx.f32: one MUFU.TANH, max relative error about 2^-11."""
-    return tl.inline_asm_elementwise(
-        "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
 
 
 @triton.jit
