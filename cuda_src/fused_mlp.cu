@@ -13,11 +13,11 @@
 //     the next tile's copy is issued as soon as this tile's A fragments are in registers, so it
 //     overlaps all the layers' math.
 //   * fp32: exact fp32 on the SIMT cores. Activations of a row tile ping-pong between two shared
-//     buffers; each thread computes a kRowsPerThread x 4 block of outputs per item. Weights are
-//     resident in shared memory when they fit, else streamed per layer in k-slabs.
+//     buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
+//     layer, the widest that still gives every thread an item). Weights are resident in shared
+//     memory when they fit (on sm_90 fetched by bulk copies), else streamed per layer in k-slabs.
 // Widths and layer count are runtime values; kernels are templated only on dtype, a width bucket
-// (fp16/bf16: 64/128/256), the fp32 rows-per-thread (1 for latency-bound batches, 4 otherwise)
-// and the activation.
+// (fp16/bf16: 64/128/256) and the activation.
 #include <cstdio>
 
 #include <atomic>
@@ -62,7 +62,7 @@ struct MlpKernelParams {
   int weight_area_offset;  // bytes; the bias area starts at 0
   int act_area_offset;     // bytes; mma: per-warp x buffers, simt: the two activation buffers
   int act_pitch;           // elements per activation-buffer row
-  int tile_rows;           // simt: rows per block tile (a multiple of kRowsPerThread)
+  int tile_rows;           // simt: rows per block tile (a multiple of 4)
   int k_slab;              // simt: 0 = all weights resident, else k columns streamed per pass
   int slab_pitch;          // simt: pitch of a streamed slab
   bool x_vectorized;       // x and its row stride allow 16-byte cp.async
@@ -70,6 +70,8 @@ struct MlpKernelParams {
   bool out_vectorized;     // mma: out 16-byte aligned and its rows a multiple of 16 bytes
   int out_chunks_shift;    // padded mma: log2(16-byte chunks per output row), -1 if not a power of 2
   int last_chunks;         // padded mma: 32-column chunks of the last layer
+  bool bulk_weights;       // simt, resident: weight rows arrive by sm_90 bulk copies (see below)
+  int barrier_offset;      // bytes; simt with bulk_weights: one mbarrier per layer
 };
 
 __device__ __forceinline__ bool is_aligned16(const void* p) {
@@ -620,10 +622,108 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
 }
 
 // ============================================================== fp32: SIMT
-template <int kRowsPerThread, Activation kAct>
-__global__ void __launch_bounds__(kSimtThreads)
+// One k-slab pass of one layer over a row tile, as seen by the item loop.
+struct SimtPass {
+  const float* src;   // activations in (tile_rows x in, pitch h_pitch)
+  float* dst;         // activations out (or partial sums between slabs)
+  const float* w;     // weight rows of this layer (or slab), pitch w_pitch
+  const float* bias;  // this layer's biases (padded to 4)
+  float* out;         // the output's first row of this tile (last layer)
+  int h_pitch, w_pitch, col_groups, tile_rows, rows, out_w;
+  int s0, s_end;      // k range of this slab
+  bool final_slab, last;
+};
+
+// Accumulates kRows x 4 outputs of one item over the slab's k range [k_begin, k_end): kRows
+// activation rows at h_rows, the 4 weight rows (slab columns from k_begin) at w_rows + j * w_stride.
+template <int kRows>
+__device__ __forceinline__ void simt_dot(float (&acc)[kRows][4], const float* h_rows, int h_pitch,
+                                         const float* w_rows, int w_stride, int k_begin, int k_end) {
+#pragma unroll 2
+  for (int k = k_begin; k < k_end; k += 4) {
+    float4 hv[kRows], wv[4];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) hv[i] = *reinterpret_cast<const float4*>(h_rows + i * h_pitch + k);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wv[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + (k - k_begin));
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kRows == 1) {
+          // Blocked summation: each group of 4 products is summed on its own, then added, so
+          // rounding error grows with k/4 rather than k (one serial chain put a silu MLP at 3x
+          // PyTorch's cuBLAS error on an H200). The wider items keep the serial chain: the extra
+          // temporaries make their gelu/silu builds spill.
+          float part = hv[i].x * wv[j].x;
+          part = fmaf(hv[i].y, wv[j].y, part);
+          part = fmaf(hv[i].z, wv[j].z, part);
+          part = fmaf(hv[i].w, wv[j].w, part);
+          acc[i][j] += part;
+        } else {
+          acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
+          acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
+          acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
+          acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
+        }
+      }
+  }
+}
+
+// The end of an item: bias or partial sums in, activation out, to dst (or out for the last layer).
+template <int kRows, Activation kAct>
+__device__ __forceinline__ void simt_store(const SimtPass& q, const float (&acc)[kRows][4], int row_base,
+                                           int col_group) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = col_group + j * q.col_groups;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row_base + i;
+      if (q.final_slab && q.last) {
+        if (r < q.rows && c < q.out_w) q.out[static_cast<int64_t>(r) * q.out_w + c] = acc[i][j];
+      } else {
+        q.dst[r * q.h_pitch + c] = (q.final_slab && !q.last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
+      }
+    }
+  }
+}
+
+template <int kRows>
+__device__ __forceinline__ void simt_init(const SimtPass& q, float (&acc)[kRows][4], int row_base,
+                                          int col_group) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = col_group + j * q.col_groups;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      acc[i][j] = q.s0 == 0 ? q.bias[c] : q.dst[(row_base + i) * q.h_pitch + c];
+  }
+}
+
+// Every thread takes items of kRows rows x 4 columns (columns col_group + j * col_groups).
+template <int kRows, Activation kAct>
+__device__ __forceinline__ void simt_items(const SimtPass& q) {
+  const int items = q.col_groups * (q.tile_rows / kRows);
+  for (int item = threadIdx.x; item < items; item += kSimtThreads) {
+    const int col_group = item % q.col_groups;
+    const int row_base = (item / q.col_groups) * kRows;
+    float acc[kRows][4];
+    simt_init<kRows>(q, acc, row_base, col_group);
+    simt_dot<kRows>(acc, q.src + row_base * q.h_pitch, q.h_pitch, q.w + col_group * q.w_pitch,
+                    q.col_groups * q.w_pitch, q.s0, q.s_end);
+    simt_store<kRows, kAct>(q, acc, row_base, col_group);
+  }
+}
+
+// Two blocks per SM (128 registers) where the weights leave room for two; silu's expf needs a
+// few more registers than that (12 bytes of spills at the cap on sm_90a), so its build takes one.
+template <Activation kAct>
+constexpr int simt_min_blocks() { return kAct == Activation::kSilu ? 1 : 2; }
+
+template <Activation kAct>
+__global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
     fused_mlp_simt_kernel(const __grid_constant__ MlpKernelParams p) {
-  constexpr int kCols = 4;  // output columns per item, strided by the item's column-group count
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* bias_smem = reinterpret_cast<float*>(smem_raw);
   float* weight_smem = reinterpret_cast<float*>(smem_raw + p.weight_area_offset);
@@ -636,6 +736,43 @@ __global__ void __launch_bounds__(kSimtThreads)
   const int out_w = p.widths[num_layers];
   const bool resident = p.k_slab == 0;
 
+  // Resident weights on sm_90: one bulk copy per weight row, all issued at once, each layer's rows
+  // signalling that layer's mbarrier. A bulk copy is not bounded by the per-SM limit on outstanding
+  // loads: with cp.async, 88 KB of cold weights (the seed model) took one block ~10 us to arrive,
+  // a few load latencies per thread in sequence.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool bulk = resident && p.bulk_weights;
+  uint64_t* layer_bars = reinterpret_cast<uint64_t*>(smem_raw + p.barrier_offset);
+  if (bulk) {
+    if (threadIdx.x == 0) {
+      for (int layer = 0; layer < num_layers; ++layer) sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
+      sm90::fence_barrier_init();
+      for (int layer = 0; layer < num_layers; ++layer)
+        sm90::mbar_arrive_expect_tx(sm90::smem_u32(layer_bars + layer),
+                                    p.widths[layer + 1] * p.widths[layer] * 4);
+    }
+    __syncthreads();  // barriers initialized and armed before any copy can complete on them
+    // Thread i copies weight row i of the layers' concatenated rows.
+    int layer = 0, layer_row0 = 0;
+    for (int row = threadIdx.x;; row += kSimtThreads) {
+      while (layer < num_layers && row >= layer_row0 + p.widths[layer + 1]) layer_row0 += p.widths[++layer];
+      if (layer == num_layers) break;
+      const int in = p.widths[layer];
+      const float* src = static_cast<const float*>(p.weights[layer]) + static_cast<int64_t>(row - layer_row0) * in;
+      float* dst = weight_smem + p.weight_offset[layer] + (row - layer_row0) * p.weight_pitch[layer];
+      sm90::bulk_copy_g2s(sm90::smem_u32(dst), src, in * 4, sm90::smem_u32(layer_bars + layer));
+    }
+    // Rows padded up to a multiple of 4 read as zeros (the columns need no padding: in % 4 == 0).
+    for (int layer = 0; layer < num_layers; ++layer) {
+      const int in = p.widths[layer], out_l = p.widths[layer + 1], pad_rows = round_up(out_l, 4) - out_l;
+      for (int e = threadIdx.x; e < pad_rows * in; e += kSimtThreads)
+        weight_smem[p.weight_offset[layer] + (out_l + e / in) * p.weight_pitch[layer] + e % in] = 0.f;
+    }
+  }
+#else
+  constexpr bool bulk = false;
+#endif
+
   load_biases<float>(p, bias_smem, 4);
   bool first_tile = true;
   for (int64_t tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
@@ -646,7 +783,7 @@ __global__ void __launch_bounds__(kSimtThreads)
                       p.tile_rows, round_up(p.widths[0], 4), x, p.x_vectorized, threadIdx.x,
                       kSimtThreads);
     cp_async_commit();
-    if (resident && first_tile) {
+    if (resident && first_tile && !bulk) {
       // One commit group per layer, so layer i starts as soon as its own weights have landed.
       for (int layer = 0; layer < num_layers; ++layer) {
         const int in = p.widths[layer], out_l = p.widths[layer + 1];
@@ -663,15 +800,17 @@ __global__ void __launch_bounds__(kSimtThreads)
       float* dst = (layer % 2 == 0) ? h1 : h0;
       const int in = p.widths[layer], out_l = p.widths[layer + 1];
       const int in_pad = round_up(in, 4);
-      const int col_groups = round_up(out_l, 4) / kCols;
-      const int items = col_groups * (p.tile_rows / kRowsPerThread);
+      const int col_groups = round_up(out_l, 4) / 4;
       const bool last = layer == num_layers - 1;
       const float* bias = bias_smem + p.bias_offset[layer];
       const float* w = resident ? weight_smem + p.weight_offset[layer] : weight_smem;
       const int w_pitch = resident ? p.weight_pitch[layer] : p.slab_pitch;
       const int slab = resident ? in_pad : p.k_slab;
       // Resident: x and weights 0..layer have landed; later layers may still be in flight.
-      cp_async_wait_dynamic(resident && first_tile ? num_layers - 1 - layer : 0);
+      cp_async_wait_dynamic(resident && first_tile && !bulk ? num_layers - 1 - layer : 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (bulk) sm90::mbar_wait(sm90::smem_u32(layer_bars + layer), 0);  // phase 0 stays complete
+#endif
       __syncthreads();  // src complete (x copies or the previous layer's stores)
 
       for (int s0 = 0; s0 < in_pad; s0 += slab) {
@@ -687,65 +826,16 @@ __global__ void __launch_bounds__(kSimtThreads)
           cp_async_wait<0>();
           __syncthreads();
         }
-        for (int item = threadIdx.x; item < items; item += kSimtThreads) {
-          const int col_group = item % col_groups;
-          const int row_base = (item / col_groups) * kRowsPerThread;
-          float acc[kRowsPerThread][kCols];
-#pragma unroll
-          for (int j = 0; j < kCols; ++j) {
-            const int c = col_group + j * col_groups;
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i)
-              acc[i][j] = s0 == 0 ? bias[c] : dst[(row_base + i) * h_pitch + c];
-          }
-          const float* h_rows = src + row_base * h_pitch;
-          const float* w_rows = w + col_group * w_pitch;
-#pragma unroll 2
-          for (int k = s0; k < s_end; k += 4) {
-            float4 hv[kRowsPerThread], wv[kCols];
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i)
-              hv[i] = *reinterpret_cast<const float4*>(h_rows + i * h_pitch + k);
-#pragma unroll
-            for (int j = 0; j < kCols; ++j)
-              wv[j] = *reinterpret_cast<const float4*>(w_rows + j * col_groups * w_pitch + (k - s0));
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i)
-#pragma unroll
-              for (int j = 0; j < kCols; ++j) {
-                if constexpr (kRowsPerThread == 1) {
-                  // Blocked summation: each group of 4 products is summed on its own, then
-                  // added, so rounding error grows with k/4 rather than k (one serial chain put
-                  // a silu MLP at 3x PyTorch's cuBLAS error on an H200). The 4-row variant keeps
-                  // the serial chain: the extra temporaries make its gelu/silu builds spill.
-                  float part = hv[i].x * wv[j].x;
-                  part = fmaf(hv[i].y, wv[j].y, part);
-                  part = fmaf(hv[i].z, wv[j].z, part);
-                  part = fmaf(hv[i].w, wv[j].w, part);
-                  acc[i][j] += part;
-                } else {
-                  acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
-                  acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
-                  acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
-                  acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
-                }
-              }
-          }
-#pragma unroll
-          for (int j = 0; j < kCols; ++j) {
-            const int c = col_group + j * col_groups;
-#pragma unroll
-            for (int i = 0; i < kRowsPerThread; ++i) {
-              const int r = row_base + i;
-              if (final_slab && last) {
-                if (r < rows && c < out_w) out[(row0 + r) * out_w + c] = acc[i][j];
-              } else {
-                dst[r * h_pitch + c] =
-                    (final_slab && !last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
-              }
-            }
-          }
-        }
+        // Rows per item, per layer: 4 (8 LDS.128 per 64 FMA) while that still gives every thread
+        // an item, else fewer, so that narrow layers (the seed model's 64- and 10-wide) spread
+        // over more threads instead of leaving most of them at the barrier. (Measured on an H200
+        // against two alternatives, bench/standalone/NOTES-mlp.md: warp tiles of 4 x 8 items,
+        // and k ranges split over lanes; neither was faster.)
+        const SimtPass q{src, dst, w, bias, out + row0 * out_w, h_pitch, w_pitch, col_groups,
+                         p.tile_rows, rows, out_w, s0, s_end, final_slab, last};
+        if (col_groups * (p.tile_rows / 4) >= kSimtThreads) simt_items<4, kAct>(q);
+        else if (col_groups * (p.tile_rows / 2) >= kSimtThreads) simt_items<2, kAct>(q);
+        else simt_items<1, kAct>(q);
       }
       if (!last && out_l % 4 != 0) {
         // Padded columns (out_l .. round_up(out_l, 4)) must be exactly 0 for the next layer: an
@@ -799,10 +889,8 @@ template <typename T, int kMaxWidth> struct MmaPick {
     static KernelFn kernel() { return fused_mlp_mma_kernel<T, kMaxWidth, kAct>; }
   };
 };
-template <int kRowsPerThread> struct SimtPick {
-  template <Activation kAct> struct By {
-    static KernelFn kernel() { return fused_mlp_simt_kernel<kRowsPerThread, kAct>; }
-  };
+template <Activation kAct> struct SimtPick {
+  static KernelFn kernel() { return fused_mlp_simt_kernel<kAct>; }
 };
 
 template <typename T, int kWidth> struct PaddedPick {
@@ -826,26 +914,40 @@ KernelFn pick_mma_kernel(int bucket, Activation act) {
   }
 }
 
-// The per-block shared-memory opt-in limit of the current device, queried once per device: the
-// planner runs on every launch.
-int max_dynamic_smem() {
+// What the planner needs of the current device, queried once per device: the planner runs on
+// every launch.
+struct DeviceInfo {
+  int smem_optin = 48 * 1024;  // per-block dynamic shared-memory limit
+  int cc_major = 0;            // compute capability (9: sm_90 bulk copies)
+};
+DeviceInfo device_info() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 = not queried yet
-  int device = 0, bytes = 0;
+  static std::atomic<int> smem[kMaxDevices] = {};  // 0 = not queried yet
+  static std::atomic<int> major[kMaxDevices] = {};
+  DeviceInfo info;
+  int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // don't leave a sticky-looking error for the caller
-    return 48 * 1024;
+    return info;
   }
-  if (device < kMaxDevices) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
+  if (device < kMaxDevices && smem[device].load(std::memory_order_relaxed) > 0) {
+    info.smem_optin = smem[device].load(std::memory_order_relaxed);
+    info.cc_major = major[device].load(std::memory_order_relaxed);
+    return info;
   }
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+  int bytes = 0, cc = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     cudaGetLastError();
-    return 48 * 1024;
+    return info;
   }
-  if (device < kMaxDevices) cached[device].store(bytes, std::memory_order_relaxed);
-  return bytes;
+  info.smem_optin = bytes;
+  info.cc_major = cc;
+  if (device < kMaxDevices) {
+    major[device].store(cc, std::memory_order_relaxed);
+    smem[device].store(bytes, std::memory_order_relaxed);
+  }
+  return info;
 }
 
 // Fills `plan` (when not null) or returns why the fused kernel cannot run these arguments.
@@ -869,7 +971,8 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     max_width = max_width > a.widths[i] ? max_width : a.widths[i];
   }
 
-  const int smem_limit = max_dynamic_smem();
+  const DeviceInfo device = device_info();
+  const int smem_limit = device.smem_optin;
   MlpKernelParams p{};
   p.x = a.x;
   p.stride_xm = a.stride_xm;
@@ -985,14 +1088,11 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
   }
   if (a.dtype == DType::kFloat32) {
     // Rows per block tile: one tile per SM, so a batch fills the GPU in one wave and each SM
-    // copies the weights from L2 once (88 KB for the 100-128-64-10 seed model). Latency-bound
-    // batches (<= 2 rows per SM) compute one row per item: more threads share each layer, and
-    // shared-memory traffic (5 LDS.128 per 16 FMA) does not matter at that size. Larger tiles
-    // compute 4 rows x 4 columns per item (8 LDS.128 per 64 FMA).
+    // copies the weights from L2 once (88 KB for the 100-128-64-10 seed model); at least 4 rows
+    // (the widest item), at most 32.
     const int num_sms = a.num_sms > 0 ? a.num_sms : 132;
     const int64_t rows_per_sm = ceil_div(a.m > 0 ? a.m : 1, static_cast<int64_t>(num_sms));
-    const bool small = rows_per_sm <= 2;
-    p.tile_rows = small ? 4 : rows_per_sm >= 32 ? 32 : round_up(static_cast<int>(rows_per_sm), 4);
+    p.tile_rows = rows_per_sm >= 32 ? 32 : round_up(static_cast<int>(rows_per_sm), 4);
     threads = kSimtThreads;
     int bias_floats = 0;
     for (int i = 0; i < a.num_layers; ++i) {
@@ -1010,7 +1110,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
       max_out_pad = max_out_pad > round_up(a.widths[i + 1], 4) ? max_out_pad : round_up(a.widths[i + 1], 4);
       max_in_pad = max_in_pad > round_up(a.widths[i], 4) ? max_in_pad : round_up(a.widths[i], 4);
     }
-    const int weight_budget = smem_limit - bias_bytes - h_bytes;
+    const int weight_budget = smem_limit - bias_bytes - h_bytes - 8 * kMaxMlpLayers;
     int weight_bytes = resident_bytes;
     p.k_slab = 0;
     if (resident_bytes > weight_budget) {
@@ -1027,10 +1127,15 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.num_groups = 1;
     p.weight_area_offset = bias_bytes;
     p.act_area_offset = bias_bytes + weight_bytes;
-    smem = p.act_area_offset + h_bytes;
+    p.barrier_offset = p.act_area_offset + h_bytes;  // a multiple of 16
+    smem = p.barrier_offset + 8 * kMaxMlpLayers;
+    // Bulk copies need 16-byte aligned rows of whole 16-byte units (in % 4 == 0).
+    p.bulk_weights = p.k_slab == 0 && device.cc_major >= 9;
+    for (int i = 0; i < a.num_layers; ++i)
+      p.bulk_weights = p.bulk_weights && a.widths[i] % 4 == 0 &&
+                       (reinterpret_cast<uintptr_t>(a.weights[i]) & 15) == 0;
     p.num_tiles = ceil_div(a.m, p.tile_rows);
-    kernel = small ? pick_by_activation<SimtPick<1>::By>(a.activation)
-                   : pick_by_activation<SimtPick<4>::By>(a.activation);
+    kernel = pick_by_activation<SimtPick>(a.activation);
   }
   if (smem > smem_limit)
     return reason("the fused kernel needs %d KB of shared memory; this GPU allows %d KB",
