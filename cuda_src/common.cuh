@@ -214,6 +214,20 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
       : "memory");
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wgmma (sm_90a only): ordering and completion of the asynchronous warpgroup MMAs.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
+template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 }  // namespace sm90
 #endif  // __CUDA_ARCH__ >= 900
 

@@ -1,9 +1,11 @@
 // fused_mlp: a whole Linear/activation stack in one launch.
 //   out = L_{n-1}(act(... act(L_0(x)))),  L_i(h) = h @ W_i^T + b_i,  W_i: (out_i, in_i) row-major.
 //
-// Three kernels behind one launcher:
-//   * fp16/bf16, every width <= 128 and all weights resident: fused_mlp_mma_padded_kernel, below;
-//     each layer zero-padded to the 64/128 bucket so that all loops and offsets are compile-time.
+// Four kernels behind one launcher:
+//   * fp16/bf16, every width <= 128 and all weights resident: on Hopper (sm_90a),
+//     fused_mlp_wgmma_kernel (fused_mlp_sm90.cuh: wgmma with the activations as the register A
+//     operand); elsewhere fused_mlp_mma_padded_kernel, below. Each layer is zero-padded to the
+//     64/128 bucket so that all loops and offsets are compile-time.
 //   * fp16/bf16 otherwise: tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
 //     rows and keeps their activations in registers from the first layer to the last: the m16n8
 //     C fragments of layer i, after bias + activation + down-cast, are exactly the m16k16 A
@@ -914,6 +916,12 @@ KernelFn pick_mma_kernel(int bucket, Activation act) {
   }
 }
 
+}  // namespace
+}  // namespace dualk
+#include "fused_mlp_sm90.cuh"  // the sm_90a padded kernel; uses the definitions above
+namespace dualk {
+namespace {
+
 // What the planner needs of the current device, queried once per device: the planner runs on
 // every launch.
 struct DeviceInfo {
@@ -1028,6 +1036,8 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
         smem = padded_smem;
         kernel = a.dtype == DType::kFloat16 ? pick_padded_kernel<__half>(bucket, a.activation)
                                             : pick_padded_kernel<__nv_bfloat16>(bucket, a.activation);
+        // Hopper: the same MLP on wgmma (fused_mlp_sm90.cuh) when its plan fits; else as above.
+        plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem);
       }
     }
   }

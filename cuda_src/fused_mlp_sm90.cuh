@@ -1,0 +1,490 @@
+// fused_mlp on Hopper (sm_90a): the padded, resident fp16/bf16 MLP (every width <= 64 or <= 128,
+// all layers' weights in shared memory) with wgmma.mma_async instead of mma.sync.
+//
+// Include contract: this header is part of fused_mlp.cu, not a stand-alone unit. It uses
+// MlpKernelParams, store_warp_rows, stage_tile, is_aligned16, mma_row_pitch, round_up, KernelFn
+// and pick_by_activation from fused_mlp.cu's anonymous namespace, so fused_mlp.cu includes it at
+// file scope after those (closing and reopening `namespace dualk { namespace {` around the
+// include); its own declarations go into the same anonymous namespace. fused_mlp.cu's planner
+// calls plan_fused_mlp_wgmma where it has chosen the padded kernel.
+//
+// Per block (one per SM, persistent): up to 6 warpgroups, each walking 64-row tiles on its own
+// (no block barrier after the prologue).
+//   * Weights: every layer zero-padded to kWidth x kWidth and staged once per block, by cp.async,
+//     straight into the layout wgmma reads B from: W (n, k) row-major is B "K-major" (no
+//     transpose), stored as 128-byte-swizzled panels of 64 k (128 bytes per n row, 8-row groups
+//     1024 bytes apart): element (n, k) of panel k / 64 at byte n * 128 + (((k % 64) / 8) ^ (n % 8))
+//     * 16 + (k % 8) * 2. Descriptor: SBO 1024, 128B swizzle; the k16 step j starts at panel j / 4,
+//     +32 (j % 4) bytes (the hardware applies the XOR to the computed address, as for
+//     gemm_sm90.cuh's TMA tiles).
+//   * Activations never leave registers between layers: wgmma m64nNk16 takes A from registers with
+//     exactly mma.sync's m16n8k16 A layout per warp (warp w of the warpgroup owns rows 16 w..16 w +
+//     15), and its fp32 accumulator holds, per n8 tile j, d[4 j + 0, 1] = (row lane / 4, cols 8 j +
+//     2 (lane % 4) + {0, 1}), d[4 j + 2, 3] = (row lane / 4 + 8, same cols) (PTX ISA figures
+//     wgmma-64N16-A / -D). So after bias (the accumulator's initial value) + activation +
+//     down-cast, the next layer's A fragment of k-tile kt is {pack(d[8kt], d[8kt+1]),
+//     pack(d[8kt+2], d[8kt+3]), pack(d[8kt+4], d[8kt+5]), pack(d[8kt+6], d[8kt+7])}: no shuffles,
+//     no shared memory. Hidden layers use N = kWidth; the last layer the smallest N in {16, 32,
+//     64, kWidth} that covers its width. relu is folded into the down-cast (cvt.rn.relu.f16x2).
+//   * x: each warp stages only its own 16 rows (cp.async into a kStages-deep per-warp ring, padded
+//     pitch for conflict-free ldmatrix), so no warpgroup barrier is needed; a slot is refilled
+//     with the tile kStages ahead as soon as its A fragments are in registers. Output rows go
+//     through store_warp_rows.
+// Each warpgroup's layers form one dependent chain (wgmma, wait, epilogue, next wgmma); the SM
+// overlaps the chains of its warpgroups, so the block takes as many as registers and shared
+// memory allow (see wgmma_mlp_max_warpgroups).
+//
+// Device code exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); other device passes
+// compile a trap, and plan_fused_mlp_wgmma picks this kernel only on compute capability 9.0.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace dualk {
+namespace {
+
+// Warpgroups per block (one block per SM) and the depth of each warp's x ring. Every warpgroup
+// runs one dependent wgmma chain (layer after layer), so throughput grows with the number of
+// warpgroups per SM until registers or shared memory run out. H200, fp16 64-64-64-64-16 B2^20
+// (NOTES-mlp.md): two interleaved m64 chains per warpgroup, 2 / 3 / 4 warpgroups: 146 / 109 /
+// 94 us, one chain x 4 warpgroups: 84 us (a second chain inside a warpgroup does not overlap, more
+// warpgroups do); after trimming the epilogue and x staging, one chain x 4 / 5 / 6 warpgroups:
+// 82.0 / 78.4 / 78.3 us.
+//   64-wide relu / none: 6 warpgroups (80 registers), 3 stages; gelu / silu (85-128 registers):
+//   4 warpgroups, 4 stages. 128-wide: 3 warpgroups (<= 168 registers) with 1 stage (the slot is
+//   refilled with the next tile as soon as its A fragments are in registers), which fits beside 4
+//   layers of weights (192 KB): 189.5 us against 212 us for 2 warpgroups x 2 stages.
+// Bench overrides: -DDUALK_WGMMA64_WARPGROUPS=.. -DDUALK_WGMMA64_STAGES=.. (relu / none only) and
+// -DDUALK_WGMMA128_WARPGROUPS / _STAGES.
+#ifndef DUALK_WGMMA64_WARPGROUPS
+#define DUALK_WGMMA64_WARPGROUPS 6
+#endif
+#ifndef DUALK_WGMMA64_STAGES
+#define DUALK_WGMMA64_STAGES 3
+#endif
+#ifndef DUALK_WGMMA128_WARPGROUPS
+#define DUALK_WGMMA128_WARPGROUPS 3
+#endif
+#ifndef DUALK_WGMMA128_STAGES
+#define DUALK_WGMMA128_STAGES 1
+#endif
+__host__ __device__ constexpr bool wgmma_mlp_light_act(Activation act) {
+  return act == Activation::kNone || act == Activation::kRelu;
+}
+__host__ __device__ constexpr int wgmma_mlp_max_warpgroups(int width, Activation act) {
+  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_WARPGROUPS : 4) : DUALK_WGMMA128_WARPGROUPS;
+}
+__host__ __device__ constexpr int wgmma_mlp_stages(int width, Activation act) {
+  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_STAGES : 4) : DUALK_WGMMA128_STAGES;
+}
+
+constexpr int kWgmmaTileRows = 64;  // rows per warpgroup tile (wgmma m64)
+constexpr int kWgmmaWarpRows = 16;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace mlp_sm90 {
+
+using namespace ::dualk::sm90;  // smem_u32, wgmma_fence / commit / wait, fence_acc (common.cuh)
+
+// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before reads of
+// the async proxy (wgmma's B operand); a barrier then makes them visible to the other threads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle, split in its two
+// 32-bit words: low = start address >> 4 (bits 0-13) | LBO 1 (unused with swizzle, bits 16-29);
+// high = SBO 1024 >> 4 (8-row groups, bits 32-45) | swizzle mode 1 (bits 62-63). Offsets inside
+// shared memory (< 256 KB) only change the address field of the low word.
+constexpr uint32_t kDescHigh = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_low(uint32_t smem_address) {
+  return ((smem_address & 0x3FFFF) >> 4) | (1u << 16);
+}
+
+// d (fp32, m64 x N) += a (registers, m64 x k16) x B (shared memory, descriptor, K-major), scale-d
+// = 1: the caller initializes d (with the bias). One overload per (N, type); the last argument
+// only selects the type. Operands: N/2 accumulators, 4 A registers, desc_b, the scale-d register.
+#define DUALK_MLP_DEFINE_WGMMA(N, CTYPE, PTX_TYPE, REGS, ACCS, A0, A1, A2, A3, DESC, SCALE)           \
+  __device__ __forceinline__ void wgmma_rs(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b, \
+                                           CTYPE) {                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS    \
+                 "}, {" A0 ", " A1 ", " A2 ", " A3 "}, " DESC ", p, 1, 1, 0;\n}\n"                     \
+                 : ACCS                                                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));                \
+  }
+#define DUALK_MLP_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define DUALK_MLP_REGS_0_15 DUALK_MLP_REGS_0_7 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define DUALK_MLP_REGS_0_31 \
+  DUALK_MLP_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define DUALK_MLP_REGS_0_63                                                                    \
+  DUALK_MLP_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+                      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define DUALK_MLP_ACC_0_7 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define DUALK_MLP_ACC_0_15 DUALK_MLP_ACC_0_7, \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define DUALK_MLP_ACC_0_31 DUALK_MLP_ACC_0_15, \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DUALK_MLP_ACC_0_63 DUALK_MLP_ACC_0_31, \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+DUALK_MLP_DEFINE_WGMMA(16, __half, "f16", DUALK_MLP_REGS_0_7, DUALK_MLP_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_7, DUALK_MLP_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(32, __half, "f16", DUALK_MLP_REGS_0_15, DUALK_MLP_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(32, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_15, DUALK_MLP_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(64, __half, "f16", DUALK_MLP_REGS_0_31, DUALK_MLP_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_31, DUALK_MLP_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(128, __half, "f16", DUALK_MLP_REGS_0_63, DUALK_MLP_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
+DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_63, DUALK_MLP_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
+#undef DUALK_MLP_DEFINE_WGMMA
+#undef DUALK_MLP_ACC_0_63
+#undef DUALK_MLP_ACC_0_31
+#undef DUALK_MLP_ACC_0_15
+#undef DUALK_MLP_ACC_0_7
+#undef DUALK_MLP_REGS_0_63
+#undef DUALK_MLP_REGS_0_31
+#undef DUALK_MLP_REGS_0_15
+#undef DUALK_MLP_REGS_0_7
+
+// One layer for the warpgroup, start to finish: acc = bias + a @ W^T over the full kWidth of k,
+// N = kN output columns (weight rows 0..kN-1 of the layer's panels). `bias` points at this
+// thread's duplicated bias quads of the layer (see the bias area in fused_mlp_wgmma_kernel):
+// one 16-byte load per n8 tile is exactly acc[4 j .. 4 j + 3]. `desc_lo` is the low word of the
+// layer's descriptor (panel 0, k 0).
+template <typename T, int kN, int kWidth>
+__device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t (&a)[kWidth / 16][4],
+                                            const float* bias, uint32_t desc_lo) {
+  constexpr int kPanelBytes = kWidth * 128;
+  // Recomputed per call (volatile): hoisted out of the tile loop, the last layer's kWidth / 16
+  // 64-bit step descriptors held 16 registers (the 128-wide build spilled).
+  uint32_t lo;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(lo) : "r"(desc_lo));
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const float4 b = *reinterpret_cast<const float4*>(bias + 16 * j);
+    acc[4 * j + 0] = b.x;
+    acc[4 * j + 1] = b.y;
+    acc[4 * j + 2] = b.z;
+    acc[4 * j + 3] = b.w;
+  }
+  fence_acc(acc);
+  wgmma_fence();  // the accumulators and A registers were written by ordinary instructions
+#pragma unroll
+  for (int kt = 0; kt < kWidth / 16; ++kt)
+    wgmma_rs(acc, a[kt],
+             (static_cast<uint64_t>(kDescHigh) << 32) | (lo + (((kt / 4) * kPanelBytes + (kt % 4) * 32) >> 4)),
+             T{});
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(acc);
+}
+
+// relu(lo), relu(hi) rounded and packed in one instruction (cvt.rn.relu: negative -> 0, NaN
+// stays NaN as torch.relu keeps it); the first operand of cvt.f16x2 fills the upper half.
+template <typename T> __device__ __forceinline__ uint32_t pack2_relu(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2_relu<__half>(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+template <> __device__ __forceinline__ uint32_t pack2_relu<__nv_bfloat16>(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+}  // namespace mlp_sm90
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, int kWidth, Activation kAct>
+__global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 1)
+    fused_mlp_wgmma_kernel(const __grid_constant__ MlpKernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mlp_sm90;
+  constexpr int kStages = wgmma_mlp_stages(kWidth, kAct);
+  constexpr int kKTiles = kWidth / 16;
+  constexpr int kPitch = mma_row_pitch(kWidth);  // x ring rows: conflict-free ldmatrix
+  constexpr int kSlot = kWgmmaWarpRows * kPitch;  // elements per ring slot
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kChunksPerRow = kWidth / kVec;     // 16-byte chunks per padded x / weight row
+  constexpr int kRowsPerPass = 32 / kChunksPerRow;  // x rows one cp.async per lane covers
+  constexpr int kLayerBytes = kWidth * kWidth * 2;
+  constexpr int kPanelBytes = kWidth * 128;
+  constexpr int kBiasFloats = 2 * kWidth;  // per layer: every column pair stored twice
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Swizzled panels need 1024-byte alignment; the plan reserves the slack.
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  float* bias_smem = reinterpret_cast<float*>(smem);
+  unsigned char* weight_smem = smem + p.weight_area_offset;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warpgroup = warp / 4;
+  const int warp_in_wg = warp % 4;
+  const int num_warpgroups = blockDim.x / 128;
+  const int out_pitch = p.out_pitch;
+  T* x_ring = reinterpret_cast<T*>(smem + p.act_area_offset +
+                                   warp * (kStages * kSlot + kWgmmaWarpRows * out_pitch) *
+                                       static_cast<int>(sizeof(T)));
+  T* out_smem = x_ring + kStages * kSlot;
+
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  const int in0 = p.widths[0];
+  const int num_layers = p.num_layers;
+  const int out_w = p.widths[num_layers];
+  const int64_t row_tiles = ceil_div(p.m, kWgmmaTileRows);
+  const int64_t tile_step = static_cast<int64_t>(gridDim.x) * num_warpgroups;
+
+  auto warp_rows = [&](int64_t row0) {
+    const int64_t remaining = p.m - row0;
+    return remaining <= 0 ? 0 : remaining < kWgmmaWarpRows ? static_cast<int>(remaining) : kWgmmaWarpRows;
+  };
+  // x staging, vectorized: lane l copies the 16-byte chunk at column x_col of rows x_row,
+  // x_row + kRowsPerPass, ...; its byte count (zero-fill past in0) is the same for every row.
+  const int x_row = lane / kChunksPerRow;
+  const int x_col = (lane % kChunksPerRow) * kVec;
+  const int x_bytes = max(0, min(in0 - x_col, kVec)) * static_cast<int>(sizeof(T));
+  // This warp's 16 rows of 64-row tile `tile` into ring slot `buf`, zero beyond in0 and past m.
+  auto stage_x = [&](int64_t tile, T* buf) {
+    if (tile >= row_tiles) return;
+    const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
+    const int rows = warp_rows(row0);
+    if (p.x_vectorized) {
+      const T* g = x + (row0 + x_row) * p.stride_xm + x_col;
+      const int64_t g_step = kRowsPerPass * p.stride_xm;
+#pragma unroll
+      for (int i = 0; i < kWgmmaWarpRows / kRowsPerPass; ++i) {
+        const int r = x_row + i * kRowsPerPass;
+        const int bytes = r < rows ? x_bytes : 0;
+        // A zero-byte copy reads nothing, but still gets a mapped address.
+        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(g) : p.x, bytes);
+        g += g_step;
+      }
+    } else {
+      const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
+      stage_tile<T>(buf, kPitch, src, p.stride_xm, rows, in0, kWgmmaWarpRows, kWidth, x, false, lane, 32);
+    }
+  };
+
+  // ---- prologue: weights (swizzled panels) + biases for the whole block, then each warp's ring
+  for (int layer = 0; layer < num_layers; ++layer) {
+    const T* w = static_cast<const T*>(p.weights[layer]);
+    const int in = p.widths[layer], out_l = p.widths[layer + 1];
+    unsigned char* dst = weight_smem + layer * kLayerBytes;
+    if (is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0) {
+      for (int i = threadIdx.x; i < kWidth * kChunksPerRow; i += blockDim.x) {
+        const int n = i / kChunksPerRow;
+        const int c = i % kChunksPerRow;  // 16-byte chunk along k
+        const int valid = n < out_l ? max(0, min(in - c * kVec, kVec)) : 0;
+        const void* g = valid > 0 ? static_cast<const void*>(w + n * in + c * kVec) : static_cast<const void*>(w);
+        cp_async_16(dst + (c / 8) * kPanelBytes + n * 128 + (((c % 8) ^ (n % 8)) << 4), g,
+                    valid * static_cast<int>(sizeof(T)));
+      }
+    } else {
+      for (int e = threadIdx.x; e < kWidth * kWidth; e += blockDim.x) {
+        const int n = e / kWidth, k = e % kWidth;
+        const T v = (n < out_l && k < in) ? w[n * in + k] : from_float<T>(0.f);
+        *reinterpret_cast<T*>(dst + (k / 64) * kPanelBytes + n * 128 + ((((k % 64) / 8) ^ (n % 8)) << 4) +
+                              (k % 8) * 2) = v;
+      }
+    }
+    // Biases as fp32, zero past the layer's width (and all zero without bias), in the accumulator
+    // order: quad q of pair p is (b[2p], b[2p + 1], b[2p], b[2p + 1]), pair p = 4 j + lane % 4
+    // for n8 tile j, so a thread's whole n8 tile of accumulators is one 16-byte load.
+    const T* bias = static_cast<const T*>(p.biases[layer]);
+    for (int e = threadIdx.x; e < kBiasFloats; e += blockDim.x) {
+      const int col = 2 * (e / 4) + e % 2;
+      bias_smem[layer * kBiasFloats + e] = (bias != nullptr && col < out_l) ? to_float(bias[col]) : 0.f;
+    }
+  }
+  cp_async_commit();
+  int64_t tile = static_cast<int64_t>(blockIdx.x) * num_warpgroups + warpgroup;
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    stage_x(tile + s * tile_step, x_ring + s * kSlot);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages>();  // the weights (the oldest group) have landed
+  fence_proxy_async();
+  __syncthreads();
+
+  const uint32_t desc_w = desc_low(smem_u32(weight_smem));
+  const int a_row = lane % 16;  // ldmatrix lane roles as in fused_mlp_mma_kernel
+  const int a_col = (lane / 16) * 8;
+  const int quad_col = 2 * (lane % 4);
+  const float* bias_lane = bias_smem + 4 * (lane % 4);
+  int slot = 0;
+
+  for (; tile < row_tiles; tile += tile_step) {
+    const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
+    T* buf = x_ring + slot * kSlot;
+    cp_async_wait<kStages - 1>();  // this tile's group: the oldest of the kStages in flight
+    __syncwarp();
+    uint32_t a[kKTiles][4];
+#pragma unroll
+    for (int kt = 0; kt < kKTiles; ++kt) ldmatrix_x4(a[kt], buf + a_row * kPitch + kt * 16 + a_col);
+    __syncwarp();  // every lane has read the slot: refill it with the tile kStages ahead
+    stage_x(tile + kStages * tile_step, buf);
+    cp_async_commit();
+    slot = slot + 1 == kStages ? 0 : slot + 1;
+
+    for (int layer = 0; layer + 1 < num_layers; ++layer) {
+      float acc[kWidth / 2];
+      wgmma_layer<T, kWidth, kWidth>(acc, a, bias_lane + layer * kBiasFloats,
+                                     desc_w + ((layer * kLayerBytes) >> 4));
+      // Columns past the layer's width must be exactly 0 for the next layer: with an inf input,
+      // their zero weights give inf * 0 = NaN.
+      const int width = p.widths[layer + 1];
+      const bool mask = width < kWidth;
+      const int keep_below = width - quad_col;  // this thread's column j + quad_col is kept iff j < this
+#pragma unroll
+      for (int kt = 0; kt < kKTiles; ++kt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = acc[8 * kt + 2 * i], hi = acc[8 * kt + 2 * i + 1];
+          if constexpr (kAct == Activation::kRelu) {
+            a[kt][i] = pack2_relu<T>(lo, hi);
+          } else {
+            a[kt][i] = pack2<T>(apply_activation_16bit<kAct>(lo), apply_activation_16bit<kAct>(hi));
+          }
+        }
+        if (mask) {
+          // Register i holds columns 16 kt + 8 (i / 2) + quad_col, +1 (compared against
+          // keep_below with immediates: per-lane column values hoisted out of the loops held
+          // 24 registers).
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int j = kt * 16 + half * 8;
+            const uint32_t keep = (j < keep_below ? 0xffffu : 0u) | (j + 1 < keep_below ? 0xffff0000u : 0u);
+            a[kt][2 * half] &= keep;
+            a[kt][2 * half + 1] &= keep;
+          }
+        }
+      }
+    }
+
+    // Last layer: no activation; N just covers the output width.
+    const int last = num_layers - 1;
+    const float* last_bias = bias_lane + last * kBiasFloats;
+    const uint32_t last_desc = desc_w + ((last * kLayerBytes) >> 4);
+    T* out_rows = out + row0 * out_w;
+    const int rows = warp_rows(row0);
+    auto last_layer = [&](auto n_tag) {
+      constexpr int kN = decltype(n_tag)::value;
+      float acc[kN / 2];
+      wgmma_layer<T, kN, kWidth>(acc, a, last_bias, last_desc);
+      uint32_t o[1][kN / 16][4];
+#pragma unroll
+      for (int kt = 0; kt < kN / 16; ++kt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[0][kt][i] = pack2<T>(acc[8 * kt + 2 * i], acc[8 * kt + 2 * i + 1]);
+      store_warp_rows<T, 1, kN / 16>(o, p, out_smem, out_rows, rows, lane);
+    };
+    if (out_w <= 16) {
+      last_layer(std::integral_constant<int, 16>{});
+    } else if (out_w <= 32) {
+      last_layer(std::integral_constant<int, 32>{});
+    } else if constexpr (kWidth == 64) {
+      last_layer(std::integral_constant<int, 64>{});
+    } else if (out_w <= 64) {
+      last_layer(std::integral_constant<int, 64>{});
+    } else {
+      last_layer(std::integral_constant<int, 128>{});
+    }
+  }
+  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+#elif defined(__CUDA_ARCH__)
+  // Built for a target without wgmma: the planner never launches this kernel off compute
+  // capability 9.0, so an sm_90 image without the "a" features is a build error made loud.
+  __trap();
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// ------------------------------------------------------------------ host side
+// Shared memory of fused_mlp_wgmma_kernel, from a 1024-byte-aligned base (1024 bytes of slack are
+// added for aligning the dynamic base): the bias area at 0 (layers x 2 kWidth fp32, each column
+// pair stored twice), the weights at weight_area_offset (layers x kWidth x kWidth, 1024-aligned),
+// then per warp a kStages-deep x ring (slots of 16 rows x mma_row_pitch(kWidth)) followed by its
+// 16 output staging rows (out_pitch).
+struct WgmmaMlpSmem {
+  int weight_area_offset, act_area_offset, per_warp_bytes;
+  int bytes(int warpgroups) const { return 1024 + act_area_offset + warpgroups * 4 * per_warp_bytes; }
+};
+
+inline WgmmaMlpSmem wgmma_mlp_smem(int width, Activation act, int num_layers, int out_pitch) {
+  constexpr int kElem = 2;
+  WgmmaMlpSmem s;
+  s.weight_area_offset = round_up(num_layers * 2 * width * 4, 1024);
+  s.act_area_offset = s.weight_area_offset + num_layers * width * width * kElem;
+  s.per_warp_bytes = (wgmma_mlp_stages(width, act) * mma_row_pitch(width) + out_pitch) * kWgmmaWarpRows * kElem;
+  return s;
+}
+
+// Compute capability 9.0 exactly (wgmma is sm_90a-only: not 10.x, not 12.x), cached per device.
+inline bool wgmma_mlp_device_ok() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v != 0) return v == 1;
+  }
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                  major == 9 && minor == 0;
+  if (!ok) cudaGetLastError();
+  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
+
+template <typename T, int kWidth> struct WgmmaPick {
+  template <Activation kAct> struct By {
+    static KernelFn kernel() { return fused_mlp_wgmma_kernel<T, kWidth, kAct>; }
+  };
+};
+
+template <typename T>
+KernelFn pick_wgmma_kernel(int bucket, Activation act) {
+  return bucket == 64 ? pick_by_activation<WgmmaPick<T, 64>::template By>(act)
+                      : pick_by_activation<WgmmaPick<T, 128>::template By>(act);
+}
+
+// Replaces the padded kernel's plan with the wgmma kernel's when the device is compute capability
+// 9.0 and at least one warpgroup fits beside the weights (the most that fit, up to the config's
+// maximum); returns false and leaves everything as it was otherwise. Expects p.out_pitch set.
+inline bool plan_fused_mlp_wgmma(const FusedMlpArgs& a, int bucket, int smem_limit, MlpKernelParams& p,
+                                 KernelFn& kernel, int& threads, int& smem) {
+  if (bucket != 64 && bucket != 128) return false;
+  if (!wgmma_mlp_device_ok()) return false;
+  const WgmmaMlpSmem s = wgmma_mlp_smem(bucket, a.activation, a.num_layers, p.out_pitch);
+  int warpgroups = wgmma_mlp_max_warpgroups(bucket, a.activation);
+  while (warpgroups > 0 && s.bytes(warpgroups) > smem_limit) --warpgroups;
+  if (warpgroups == 0) return false;
+  p.weight_area_offset = s.weight_area_offset;
+  p.act_area_offset = s.act_area_offset;
+  p.act_pitch = mma_row_pitch(bucket);
+  // Block tiles (for the launcher's grid size): warpgroups x 64 rows.
+  p.num_tiles = ceil_div(a.m, static_cast<int64_t>(warpgroups) * kWgmmaTileRows);
+  threads = warpgroups * 128;
+  smem = s.bytes(warpgroups);
+  kernel = a.dtype == DType::kFloat16 ? pick_wgmma_kernel<__half>(bucket, a.activation)
+                                      : pick_wgmma_kernel<__nv_bfloat16>(bucket, a.activation);
+  return true;
+}
+
+}  // namespace
+}  // namespace dualk
