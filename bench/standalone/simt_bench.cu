@@ -1,6 +1,8 @@
-// fp32 SIMT GEMM candidates (bench/standalone/simt_variants.cuh) against the current kernel
-// (gemm::launch_simt) and cuBLAS SGEMM (CUBLAS_COMPUTE_32F; pedantic math for the checks, so no
-// TF32 anywhere). Build + run: bash bench/standalone/simt_run.sh OUT
+// The library's fp32 SIMT GEMM (gemm::launch_simt: gemm_simt_wide_kernel where it fits, from
+// cuda_src/gemm.cuh via simt_variants.cuh) against the previous kernel (gemm::launch_simt_fallback,
+// gemm_simt_kernel) and cuBLAS SGEMM (CUBLAS_COMPUTE_32F; pedantic math for the checks, so no TF32
+// anywhere); rejected candidates from simt_variants.cuh can be added to variants(). Build + run:
+// bash bench/standalone/simt_run.sh OUT
 //   checks: odd shapes (m/n/k from 1, 7, 17, 129, 1000, 4097 and aligned tails), both B layouts,
 //           batch 2 (one with a broadcast B), bias + gelu tanh against cuBLAS + a plain epilogue
 //           kernel, k == 0. Output NaN-poisoned before every launch; inputs uniform in [-1, 1).
@@ -166,22 +168,21 @@ struct Variant {
   const char* name;
   Launch plain, gelu_bias;
 };
+// Every gelu case of this harness has a bias, so only <kGeluTanh, true> is instantiated (build time).
 #define VARIANT(label, fn)                                                                       \
   Variant {                                                                                      \
     label, [](const GemmArgs& g, cudaStream_t s) { return fn<float, Activation::kNone, false>(g, s); }, \
         [](const GemmArgs& g, cudaStream_t s) {                                                  \
-          return g.bias ? fn<float, Activation::kGeluTanh, true>(g, s)                           \
-                        : fn<float, Activation::kGeluTanh, false>(g, s);                         \
+          return g.bias ? fn<float, Activation::kGeluTanh, true>(g, s) : cudaErrorInvalidValue;  \
         }                                                                                        \
   }
 
+// Runs 1-2 (NOTES-simt.md) compared simt_v1 / simt_v2 and the simt_v3 configs (simt_v3_configs.patch);
+// since Mid8Late moved into gemm.cuh this checks and times the library path against the previous one.
 static std::vector<Variant> variants() {
   return {
-      VARIANT("current gemm_simt_kernel", gemm::launch_simt),
-      VARIANT("v1 regstage BK16 2/SM", simt_v1::launch),
-      VARIANT("v1 regstage BK16 1/SM", simt_v1::launch_1sm),
-      VARIANT("v2 cp.async s3 BK16 2/SM", simt_v2::launch),
-      VARIANT("v2 cp.async s4 BK16 1/SM", simt_v2::launch_s4_1sm),
+      VARIANT("launch_simt (wide kernel)", gemm::launch_simt),
+      VARIANT("gemm_simt_kernel (fallback)", gemm::launch_simt_fallback),
   };
 }
 
@@ -264,15 +265,25 @@ int main(int argc, char** argv) {
   printf("== checks (rel err = max|out-ref|/max|ref| per variant, order as in the table; tol %.0e)\n", kTol);
   for (const Variant& v : variants()) printf("   %s\n", v.name);
   const int64_t sizes[] = {1, 7, 17, 129, 1000, 4097};
-  // m x n x k over the size list (k <= 1000 for the cube to stay quick), both layouts.
+  // m x n x k over the size lists (k <= 1000 for the cube to stay quick), both layouts. k and n
+  // (n-major B) multiples of 4 take the wide kernel (tails: k 4 / 132 leave 4 k in the last k tile
+  // of 8; n 4 / 132 leave partial 128-wide tiles); k 7 and n 17 / 4097 with B n-major exercise the
+  // fallback inside launch_simt.
   for (int64_t m : sizes)
-    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{129}, int64_t{1000}, int64_t{4097}})
-      for (int64_t k : {int64_t{7}, int64_t{129}, int64_t{1000}})
+    for (int64_t n : {int64_t{4}, int64_t{17}, int64_t{132}, int64_t{1000}, int64_t{4097}})
+      for (int64_t k : {int64_t{4}, int64_t{132}, int64_t{1000}})
         for (bool km : {false, true})
           if (!quick || (m == 129 && k == 1000)) check({1, m, n, k, km, false, false});
+  for (bool km : {false, true}) {
+    check({1, 129, 1000, 7, km, false, false});
+    check({1, 1000, 132, 129, km, false, false});
+    check({1, 1, 17, 1, km, false, false});
+  }
   // Aligned tails the fast paths take (k % 4 == 0; n % 4 == 0 for n-major B), deep k, batch.
   check({1, 4097, 1000, 132, false, false, false});
   check({1, 129, 4097, 4096, true, false, false});
+  check({1, 300, 520, 4100, false, false, false});
+  check({1, 520, 300, 4100, true, false, false});
   check({1, 1, 1000, 4096, true, false, false});
   check({1, 7, 4, 4097, false, false, false});
   check({2, 129, 1000, 1000, false, false, false});
@@ -293,10 +304,29 @@ int main(int argc, char** argv) {
   timed("fp32 4096^3 B k-major", {1, 4096, 4096, 4096, true, false, false}, reps);
   timed("fp32 8192^3 B n-major", {1, 8192, 8192, 8192, false, false, false}, quick ? 3 : 7);
   timed("fp32 gelu+bias 8192x3072 k768 k-major", {1, 8192, 3072, 768, true, false, true}, reps);
+  timed("fp32 8192^3 B k-major", {1, 8192, 8192, 8192, true, false, false}, quick ? 3 : 7);
+  timed("fp32 2048^3 B k-major", {1, 2048, 2048, 2048, true, false, false}, reps);
+  timed("fp32 1000x4096 k4096 B k-major", {1, 1000, 4096, 4096, true, false, false}, reps);
 
   printf("\n== summary\n%-40s %-28s %10s %8s %7s\n", "case", "kernel", "us", "TFLOP/s", "x cuBLAS");
   for (const Row& r : g_rows)
     printf("%-40s %-28s %10.1f %8.2f %7.3f\n", r.label.c_str(), r.variant.c_str(), r.us, r.tflops, r.ratio);
+  // Pivot: one line per kernel, x cuBLAS per case (cases in the order timed).
+  std::vector<std::string> cases, kernels;
+  for (const Row& r : g_rows) {
+    if (std::find(cases.begin(), cases.end(), r.label) == cases.end()) cases.push_back(r.label);
+    if (std::find(kernels.begin(), kernels.end(), r.variant) == kernels.end()) kernels.push_back(r.variant);
+  }
+  printf("\n== x cuBLAS (columns: ");
+  for (size_t i = 0; i < cases.size(); ++i) printf("%s%s", i ? " | " : "", cases[i].c_str());
+  printf(")\n");
+  for (const std::string& kname : kernels) {
+    printf("%-30s", kname.c_str());
+    for (const std::string& cs : cases)
+      for (const Row& r : g_rows)
+        if (r.label == cs && r.variant == kname) printf(" %6.3f (%7.0f us)", r.ratio, r.us);
+    printf("\n");
+  }
   printf("failures: %d\n", g_failures);
   return g_failures ? 1 : 0;
 }

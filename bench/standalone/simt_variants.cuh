@@ -1,9 +1,15 @@
-// Candidate fp32 SIMT GEMM kernels for dualk (bench only; the winner is folded into cuda_src/gemm.cuh
-// by whoever integrates). Every launcher has launch_simt's signature and semantics:
+// Rejected fp32 SIMT GEMM candidates for dualk (bench only). simt_v1 / simt_v2: first attempt (spills
+// at 2 blocks/SM). The second attempt, simt_v3 (one generic register-staged kernel, several tile
+// configs), won with its Mid8Late config, which now lives in cuda_src/gemm.cuh as
+// gemm_simt_wide_kernel (the fp32 path of gemm::launch_simt); the generic kernel and its other
+// configs (Small8, Small16, Mid16Split, Mid8, Big*, Tall8) are in simt_v3_configs.patch
+// (`git apply bench/standalone/simt_v3_configs.patch` adds them back here). Every launcher has
+// launch_simt's signature and semantics:
 //   C[b] = act(A[b] @ B[b] + bias), exact fp32 (fmaf in k order per output, no TF32), any m/n/k,
 //   both B layouts, batch (strides may be 0), k == 0 writes act(bias).
 // The variants need 16-byte rows (gemm::a_rows_aligned / b_rows_aligned, 4 bytes per element) and
-// fall back to gemm::launch_simt otherwise, and for 16-bit T (they are fp32 only).
+// fall back to gemm::launch_simt_fallback (gemm_simt_kernel) otherwise, and for 16-bit T (they are
+// fp32 only).
 //
 // Shared shape of both kernels: 128 x 128 block tile, BK = 16, 256 threads = 8 warps arranged
 // 2 (m) x 4 (n), warp tile 64 x 32, lanes 8 (m) x 4 (n), 8 x 8 outputs per thread. Compared with
@@ -255,7 +261,7 @@ struct Launcher {
         return cudaGetLastError();
       }
     }
-    return gemm::launch_simt<T, kAct, kHasBias>(args, stream);
+    return gemm::launch_simt_fallback<T, kAct, kHasBias>(args, stream);
   }
 };
 
@@ -473,7 +479,7 @@ struct Launcher {
       if (args.batch > 0 && args.m > 0 && args.n > 0 && simt_common::fp32_rows_aligned(args))
         return args.b_k_major ? go<true, kAct, kHasBias>(args, stream) : go<false, kAct, kHasBias>(args, stream);
     }
-    return gemm::launch_simt<T, kAct, kHasBias>(args, stream);
+    return gemm::launch_simt_fallback<T, kAct, kHasBias>(args, stream);
   }
 };
 
