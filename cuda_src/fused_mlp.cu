@@ -641,7 +641,10 @@ struct SimtPass {
 template <int kRows>
 __device__ __forceinline__ void simt_dot(float (&acc)[kRows][4], const float* h_rows, int h_pitch,
                                          const float* w_rows, int w_stride, int k_begin, int k_end) {
-#pragma unroll 2
+  // Loads of several k steps in flight: 1- and 2-row items are latency-bound (seed model, H200:
+  // B32 12.5 -> 11.8 us, B4096 18.6 -> 18.1 us with 8 / 4 steps instead of 2).
+  constexpr int kUnroll = kRows == 1 ? 8 : kRows == 2 ? 4 : 2;
+#pragma unroll kUnroll
   for (int k = k_begin; k < k_end; k += 4) {
     float4 hv[kRows], wv[4];
 #pragma unroll
