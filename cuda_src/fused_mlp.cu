@@ -651,88 +651,71 @@ struct SimtPass {
   bool final_slab, last;
 };
 
-// Accumulates kRows x 4 outputs of one item over the slab's k range [k_begin, k_end): kRows
-// activation rows at h_rows, the 4 weight rows (slab columns from k_begin) at w_rows + j * w_stride.
-template <int kRows>
-__device__ __forceinline__ void simt_dot(float (&acc)[kRows][4], const float* h_rows, int h_pitch,
-                                         const float* w_rows, int w_stride, int k_begin, int k_end) {
+// Every thread takes items of kRows rows x 4 columns (columns col_group + j * col_groups):
+// bias (or the previous slab's partial sums) in, the slab's k range accumulated from shared
+// memory, activation out to dst (or to out for the last layer).
+template <int kRows, Activation kAct>
+__device__ __forceinline__ void simt_items(const SimtPass& q) {
   // Loads of several k steps in flight: 1- and 2-row items are latency-bound (seed model, H200:
   // B32 12.5 -> 11.8 us, B4096 18.6 -> 18.1 us with 8 / 4 steps instead of 2).
   constexpr int kUnroll = kRows == 1 ? 8 : kRows == 2 ? 4 : 2;
-#pragma unroll kUnroll
-  for (int k = k_begin; k < k_end; k += 4) {
-    float4 hv[kRows], wv[4];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) hv[i] = *reinterpret_cast<const float4*>(h_rows + i * h_pitch + k);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wv[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + (k - k_begin));
-#pragma unroll
-    for (int i = 0; i < kRows; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kRows == 1) {
-          // Blocked summation: each group of 4 products is summed on its own, then added, so
-          // rounding error grows with k/4 rather than k (one serial chain put a silu MLP at 3x
-          // PyTorch's cuBLAS error on an H200). The wider items keep the serial chain: the extra
-          // temporaries make their gelu/silu builds spill.
-          float part = hv[i].x * wv[j].x;
-          part = fmaf(hv[i].y, wv[j].y, part);
-          part = fmaf(hv[i].z, wv[j].z, part);
-          part = fmaf(hv[i].w, wv[j].w, part);
-          acc[i][j] += part;
-        } else {
-          acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
-          acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
-          acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
-          acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
-        }
-      }
-  }
-}
-
-// The end of an item: bias or partial sums in, activation out, to dst (or out for the last layer).
-template <int kRows, Activation kAct>
-__device__ __forceinline__ void simt_store(const SimtPass& q, const float (&acc)[kRows][4], int row_base,
-                                           int col_group) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = col_group + j * q.col_groups;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int r = row_base + i;
-      if (q.final_slab && q.last) {
-        if (r < q.rows && c < q.out_w) q.out[static_cast<int64_t>(r) * q.out_w + c] = acc[i][j];
-      } else {
-        q.dst[r * q.h_pitch + c] = (q.final_slab && !q.last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
-      }
-    }
-  }
-}
-
-template <int kRows>
-__device__ __forceinline__ void simt_init(const SimtPass& q, float (&acc)[kRows][4], int row_base,
-                                          int col_group) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = col_group + j * q.col_groups;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i)
-      acc[i][j] = q.s0 == 0 ? q.bias[c] : q.dst[(row_base + i) * q.h_pitch + c];
-  }
-}
-
-// Every thread takes items of kRows rows x 4 columns (columns col_group + j * col_groups).
-template <int kRows, Activation kAct>
-__device__ __forceinline__ void simt_items(const SimtPass& q) {
   const int items = q.col_groups * (q.tile_rows / kRows);
+  const int w_stride = q.col_groups * q.w_pitch;  // from one of an item's weight rows to the next
   for (int item = threadIdx.x; item < items; item += kSimtThreads) {
     const int col_group = item % q.col_groups;
     const int row_base = (item / q.col_groups) * kRows;
     float acc[kRows][4];
-    simt_init<kRows>(q, acc, row_base, col_group);
-    simt_dot<kRows>(acc, q.src + row_base * q.h_pitch, q.h_pitch, q.w + col_group * q.w_pitch,
-                    q.col_groups * q.w_pitch, q.s0, q.s_end);
-    simt_store<kRows, kAct>(q, acc, row_base, col_group);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = col_group + j * q.col_groups;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        acc[i][j] = q.s0 == 0 ? q.bias[c] : q.dst[(row_base + i) * q.h_pitch + c];
+    }
+    const float* h_rows = q.src + row_base * q.h_pitch;
+    const float* w_rows = q.w + col_group * q.w_pitch;
+#pragma unroll kUnroll
+    for (int k = q.s0; k < q.s_end; k += 4) {
+      float4 hv[kRows], wv[4];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) hv[i] = *reinterpret_cast<const float4*>(h_rows + i * q.h_pitch + k);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wv[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + (k - q.s0));
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kRows == 1) {
+            // Blocked summation: each group of 4 products is summed on its own, then added, so
+            // rounding error grows with k/4 rather than k (one serial chain put a silu MLP at 3x
+            // PyTorch's cuBLAS error on an H200). The wider items keep the serial chain: the
+            // extra temporaries make their gelu/silu builds spill.
+            float part = hv[i].x * wv[j].x;
+            part = fmaf(hv[i].y, wv[j].y, part);
+            part = fmaf(hv[i].z, wv[j].z, part);
+            part = fmaf(hv[i].w, wv[j].w, part);
+            acc[i][j] += part;
+          } else {
+            acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
+            acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
+            acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
+            acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
+          }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = col_group + j * q.col_groups;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int r = row_base + i;
+        if (q.final_slab && q.last) {
+          if (r < q.rows && c < q.out_w) q.out[static_cast<int64_t>(r) * q.out_w + c] = acc[i][j];
+        } else {
+          q.dst[r * q.h_pitch + c] = (q.final_slab && !q.last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
+        }
+      }
+    }
   }
 }
 
