@@ -2,7 +2,7 @@
 // all layers' weights in shared memory) with wgmma.mma_async instead of mma.sync.
 //
 // Include contract: this header is part of fused_mlp.cu, not a stand-alone unit. It uses
-// MlpKernelParams, store_warp_rows, stage_tile, is_aligned16, mma_row_pitch, round_up, KernelFn
+// MlpKernelParams, store_warp_rows, stage_tile, is_aligned16, mma_row_pitch, KernelFn
 // and pick_by_activation from fused_mlp.cu's anonymous namespace, so fused_mlp.cu includes it at
 // file scope after those (closing and reopening `namespace dualk { namespace {` around the
 // include); its own declarations go into the same anonymous namespace. fused_mlp.cu's planner
@@ -17,19 +17,26 @@
 //     * 16 + (k % 8) * 2. Descriptor: SBO 1024, 128B swizzle; the k16 step j starts at panel j / 4,
 //     +32 (j % 4) bytes (the hardware applies the XOR to the computed address, as for
 //     gemm_sm90.cuh's TMA tiles).
+//   * Biases go through the tensor core: each layer's first wgmma is an extra k16 step with A = all
+//     ones (registers) and B = the layer's bias block (k column 0 = the bias, the rest zero; same
+//     panel layout, 4 layers per panel) and scale-d 0, so the accumulators need no initial value
+//     and no bias is loaded per tile. (Loading them from shared memory, 8 LDS.128 per warp and
+//     layer, kept the shared-memory pipe ~75% busy: 79 us against 66 us, H200.)
 //   * Activations never leave registers between layers: wgmma m64nNk16 takes A from registers with
 //     exactly mma.sync's m16n8k16 A layout per warp (warp w of the warpgroup owns rows 16 w..16 w +
 //     15), and its fp32 accumulator holds, per n8 tile j, d[4 j + 0, 1] = (row lane / 4, cols 8 j +
 //     2 (lane % 4) + {0, 1}), d[4 j + 2, 3] = (row lane / 4 + 8, same cols) (PTX ISA figures
-//     wgmma-64N16-A / -D). So after bias (the accumulator's initial value) + activation +
-//     down-cast, the next layer's A fragment of k-tile kt is {pack(d[8kt], d[8kt+1]),
-//     pack(d[8kt+2], d[8kt+3]), pack(d[8kt+4], d[8kt+5]), pack(d[8kt+6], d[8kt+7])}: no shuffles,
-//     no shared memory. Hidden layers use N = kWidth; the last layer the smallest N in {16, 32,
-//     64, kWidth} that covers its width. relu is folded into the down-cast (cvt.rn.relu.f16x2).
+//     wgmma-64N16-A / -D). So after activation + down-cast, the next layer's A fragment of k-tile
+//     kt is {pack(d[8kt], d[8kt+1]), pack(d[8kt+2], d[8kt+3]), pack(d[8kt+4], d[8kt+5]),
+//     pack(d[8kt+6], d[8kt+7])}: no shuffles, no shared memory. Hidden layers use N = kWidth; the
+//     last layer the smallest N in {16, 32, 64, kWidth} that covers its width. relu is folded into
+//     the down-cast (cvt.rn.relu.f16x2). The hidden-layer loop is unrolled (compile-time
+//     descriptors).
 //   * x: each warp stages only its own 16 rows (cp.async into a kStages-deep per-warp ring, padded
 //     pitch for conflict-free ldmatrix), so no warpgroup barrier is needed; a slot is refilled
-//     with the tile kStages ahead as soon as its A fragments are in registers. Output rows go
-//     through store_warp_rows.
+//     with the tile kStages ahead as soon as its A fragments are in registers. Outputs of <= 16
+//     columns go from the accumulators straight to global memory; wider ones through
+//     store_warp_rows.
 // Each warpgroup's layers form one dependent chain (wgmma, wait, epilogue, next wgmma); the SM
 // overlaps the chains of its warpgroups, so the block takes as many as registers and shared
 // memory allow (see wgmma_mlp_max_warpgroups).
@@ -53,18 +60,19 @@ namespace {
 // (NOTES-mlp.md): two interleaved m64 chains per warpgroup, 2 / 3 / 4 warpgroups: 146 / 109 /
 // 94 us, one chain x 4 warpgroups: 84 us (a second chain inside a warpgroup does not overlap, more
 // warpgroups do); after trimming the epilogue and x staging, one chain x 4 / 5 / 6 warpgroups:
-// 82.0 / 78.4 / 78.3 us.
-//   64-wide relu / none: 6 warpgroups (80 registers), 3 stages; gelu / silu (85-128 registers):
+// 82.0 / 78.4 / 78.3 us; with biases through the tensor core, 6 warpgroups x 3 / 2 stages:
+// 62.1 / 60.3 us.
+//   64-wide relu / none: 6 warpgroups (80 registers), 2 stages; gelu / silu (114-128 registers):
 //   4 warpgroups, 4 stages. 128-wide: 3 warpgroups (<= 168 registers) with 1 stage (the slot is
 //   refilled with the next tile as soon as its A fragments are in registers), which fits beside 4
-//   layers of weights (192 KB): 189.5 us against 212 us for 2 warpgroups x 2 stages.
+//   layers of weights (192 KB).
 // Bench overrides: -DDUALK_WGMMA64_WARPGROUPS=.. -DDUALK_WGMMA64_STAGES=.. (relu / none only) and
 // -DDUALK_WGMMA128_WARPGROUPS / _STAGES.
 #ifndef DUALK_WGMMA64_WARPGROUPS
 #define DUALK_WGMMA64_WARPGROUPS 6
 #endif
 #ifndef DUALK_WGMMA64_STAGES
-#define DUALK_WGMMA64_STAGES 3
+#define DUALK_WGMMA64_STAGES 2
 #endif
 #ifndef DUALK_WGMMA128_WARPGROUPS
 #define DUALK_WGMMA128_WARPGROUPS 3
@@ -104,17 +112,17 @@ __device__ __forceinline__ uint32_t desc_low(uint32_t smem_address) {
   return ((smem_address & 0x3FFFF) >> 4) | (1u << 16);
 }
 
-// d (fp32, m64 x N) += a (registers, m64 x k16) x B (shared memory, descriptor, K-major), scale-d
-// = 1: the caller initializes d (with the bias). One overload per (N, type); the last argument
-// only selects the type. Operands: N/2 accumulators, 4 A registers, desc_b, the scale-d register.
+// d (fp32, m64 x N) = a (registers, m64 x k16) x B (shared memory, descriptor, K-major)
+// + (scale_d ? d : 0). One overload per (N, type); the CTYPE argument only selects the type.
+// Operands: N/2 accumulators, 4 A registers, desc_b, the scale-d register.
 #define DUALK_MLP_DEFINE_WGMMA(N, CTYPE, PTX_TYPE, REGS, ACCS, A0, A1, A2, A3, DESC, SCALE)           \
   __device__ __forceinline__ void wgmma_rs(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b, \
-                                           CTYPE) {                                                 \
+                                           CTYPE, int scale_d = 1) {                                \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                  \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS    \
                  "}, {" A0 ", " A1 ", " A2 ", " A3 "}, " DESC ", p, 1, 1, 0;\n}\n"                     \
                  : ACCS                                                                             \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));          \
   }
 #define DUALK_MLP_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define DUALK_MLP_REGS_0_15 DUALK_MLP_REGS_0_7 ", %8, %9, %10, %11, %12, %13, %14, %15"
@@ -154,28 +162,26 @@ DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_63, DUALK_ML
 #undef DUALK_MLP_REGS_0_7
 
 // One layer for the warpgroup, start to finish: acc = bias + a @ W^T over the full kWidth of k,
-// N = kN output columns (weight rows 0..kN-1 of the layer's panels). `bias` points at this
-// thread's duplicated bias quads of the layer (see the bias area in fused_mlp_wgmma_kernel):
-// one 16-byte load per n8 tile is exactly acc[4 j .. 4 j + 3]. `desc_lo` is the low word of the
-// layer's descriptor (panel 0, k 0).
+// N = kN output columns (weight rows 0..kN-1 of the layer's panels). `desc_lo` is the low word of
+// the layer's descriptor (panel 0, k 0), `bias_desc_lo` that of its bias block (a K-major k16
+// block whose first column is the bias, the rest zero): the bias is the first k16 step, with A =
+// all ones and scale-d 0, so the accumulators need no initial value.
+template <typename T> constexpr uint32_t kOnesPair = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
 template <typename T, int kN, int kWidth>
 __device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t (&a)[kWidth / 16][4],
-                                            const float* bias, uint32_t desc_lo) {
+                                            uint32_t desc_lo, uint32_t bias_desc_lo) {
   constexpr int kPanelBytes = kWidth * 128;
-  // Recomputed per call (volatile): hoisted out of the tile loop, the last layer's kWidth / 16
-  // 64-bit step descriptors held 16 registers (the 128-wide build spilled).
-  uint32_t lo;
+  // Recomputed per call (volatile), like the ones: hoisted out of the tile loop, the last layer's
+  // kWidth / 16 64-bit step descriptors held 16 registers (the 128-wide build spilled).
+  uint32_t lo, blo, ones[4];
   asm volatile("mov.b32 %0, %1;\n" : "=r"(lo) : "r"(desc_lo));
-#pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-    const float4 b = *reinterpret_cast<const float4*>(bias + 16 * j);
-    acc[4 * j + 0] = b.x;
-    acc[4 * j + 1] = b.y;
-    acc[4 * j + 2] = b.z;
-    acc[4 * j + 3] = b.w;
-  }
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(blo) : "r"(bias_desc_lo));
+  asm volatile("mov.b32 %0, %4;\nmov.b32 %1, %4;\nmov.b32 %2, %4;\nmov.b32 %3, %4;\n"
+               : "=r"(ones[0]), "=r"(ones[1]), "=r"(ones[2]), "=r"(ones[3])
+               : "n"(kOnesPair<T>));
   fence_acc(acc);
-  wgmma_fence();  // the accumulators and A registers were written by ordinary instructions
+  wgmma_fence();  // the A registers were written by ordinary instructions
+  wgmma_rs(acc, ones, (static_cast<uint64_t>(kDescHigh) << 32) | blo, T{}, 0);
 #pragma unroll
   for (int kt = 0; kt < kWidth / 16; ++kt)
     wgmma_rs(acc, a[kt],
@@ -184,6 +190,18 @@ __device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t
   wgmma_commit();
   wgmma_wait<0>();
   fence_acc(acc);
+}
+
+// 16-byte global -> shared copy (no zero-fill form), issued only where `pred` holds.
+__device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* src, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+               "l"(src), "r"(static_cast<int>(pred))
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // relu(lo), relu(hi) rounded and packed in one instruction (cvt.rn.relu: negative -> 0, NaN
@@ -212,18 +230,18 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
   constexpr int kKTiles = kWidth / 16;
   constexpr int kPitch = mma_row_pitch(kWidth);  // x ring rows: conflict-free ldmatrix
   constexpr int kSlot = kWgmmaWarpRows * kPitch;  // elements per ring slot
+  constexpr int kSlotBytes = kSlot * static_cast<int>(sizeof(T));
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunksPerRow = kWidth / kVec;     // 16-byte chunks per padded x / weight row
   constexpr int kRowsPerPass = 32 / kChunksPerRow;  // x rows one cp.async per lane covers
+  constexpr int kPassBytes = kRowsPerPass * kPitch * static_cast<int>(sizeof(T));
   constexpr int kLayerBytes = kWidth * kWidth * 2;
   constexpr int kPanelBytes = kWidth * 128;
-  constexpr int kBiasFloats = 2 * kWidth;  // per layer: every column pair stored twice
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled panels need 1024-byte alignment; the plan reserves the slack.
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  float* bias_smem = reinterpret_cast<float*>(smem);
-  unsigned char* weight_smem = smem + p.weight_area_offset;
+  unsigned char* weight_smem = smem + p.weight_area_offset;  // the bias panels start at 0
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warpgroup = warp / 4;
@@ -240,41 +258,71 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
   const int in0 = p.widths[0];
   const int num_layers = p.num_layers;
   const int out_w = p.widths[num_layers];
+  const int64_t stride = p.stride_xm;
   const int64_t row_tiles = ceil_div(p.m, kWgmmaTileRows);
+  const int64_t full_tiles = p.m / kWgmmaTileRows;  // tiles whose 64 rows all exist
   const int64_t tile_step = static_cast<int64_t>(gridDim.x) * num_warpgroups;
+  int64_t tile = static_cast<int64_t>(blockIdx.x) * num_warpgroups + warpgroup;
 
   auto warp_rows = [&](int64_t row0) {
     const int64_t remaining = p.m - row0;
     return remaining <= 0 ? 0 : remaining < kWgmmaWarpRows ? static_cast<int>(remaining) : kWgmmaWarpRows;
   };
-  // x staging, vectorized: lane l copies the 16-byte chunk at column x_col of rows x_row,
-  // x_row + kRowsPerPass, ...; its byte count (zero-fill past in0) is the same for every row.
+
+  // ---- x staging. Lane l copies the 16-byte chunk at column x_col of rows x_row, x_row +
+  // kRowsPerPass, ... of its warp's 16 rows. Fast path (16-byte aligned rows holding whole 16-byte
+  // chunks of x): plain 16-byte copies from a pointer that steps by tile_step tiles per call
+  // (calls come in tile order), rows past m skipped (their stale values only reach output rows
+  // that are never stored), chunks past in0 never copied (zeroed once below).
+  const bool x_fast = p.x_vectorized && in0 % kVec == 0;
   const int x_row = lane / kChunksPerRow;
   const int x_col = (lane % kChunksPerRow) * kVec;
-  const int x_bytes = max(0, min(in0 - x_col, kVec)) * static_cast<int>(sizeof(T));
-  // This warp's 16 rows of 64-row tile `tile` into ring slot `buf`, zero beyond in0 and past m.
-  auto stage_x = [&](int64_t tile, T* buf) {
-    if (tile >= row_tiles) return;
-    const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
+  const bool lane_copies = x_col < in0;
+  const uint32_t ring_u32 = smem_u32(x_ring);
+  const uint32_t ring_lane_u32 = ring_u32 + (x_row * kPitch + x_col) * static_cast<int>(sizeof(T));
+  const int64_t x_tile_step = tile_step * kWgmmaTileRows * stride;
+  const T* gx = x + (tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows + x_row) * stride + x_col;
+  // This warp's 16 rows of 64-row tile `t` into the ring slot at byte offset `slot_off`.
+  auto stage_x = [&](int64_t t, int slot_off) {
+    if (x_fast) {
+      const uint32_t dst = ring_lane_u32 + slot_off;
+      if (t < full_tiles) {
+#pragma unroll
+        for (int i = 0; i < kWgmmaWarpRows / kRowsPerPass; ++i)
+          cp_async_16_if(dst + i * kPassBytes, gx + i * kRowsPerPass * stride, lane_copies);
+      } else if (t < row_tiles) {
+        const int rows = warp_rows(t * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows);
+#pragma unroll
+        for (int i = 0; i < kWgmmaWarpRows / kRowsPerPass; ++i)
+          cp_async_16_if(dst + i * kPassBytes, gx + i * kRowsPerPass * stride,
+                         lane_copies && x_row + i * kRowsPerPass < rows);
+      }
+      gx += x_tile_step;
+      return;
+    }
+    if (t >= row_tiles) return;
+    const int64_t row0 = t * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
     const int rows = warp_rows(row0);
-    if (p.x_vectorized) {
-      const T* g = x + (row0 + x_row) * p.stride_xm + x_col;
-      const int64_t g_step = kRowsPerPass * p.stride_xm;
+    T* buf = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(x_ring) + slot_off);
+    if (p.x_vectorized) {  // in0 not a multiple of 16 bytes: zero-filling copies
+      const T* g = x + (row0 + x_row) * stride + x_col;
+      const int x_bytes = max(0, min(in0 - x_col, kVec)) * static_cast<int>(sizeof(T));
 #pragma unroll
       for (int i = 0; i < kWgmmaWarpRows / kRowsPerPass; ++i) {
         const int r = x_row + i * kRowsPerPass;
         const int bytes = r < rows ? x_bytes : 0;
         // A zero-byte copy reads nothing, but still gets a mapped address.
-        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(g) : p.x, bytes);
-        g += g_step;
+        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(g + i * kRowsPerPass * stride) : p.x,
+                    bytes);
       }
     } else {
-      const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
-      stage_tile<T>(buf, kPitch, src, p.stride_xm, rows, in0, kWgmmaWarpRows, kWidth, x, false, lane, 32);
+      const T* src = rows > 0 ? x + row0 * stride : x;
+      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, false, lane, 32);
     }
   };
 
-  // ---- prologue: weights (swizzled panels) + biases for the whole block, then each warp's ring
+  // ---- prologue: weights (swizzled panels) for the whole block, then each warp's ring, then the
+  // bias panels (plain loads: issued after the x copies, so their latency overlaps)
   for (int layer = 0; layer < num_layers; ++layer) {
     const T* w = static_cast<const T*>(p.weights[layer]);
     const int in = p.widths[layer], out_l = p.widths[layer + 1];
@@ -296,91 +344,92 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
                               (k % 8) * 2) = v;
       }
     }
-    // Biases as fp32, zero past the layer's width (and all zero without bias), in the accumulator
-    // order: quad q of pair p is (b[2p], b[2p + 1], b[2p], b[2p + 1]), pair p = 4 j + lane % 4
-    // for n8 tile j, so a thread's whole n8 tile of accumulators is one 16-byte load.
-    const T* bias = static_cast<const T*>(p.biases[layer]);
-    for (int e = threadIdx.x; e < kBiasFloats; e += blockDim.x) {
-      const int col = 2 * (e / 4) + e % 2;
-      bias_smem[layer * kBiasFloats + e] = (bias != nullptr && col < out_l) ? to_float(bias[col]) : 0.f;
-    }
   }
   cp_async_commit();
-  int64_t tile = static_cast<int64_t>(blockIdx.x) * num_warpgroups + warpgroup;
+  if (x_fast && in0 < kWidth) {
+    // Zero the padding chunks (columns >= in0) of every slot once; copies never touch them.
+    for (int i = lane; i < kStages * kWgmmaWarpRows * kChunksPerRow; i += 32) {
+      const int row = i / kChunksPerRow, c = i % kChunksPerRow;
+      if (c * kVec >= in0) *reinterpret_cast<uint4*>(x_ring + row * kPitch + c * kVec) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    stage_x(tile + s * tile_step, x_ring + s * kSlot);
+    stage_x(tile + s * tile_step, s * kSlotBytes);
     cp_async_commit();
+  }
+  {
+    // Bias panels (K-major, 128-byte swizzle like the weights): layer l's block is k columns
+    // 16 (l % 4) .. + 15 of panel l / 4, its first column the bias (zero past the layer's width
+    // or without bias), the rest zero. Whole 16-byte chunks, each written once.
+    const int panels = (num_layers + 3) / 4;
+    for (int i = threadIdx.x; i < panels * kWidth * 8; i += blockDim.x) {
+      const int panel = i / (kWidth * 8), n = (i / 8) % kWidth, kc = i % 8;  // kc: 8-column chunk
+      const int layer = 4 * panel + kc / 2;
+      uint32_t first = 0;
+      if (kc % 2 == 0 && layer < num_layers && n < p.widths[layer + 1] && p.biases[layer] != nullptr)
+        first = static_cast<const unsigned short*>(p.biases[layer])[n];
+      *reinterpret_cast<uint4*>(smem + panel * kPanelBytes + n * 128 + ((kc ^ (n % 8)) << 4)) =
+          make_uint4(first, 0u, 0u, 0u);
+    }
   }
   cp_async_wait<kStages>();  // the weights (the oldest group) have landed
   fence_proxy_async();
   __syncthreads();
 
   const uint32_t desc_w = desc_low(smem_u32(weight_smem));
-  const int a_row = lane % 16;  // ldmatrix lane roles as in fused_mlp_mma_kernel
-  const int a_col = (lane / 16) * 8;
+  const uint32_t desc_b = desc_low(smem_u32(smem));
+  auto weight_desc = [&](int layer) { return desc_w + ((layer * kLayerBytes) >> 4); };
+  auto bias_desc = [&](int layer) { return desc_b + (((layer / 4) * kPanelBytes + (layer % 4) * 32) >> 4); };
   const int quad_col = 2 * (lane % 4);
-  const float* bias_lane = bias_smem + 4 * (lane % 4);
-  int slot = 0;
+  const int q_row = lane / 4;
 
-  for (; tile < row_tiles; tile += tile_step) {
-    const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
-    T* buf = x_ring + slot * kSlot;
-    cp_async_wait<kStages - 1>();  // this tile's group: the oldest of the kStages in flight
-    __syncwarp();
-    uint32_t a[kKTiles][4];
+  // Activation + down-cast of a hidden layer's accumulators into the next layer's A.
+  auto epilogue = [&](const float (&acc)[kWidth / 2], uint32_t (&a)[kKTiles][4], int layer) {
+    // Columns past the layer's width must be exactly 0 for the next layer: with an inf input,
+    // their zero weights give inf * 0 = NaN.
+    const int width = p.widths[layer + 1];
+    const bool mask = width < kWidth;
+    const int keep_below = width - quad_col;  // this thread's column j + quad_col is kept iff j < this
 #pragma unroll
-    for (int kt = 0; kt < kKTiles; ++kt) ldmatrix_x4(a[kt], buf + a_row * kPitch + kt * 16 + a_col);
-    __syncwarp();  // every lane has read the slot: refill it with the tile kStages ahead
-    stage_x(tile + kStages * tile_step, buf);
-    cp_async_commit();
-    slot = slot + 1 == kStages ? 0 : slot + 1;
-
-    for (int layer = 0; layer + 1 < num_layers; ++layer) {
-      float acc[kWidth / 2];
-      wgmma_layer<T, kWidth, kWidth>(acc, a, bias_lane + layer * kBiasFloats,
-                                     desc_w + ((layer * kLayerBytes) >> 4));
-      // Columns past the layer's width must be exactly 0 for the next layer: with an inf input,
-      // their zero weights give inf * 0 = NaN.
-      const int width = p.widths[layer + 1];
-      const bool mask = width < kWidth;
-      const int keep_below = width - quad_col;  // this thread's column j + quad_col is kept iff j < this
+    for (int kt = 0; kt < kKTiles; ++kt) {
 #pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float lo = acc[8 * kt + 2 * i], hi = acc[8 * kt + 2 * i + 1];
-          if constexpr (kAct == Activation::kRelu) {
-            a[kt][i] = pack2_relu<T>(lo, hi);
-          } else {
-            a[kt][i] = pack2<T>(apply_activation_16bit<kAct>(lo), apply_activation_16bit<kAct>(hi));
-          }
+      for (int i = 0; i < 4; ++i) {
+        const float lo = acc[8 * kt + 2 * i], hi = acc[8 * kt + 2 * i + 1];
+        if constexpr (kAct == Activation::kRelu) {
+          a[kt][i] = pack2_relu<T>(lo, hi);
+        } else {
+          a[kt][i] = pack2<T>(apply_activation_16bit<kAct>(lo), apply_activation_16bit<kAct>(hi));
         }
-        if (mask) {
-          // Register i holds columns 16 kt + 8 (i / 2) + quad_col, +1 (compared against
-          // keep_below with immediates: per-lane column values hoisted out of the loops held
-          // 24 registers).
+      }
+      if (mask) {
+        // Register i holds columns 16 kt + 8 (i / 2) + quad_col, +1 (compared against
+        // keep_below with immediates: per-lane column values hoisted out of the loops held
+        // 24 registers).
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = kt * 16 + half * 8;
-            const uint32_t keep = (j < keep_below ? 0xffffu : 0u) | (j + 1 < keep_below ? 0xffff0000u : 0u);
-            a[kt][2 * half] &= keep;
-            a[kt][2 * half + 1] &= keep;
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int j = kt * 16 + half * 8;
+          const uint32_t keep = (j < keep_below ? 0xffffu : 0u) | (j + 1 < keep_below ? 0xffff0000u : 0u);
+          a[kt][2 * half] &= keep;
+          a[kt][2 * half + 1] &= keep;
         }
       }
     }
+  };
 
-    // Last layer: no activation; N just covers the output width.
-    const int last = num_layers - 1;
-    const float* last_bias = bias_lane + last * kBiasFloats;
-    const uint32_t last_desc = desc_w + ((last * kLayerBytes) >> 4);
-    T* out_rows = out + row0 * out_w;
+  // Last layer: no activation; N just covers the output width. Outputs of at most 16 columns go
+  // from the accumulators straight to global memory (a thread holds columns quad_col, +1, +8, +9
+  // of rows lane / 4 and lane / 4 + 8); wider ones through the warp's staging rows.
+  const int last = num_layers - 1;
+  const bool out_pairs = out_w % 2 == 0 && (reinterpret_cast<uintptr_t>(out) & 3) == 0;
+  const bool out_quads = out_w % 4 == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  auto last_layer = [&](const uint32_t (&a)[kKTiles][4], int64_t row0) {
     const int rows = warp_rows(row0);
-    auto last_layer = [&](auto n_tag) {
+    T* out_rows = out + row0 * out_w;
+    auto wide = [&](auto n_tag) {
       constexpr int kN = decltype(n_tag)::value;
       float acc[kN / 2];
-      wgmma_layer<T, kN, kWidth>(acc, a, last_bias, last_desc);
+      wgmma_layer<T, kN, kWidth>(acc, a, weight_desc(last), bias_desc(last));
       uint32_t o[1][kN / 16][4];
 #pragma unroll
       for (int kt = 0; kt < kN / 16; ++kt)
@@ -389,16 +438,85 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
       store_warp_rows<T, 1, kN / 16>(o, p, out_smem, out_rows, rows, lane);
     };
     if (out_w <= 16) {
-      last_layer(std::integral_constant<int, 16>{});
+      float acc[8];
+      wgmma_layer<T, 16, kWidth>(acc, a, weight_desc(last), bias_desc(last));
+      const uint32_t lo0 = pack2<T>(acc[0], acc[1]), lo1 = pack2<T>(acc[4], acc[5]);  // row lo
+      const uint32_t hi0 = pack2<T>(acc[2], acc[3]), hi1 = pack2<T>(acc[6], acc[7]);  // row lo + 8
+      const bool lo_ok = q_row < rows, hi_ok = q_row + 8 < rows;
+      if (out_quads) {
+        // Lane pairs swap one word per row so that each lane writes 4 consecutive columns (a
+        // row's 32 bytes in one instruction): even lanes columns quad_col .. + 3, odd lanes
+        // quad_col + 6 .. + 9.
+        const bool even = (lane & 1) == 0;
+        const uint32_t lo_in = __shfl_xor_sync(0xffffffffu, even ? lo1 : lo0, 1);
+        const uint32_t hi_in = __shfl_xor_sync(0xffffffffu, even ? hi1 : hi0, 1);
+        const int col = even ? quad_col : quad_col + 6;
+        if (col < out_w) {
+          T* o = out_rows + q_row * out_w + col;
+          if (lo_ok) *reinterpret_cast<uint2*>(o) = even ? make_uint2(lo0, lo_in) : make_uint2(lo_in, lo1);
+          if (hi_ok) *reinterpret_cast<uint2*>(o + 8 * out_w) = even ? make_uint2(hi0, hi_in) : make_uint2(hi_in, hi1);
+        }
+        return;
+      }
+      T* o_lo = out_rows + q_row * out_w + quad_col;
+      T* o_hi = o_lo + 8 * out_w;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t lo = j == 0 ? lo0 : lo1, hi = j == 0 ? hi0 : hi1;
+        const int col = 8 * j + quad_col;
+        if (out_pairs) {
+          if (col < out_w) {
+            if (lo_ok) *reinterpret_cast<uint32_t*>(o_lo + 8 * j) = lo;
+            if (hi_ok) *reinterpret_cast<uint32_t*>(o_hi + 8 * j) = hi;
+          }
+        } else {
+          unsigned short* lo16 = reinterpret_cast<unsigned short*>(o_lo + 8 * j);
+          unsigned short* hi16 = reinterpret_cast<unsigned short*>(o_hi + 8 * j);
+          if (col < out_w) {
+            if (lo_ok) lo16[0] = static_cast<unsigned short>(lo);
+            if (hi_ok) hi16[0] = static_cast<unsigned short>(hi);
+          }
+          if (col + 1 < out_w) {
+            if (lo_ok) lo16[1] = static_cast<unsigned short>(lo >> 16);
+            if (hi_ok) hi16[1] = static_cast<unsigned short>(hi >> 16);
+          }
+        }
+      }
     } else if (out_w <= 32) {
-      last_layer(std::integral_constant<int, 32>{});
+      wide(std::integral_constant<int, 32>{});
     } else if constexpr (kWidth == 64) {
-      last_layer(std::integral_constant<int, 64>{});
+      wide(std::integral_constant<int, 64>{});
     } else if (out_w <= 64) {
-      last_layer(std::integral_constant<int, 64>{});
+      wide(std::integral_constant<int, 64>{});
     } else {
-      last_layer(std::integral_constant<int, 128>{});
+      wide(std::integral_constant<int, 128>{});
     }
+  };
+
+  // ---- the tiles
+  const uint32_t a_lane_u32 = ring_u32 + ((lane % 16) * kPitch + (lane / 16) * 8) * static_cast<int>(sizeof(T));
+  int slot_off = 0;  // bytes
+  for (; tile < row_tiles; tile += tile_step) {
+    const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
+    cp_async_wait<kStages - 1>();  // this tile's group: the oldest of the kStages in flight
+    __syncwarp();
+    uint32_t a[kKTiles][4];
+#pragma unroll
+    for (int kt = 0; kt < kKTiles; ++kt) ldmatrix_x4_u32(a[kt], a_lane_u32 + slot_off + kt * 32);
+    __syncwarp();  // every lane has read the slot: refill it with the tile kStages ahead
+    stage_x(tile + kStages * tile_step, slot_off);
+    cp_async_commit();
+    slot_off = slot_off + kSlotBytes == kStages * kSlotBytes ? 0 : slot_off + kSlotBytes;
+
+    // Unrolled: every layer's descriptors and width are compile-time offsets.
+#pragma unroll
+    for (int layer = 0; layer < kMaxMlpLayers - 1; ++layer) {
+      if (layer + 1 >= num_layers) break;
+      float acc[kWidth / 2];
+      wgmma_layer<T, kWidth, kWidth>(acc, a, weight_desc(layer), bias_desc(layer));
+      epilogue(acc, a, layer);
+    }
+    last_layer(a, row0);
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 #elif defined(__CUDA_ARCH__)
@@ -410,10 +528,10 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
 
 // ------------------------------------------------------------------ host side
 // Shared memory of fused_mlp_wgmma_kernel, from a 1024-byte-aligned base (1024 bytes of slack are
-// added for aligning the dynamic base): the bias area at 0 (layers x 2 kWidth fp32, each column
-// pair stored twice), the weights at weight_area_offset (layers x kWidth x kWidth, 1024-aligned),
-// then per warp a kStages-deep x ring (slots of 16 rows x mma_row_pitch(kWidth)) followed by its
-// 16 output staging rows (out_pitch).
+// added for aligning the dynamic base): the bias panels at 0 (one kWidth x 64 k panel per 4
+// layers), the weights at weight_area_offset (layers x kWidth x kWidth), then per warp a
+// kStages-deep x ring (slots of 16 rows x mma_row_pitch(kWidth)) followed by its 16 output
+// staging rows (out_pitch).
 struct WgmmaMlpSmem {
   int weight_area_offset, act_area_offset, per_warp_bytes;
   int bytes(int warpgroups) const { return 1024 + act_area_offset + warpgroups * 4 * per_warp_bytes; }
@@ -422,7 +540,7 @@ struct WgmmaMlpSmem {
 inline WgmmaMlpSmem wgmma_mlp_smem(int width, Activation act, int num_layers, int out_pitch) {
   constexpr int kElem = 2;
   WgmmaMlpSmem s;
-  s.weight_area_offset = round_up(num_layers * 2 * width * 4, 1024);
+  s.weight_area_offset = (num_layers + 3) / 4 * width * 128;
   s.act_area_offset = s.weight_area_offset + num_layers * width * width * kElem;
   s.per_warp_bytes = (wgmma_mlp_stages(width, act) * mma_row_pitch(width) + out_pitch) * kWgmmaWarpRows * kElem;
   return s;
