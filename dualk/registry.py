@@ -353,8 +353,9 @@ OPS: Mapping[str, OpSpec] = {
     for spec in (
         # auto orders come from H200 measurements (bench/results/): the CUDA elementwise path has
         # the lowest host cost per call (11 us vs Triton's 26 us for a 16-element add) at equal
-        # bandwidth; no dualk matmul beats cuBLAS yet (Triton 0.91-1.03x at 4096-8192, CUDA
-        # ~0.5x), so matmul's auto is PyTorch; Triton wins linear_gelu and the big fused MLPs.
+        # bandwidth; no dualk matmul beats cuBLAS on every shape yet (16-bit: Triton 0.99-1.03x,
+        # CUDA 0.92-0.98x at 4096-8192; fp32: CUDA 0.91x, Triton 0.86x), so matmul's auto is
+        # PyTorch; Triton wins linear_gelu.
         OpSpec("add", torch_ref.add, _impls("add"),
                ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
         OpSpec("relu_scale", torch_ref.relu_scale, _impls("relu_scale"),
@@ -363,11 +364,14 @@ OPS: Mapping[str, OpSpec] = {
                ("torch", "triton", "cuda"), _mm_cases(), _mm_cost, "gemm"),
         OpSpec("linear_gelu", torch_ref.linear_gelu, _impls("linear_gelu"),
                ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
-        # fused_mlp fp32: the CUDA kernels win (seed model: 13.3 vs 23.0 us at batch 32, 21.9 vs
-        # 37.2 us at 4096); fp16/bf16: Triton (86.7 vs 172.6 us at 64 wide, batch 2^20).
+        # fused_mlp: the CUDA kernels win every benchmarked case on an H200
+        # (bench/results/2026-11-21-h200-default-s3-final-compile.json): fp32 seed model 11.8 vs
+        # 22.5 us at batch 32, 18.9 vs 37.2 us at 4096; fp16/bf16 at batch 2^20 (Hopper wgmma
+        # kernel) 60.5 vs 86.6 us at 64 wide, 176.5 vs 256.3 us at 128 wide. Not benchmarked:
+        # 16-bit widths above 128 (the mma.sync kernel) and GPUs before Hopper, where the padded
+        # mma.sync kernel (100 us at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
-               ("triton", "cuda", "torch"), _mlp_cases(), _mlp_cost, "gemm",
-               {torch.float32: ("cuda", "triton", "torch")}),
+               ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
     )
 }  # fmt: skip
 

@@ -1,6 +1,7 @@
 """The backend precedence (README's table), errors for unknown or unavailable backends, `explain`
 and the cost of dispatch."""
 
+import dataclasses
 import os
 import time
 
@@ -145,7 +146,11 @@ def test_dispatch_overhead_is_small():
 
 
 def test_auto_order_can_differ_by_dtype():
-    spec = OPS["fused_mlp"]
+    spec = dataclasses.replace(
+        OPS["fused_mlp"],
+        auto_order=("triton", "cuda", "torch"),
+        auto_order_by_dtype={torch.float32: ("cuda", "triton", "torch")},
+    )
     cpu = torch.device("cpu")
     assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float32)][0] == "cuda"
     assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float16)][0] == "triton"
