@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -238,6 +239,30 @@ template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
 #endif  // __CUDA_ARCH__ >= 900
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Compute capability 9.0 exactly, cached per device: the sm_90a kernels (wgmma, setmaxnreg) run
+// on no other architecture (not 10.x, not 12.x).
+inline bool device_is_sm90() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v != 0) return v == 1;
+  }
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                  major == 9 && minor == 0;
+  if (!ok) cudaGetLastError();
+  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
+  return ok;
+}
 
 // Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device, calling
 // cudaFuncSetAttribute only when the limit must grow: the call costs host time on every launch

@@ -546,28 +546,6 @@ inline WgmmaMlpSmem wgmma_mlp_smem(int width, Activation act, int num_layers, in
   return s;
 }
 
-// Compute capability 9.0 exactly (wgmma is sm_90a-only: not 10.x, not 12.x), cached per device.
-inline bool wgmma_mlp_device_ok() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int v = cache[device].load(std::memory_order_relaxed);
-    if (v != 0) return v == 1;
-  }
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  if (!ok) cudaGetLastError();
-  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
-}
 
 template <typename T, int kWidth> struct WgmmaPick {
   template <Activation kAct> struct By {
@@ -587,7 +565,7 @@ KernelFn pick_wgmma_kernel(int bucket, Activation act) {
 inline bool plan_fused_mlp_wgmma(const FusedMlpArgs& a, int bucket, int smem_limit, MlpKernelParams& p,
                                  KernelFn& kernel, int& threads, int& smem) {
   if (bucket != 64 && bucket != 128) return false;
-  if (!wgmma_mlp_device_ok()) return false;
+  if (!device_is_sm90()) return false;
   const WgmmaMlpSmem s = wgmma_mlp_smem(bucket, a.activation, a.num_layers, p.out_pitch);
   int warpgroups = wgmma_mlp_max_warpgroups(bucket, a.activation);
   while (warpgroups > 0 && s.bytes(warpgroups) > smem_limit) --warpgroups;

@@ -428,27 +428,7 @@ inline EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-// Compute capability 9.0 (wgmma and setmaxnreg are sm_90a-only: not 10.x, not 12.x), cached per device.
-inline bool device_is_sm90() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int v = cache[device].load(std::memory_order_relaxed);
-    if (v != 0) return v == 1;
-  }
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
-}
+// device_is_sm90() (common.cuh): wgmma and setmaxnreg need compute capability 9.0 exactly.
 
 constexpr int64_t kMaxInt = 0x7fffffff;
 constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
@@ -547,7 +527,7 @@ inline bool can_run(const GemmArgs& args) {
   if (args.stride_a_batch < 0 || args.stride_b_batch < 0) return false;
   // Tile counts (of the smallest tile launch() may pick) must fit the kernel's int tile index.
   if (args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
-  if (!detail::device_is_sm90()) return false;
+  if (!device_is_sm90()) return false;
   return detail::encode_tiled_fn() != nullptr;
 }
 
