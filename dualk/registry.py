@@ -353,9 +353,9 @@ OPS: Mapping[str, OpSpec] = {
     for spec in (
         # auto orders come from H200 measurements (bench/results/): the CUDA elementwise path has
         # the lowest host cost per call (11 us vs Triton's 26 us for a 16-element add) at equal
-        # bandwidth; no dualk matmul beats cuBLAS on every shape yet (16-bit: Triton 0.99-1.03x,
-        # CUDA 0.92-0.98x at 4096-8192; fp32: CUDA 0.91x, Triton 0.86x), so matmul's auto is
-        # PyTorch; Triton wins linear_gelu.
+        # bandwidth; no dualk matmul beats cuBLAS on every shape yet (16-bit at 4096-8192, two
+        # session-3 runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
+        # matmul's auto is PyTorch; Triton wins linear_gelu.
         OpSpec("add", torch_ref.add, _impls("add"),
                ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
         OpSpec("relu_scale", torch_ref.relu_scale, _impls("relu_scale"),
