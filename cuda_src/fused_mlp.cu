@@ -739,7 +739,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
   const int out_w = p.widths[num_layers];
   const bool resident = p.k_slab == 0;
 
-  // Resident weights on sm_90: one bulk copy per weight row, all issued at once, each layer's rows
+  // Resident weights on sm_90: bulk copies (whole layers or rows), all issued at once, each layer's rows
   // signalling that layer's mbarrier. A bulk copy is not bounded by the per-SM limit on outstanding
   // loads: with cp.async, 88 KB of cold weights (the seed model) took one block ~10 us to arrive,
   // a few load latencies per thread in sequence.
@@ -755,17 +755,22 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
                                     p.widths[layer + 1] * p.widths[layer] * 4);
     }
     __syncthreads();  // barriers initialized and armed before any copy can complete on them
-    // The copy engine takes about one bulk copy per 23 cycles (H200: 202 row copies of the seed
-    // model took 2.3 us to issue), so a layer whose shared rows are unpadded (pitch == in) goes
-    // as one copy, issued first; thread i copies row i of the other layers' concatenated rows.
+    // A warp issues bulk copies one lane at a time (the compiler wraps cp.async.bulk in an
+    // ELECT loop, ~150 cycles per copy on an H200: 32 row copies held warp 0 for 2.3-2.75 us
+    // before it could stage x). So a layer whose shared rows are unpadded (pitch == in) goes as
+    // one copy, from thread 0; the other layers' rows are spread over warps 1.. (row r to warp
+    // 1 + r % (warps - 1)), leaving warp 0 free to stage x and the biases.
     const auto dense = [&](int layer) { return p.weight_pitch[layer] == p.widths[layer]; };
     if (threadIdx.x == 0)
       for (int layer = 0; layer < num_layers; ++layer)
         if (dense(layer))
           sm90::bulk_copy_g2s(sm90::smem_u32(weight_smem + p.weight_offset[layer]), p.weights[layer],
                               p.widths[layer + 1] * p.widths[layer] * 4, sm90::smem_u32(layer_bars + layer));
+    constexpr int kCopyWarps = kSimtThreads / 32 - 1;
+    const int copy_warp = static_cast<int>(threadIdx.x / 32) - 1;  // -1: warp 0, no row copies
     int layer = 0, layer_row0 = 0;
-    for (int row = threadIdx.x;; row += kSimtThreads) {
+    for (int row = copy_warp + kCopyWarps * static_cast<int>(threadIdx.x % 32); copy_warp >= 0;
+         row += kCopyWarps * 32) {
       while (layer < num_layers && (dense(layer) || row >= layer_row0 + p.widths[layer + 1])) {
         if (!dense(layer)) layer_row0 += p.widths[layer + 1];
         ++layer;
