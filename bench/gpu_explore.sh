@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the standalone experiments (no torch needed for the CUDA ones): builds every
 # harness in parallel, then runs them one after another (timings never overlap).
-#   bash bench/gpu_explore.sh OUT [mlp] [simt] [sm90] [triton]
+#   bash bench/gpu_explore.sh OUT [mlp] [simt] [sm90] [triton] [rsv]
 # Logs: OUT/<part>/... ; a short summary of each part goes to stdout.
 set -u
 OUT=${1:?usage: gpu_explore.sh OUT [parts...]}
@@ -15,6 +15,7 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 if has mlp; then
   mkdir -p "$OUT/mlp"
+  rm -f /tmp/mb_*  # a warm machine keeps the last call's binaries
   shopt -s nullglob  # no bench/standalone/mlp_v_*.cu variants: only the base
   for src in cuda_src/fused_mlp.cu bench/standalone/mlp_v_*.cu; do
     name=$(basename "$src" .cu | sed 's/^mlp_v_//; s/^fused_mlp$/base/')
@@ -23,6 +24,7 @@ if has mlp; then
 fi
 has simt && { mkdir -p "$OUT/simt"; (nvcc $F bench/standalone/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }
 has sm90 && { mkdir -p "$OUT/sm90"; (nvcc $F bench/standalone/gemm_sm90_bench.cu -lcublas -lcublasLt -o /tmp/sm90_bench > "$OUT/sm90/ptxas.txt" 2>&1 || echo "BUILD FAILED sm90") & }
+has rsv && { mkdir -p "$OUT/rsv"; (nvcc $F bench/standalone/relu_scale_variants.cu -o /tmp/rsv > "$OUT/rsv/ptxas.txt" 2>&1 || echo "BUILD FAILED rsv") & }
 wait
 echo "builds done in $(( $(date +%s) - t0 )) s"
 if has mlp; then
@@ -43,6 +45,11 @@ if has simt && [ -x /tmp/simt_bench ]; then
   echo "==================== simt"
   timeout 200 /tmp/simt_bench > "$OUT/simt/run.txt" 2>&1; echo "exit $?"
   tail -25 "$OUT/simt/run.txt"
+fi
+if has rsv && [ -x /tmp/rsv ]; then
+  echo "==================== relu_scale variants"
+  timeout 120 /tmp/rsv > "$OUT/rsv/run.txt" 2>&1; echo "exit $?"
+  cat "$OUT/rsv/run.txt"
 fi
 if has triton; then
   echo "==================== triton linear_gelu sweep"

@@ -1,0 +1,71 @@
+"""Writes bench/standalone/mlp_v_stamp.cu: cuda_src/fused_mlp.cu with globaltimer stamps in the
+fp32 SIMT kernel (thread 0 of every block, first tile, batches 32 and 4096 only). On the 50th
+launch of each of those batches the last block to finish prints, per stamp, the min / mean / max
+over blocks in ns after the earliest block's first instruction:
+  0 entry, 1 barriers armed, 2 copies issued by warp 0, 3+2l layer l weights landed (thread 0),
+  4+2l layer l start (after the block barrier), 11 tile done, 12 kernel end.
+Usage: python bench/standalone/mkstamp.py  (then bench/gpu_explore.sh builds it as variant "stamp").
+"""
+
+import pathlib
+import re
+
+root = pathlib.Path(__file__).resolve().parents[2]
+src = (root / "cuda_src/fused_mlp.cu").read_text()
+
+helpers = r'''
+__device__ unsigned long long g_stamp[1024][16];
+__device__ unsigned int g_stamp_done;
+__device__ unsigned int g_stamp_launch[2];
+__device__ __forceinline__ unsigned long long stamp_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define STAMP(i) do { if (stamping && threadIdx.x == 0) g_stamp[blockIdx.x][(i)] = stamp_now(); } while (0)
+__device__ void stamp_finish(bool stamping, long long m) {
+  if (!stamping || threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&g_stamp_done, 1u) != gridDim.x - 1) return;
+  g_stamp_done = 0;
+  __threadfence();
+  const int key = m == 32 ? 0 : 1;
+  if (++g_stamp_launch[key] != 50) return;
+  unsigned long long t0 = ~0ull;
+  for (unsigned b = 0; b < gridDim.x; ++b) t0 = min(t0, g_stamp[b][0]);
+  printf("stamps m=%lld blocks=%u (ns after the first block's entry: min mean max)\n", m, gridDim.x);
+  for (int i = 0; i < 13; ++i) {
+    unsigned long long lo = ~0ull, hi = 0, sum = 0; unsigned n = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b) {
+      const unsigned long long v = g_stamp[b][i];
+      if (v < t0) continue;
+      lo = min(lo, v - t0); hi = max(hi, v - t0); sum += v - t0; ++n;
+    }
+    if (n) printf("  stamp %2d: %7llu %7llu %7llu  (%u blocks)\n", i, lo, sum / n, hi, n);
+  }
+  for (unsigned b = 0; b < gridDim.x; ++b)
+    for (int i = 0; i < 16; ++i) g_stamp[b][i] = 0;
+}
+'''
+
+def sub(pattern, repl, text, count=1):
+    new, n = re.subn(pattern, repl, text, count=count)
+    assert n == count, pattern
+    return new
+
+# helpers right after the first anonymous-namespace opening
+src = sub(r"(namespace dualk \{\nnamespace \{\n)", lambda m: m.group(1) + helpers, src)
+src = sub(r"(fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n)",
+          lambda m: m.group(1) + "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n", src)
+src = sub(r"(    __syncthreads\(\);  // barriers initialized[^\n]*\n)", lambda m: m.group(1) + "    STAMP(1);\n", src)
+src = sub(r"(\n  load_biases_async\(p, bias_smem, 4, x\);)", lambda m: "\n  STAMP(2);" + m.group(1), src)
+src = sub(r"(      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n)",
+          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n", src)
+src = sub(r"(      __syncthreads\(\);  // src complete[^\n]*\n)",
+          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n", src)
+src = sub(r"(\n    first_tile = false;)", lambda m: "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;" + m.group(1), src)
+# kernel end: the closing of the tile loop followed by the kernel's closing brace
+src = sub(r"(    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n)",
+          lambda m: m.group(1) + "  STAMP(12);\n  stamp_finish(stamping, p.m);\n", src)
+(root / "bench/standalone/mlp_v_stamp.cu").write_text(src)
+print("wrote bench/standalone/mlp_v_stamp.cu")
