@@ -651,61 +651,75 @@ struct SimtPass {
   bool final_slab, last;
 };
 
-// Every thread takes items of kRows rows x 4 columns (columns col_group + j * col_groups):
-// bias (or the previous slab's partial sums) in, the slab's k range accumulated from shared
-// memory, activation out to dst (or to out for the last layer).
-template <int kRows, Activation kAct>
+// Every thread takes items of kRows rows x kCols columns (columns col_group + j * groups, groups =
+// padded columns / kCols): bias (or the previous slab's partial sums) in, the slab's k range
+// accumulated from shared memory, activation out to dst (or to out for the last layer).
+template <int kRows, int kCols> struct SimtOperands {
+  float4 h[kRows];
+  float4 w[kCols];
+};
+
+template <int kRows, int kCols, Activation kAct>
 __device__ __forceinline__ void simt_items(const SimtPass& q) {
-  // Loads of several k steps in flight: 1- and 2-row items are latency-bound (seed model, H200:
-  // B32 12.5 -> 11.8 us, B4096 18.6 -> 18.1 us with 8 / 4 steps instead of 2).
-  constexpr int kUnroll = kRows == 1 ? 8 : kRows == 2 ? 4 : 2;
-  const int items = q.col_groups * (q.tile_rows / kRows);
-  const int w_stride = q.col_groups * q.w_pitch;  // from one of an item's weight rows to the next
+  // Loads of several k steps in flight: narrow items are latency-bound (seed model, H200:
+  // B32 12.5 -> 11.8 us, B4096 18.6 -> 18.1 us with 8 / 4 steps instead of 2). (A two-stage
+  // register pipeline instead, next steps loaded while the current ones multiply, measured
+  // slower: the kernel then needs ~250 registers, one block per SM.)
+  constexpr int kUnroll = kRows * kCols >= 16 ? 2 : kRows == 1 ? 8 : 4;
+  const int groups = q.col_groups * 4 / kCols;
+  const int items = groups * (q.tile_rows / kRows);
+  const int w_stride = groups * q.w_pitch;  // from one of an item's weight rows to the next
   for (int item = threadIdx.x; item < items; item += kSimtThreads) {
-    const int col_group = item % q.col_groups;
-    const int row_base = (item / q.col_groups) * kRows;
-    float acc[kRows][4];
+    const int col_group = item % groups;
+    const int row_base = (item / groups) * kRows;
+    float acc[kRows][kCols];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = col_group + j * q.col_groups;
+    for (int j = 0; j < kCols; ++j) {
+      const int c = col_group + j * groups;
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
         acc[i][j] = q.s0 == 0 ? q.bias[c] : q.dst[(row_base + i) * q.h_pitch + c];
     }
     const float* h_rows = q.src + row_base * q.h_pitch;
-    const float* w_rows = q.w + col_group * q.w_pitch;
-#pragma unroll kUnroll
-    for (int k = q.s0; k < q.s_end; k += 4) {
-      float4 hv[kRows], wv[4];
+    const float* w_rows = q.w + col_group * q.w_pitch - q.s0;
+    const auto load = [&](SimtOperands<kRows, kCols>& o, int k) {
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) hv[i] = *reinterpret_cast<const float4*>(h_rows + i * q.h_pitch + k);
+      for (int i = 0; i < kRows; ++i) o.h[i] = *reinterpret_cast<const float4*>(h_rows + i * q.h_pitch + k);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wv[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + (k - q.s0));
+      for (int j = 0; j < kCols; ++j) o.w[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + k);
+    };
+    const auto multiply = [&](const SimtOperands<kRows, kCols>& o) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kCols; ++j) {
           if constexpr (kRows == 1) {
             // Blocked summation: each group of 4 products is summed on its own, then added, so
             // rounding error grows with k/4 rather than k (one serial chain put a silu MLP at 3x
             // PyTorch's cuBLAS error on an H200). The wider items keep the serial chain: the
             // extra temporaries make their gelu/silu builds spill.
-            float part = hv[i].x * wv[j].x;
-            part = fmaf(hv[i].y, wv[j].y, part);
-            part = fmaf(hv[i].z, wv[j].z, part);
-            part = fmaf(hv[i].w, wv[j].w, part);
+            float part = o.h[i].x * o.w[j].x;
+            part = fmaf(o.h[i].y, o.w[j].y, part);
+            part = fmaf(o.h[i].z, o.w[j].z, part);
+            part = fmaf(o.h[i].w, o.w[j].w, part);
             acc[i][j] += part;
           } else {
-            acc[i][j] = fmaf(hv[i].x, wv[j].x, acc[i][j]);
-            acc[i][j] = fmaf(hv[i].y, wv[j].y, acc[i][j]);
-            acc[i][j] = fmaf(hv[i].z, wv[j].z, acc[i][j]);
-            acc[i][j] = fmaf(hv[i].w, wv[j].w, acc[i][j]);
+            acc[i][j] = fmaf(o.h[i].x, o.w[j].x, acc[i][j]);
+            acc[i][j] = fmaf(o.h[i].y, o.w[j].y, acc[i][j]);
+            acc[i][j] = fmaf(o.h[i].z, o.w[j].z, acc[i][j]);
+            acc[i][j] = fmaf(o.h[i].w, o.w[j].w, acc[i][j]);
           }
         }
+    };
+#pragma unroll kUnroll
+    for (int k = q.s0; k < q.s_end; k += 4) {
+      SimtOperands<kRows, kCols> o;
+      load(o, k);
+      multiply(o);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = col_group + j * q.col_groups;
+    for (int j = 0; j < kCols; ++j) {
+      const int c = col_group + j * groups;
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         const int r = row_base + i;
@@ -845,16 +859,18 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
           cp_async_wait<0>();
           __syncthreads();
         }
-        // Rows per item, per layer: 4 (8 LDS.128 per 64 FMA) while that still gives every thread
-        // an item, else fewer, so that narrow layers (the seed model's 64- and 10-wide) spread
-        // over more threads instead of leaving most of them at the barrier. (Measured on an H200
+        // Item shape, per layer: 4 rows x 4 columns (8 LDS.128 per 64 FMA) while that still gives
+        // every thread an item, else 2 x 4, 1 x 4, and 1 x 1 where 1 x 4 items would keep at
+        // most 2 warps busy (the seed model at batch 32, 2-row tiles: 10.4 -> 9.9 us on an H200;
+        // 1 x 1 for the 16-wide last layer of a 64-wide MLP at batch 64K cost 5%). (Measured
         // against two alternatives, bench/standalone/NOTES-mlp.md: warp tiles of 4 x 8 items,
         // and k ranges split over lanes; neither was faster.)
         const SimtPass q{src, dst, w, bias, out + row0 * out_w, h_pitch, w_pitch, col_groups,
                          p.tile_rows, rows, out_w, s0, s_end, final_slab, last};
-        if (col_groups * (p.tile_rows / 4) >= kSimtThreads) simt_items<4, kAct>(q);
-        else if (col_groups * (p.tile_rows / 2) >= kSimtThreads) simt_items<2, kAct>(q);
-        else simt_items<1, kAct>(q);
+        if (col_groups * (p.tile_rows / 4) >= kSimtThreads) simt_items<4, 4, kAct>(q);
+        else if (col_groups * (p.tile_rows / 2) >= kSimtThreads) simt_items<2, 4, kAct>(q);
+        else if (col_groups * p.tile_rows > 64) simt_items<1, 4, kAct>(q);
+        else simt_items<1, 1, kAct>(q);  // at most 2 warps would have a 1 x 4 item
       }
       if (!last && out_l % 4 != 0) {
         // Padded columns (out_l .. round_up(out_l, 4)) must be exactly 0 for the next layer: an

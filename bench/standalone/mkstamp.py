@@ -3,7 +3,7 @@ fp32 SIMT kernel (thread 0 of every block, first tile, batches 32 and 4096 only)
 launch of each of those batches the last block to finish prints, per stamp, the min / mean / max
 over blocks in ns after the earliest block's first instruction:
   0 entry, 1 barriers armed, 2 copies issued by warp 0, 3+2l layer l weights landed (thread 0),
-  4+2l layer l start (after the block barrier), 11 tile done, 12 kernel end.
+  4+2l layer l start (after the block barrier), 11 tile done, 12 kernel end, 12+l (l = 1, 2) layer l reached by thread 0 (before its waits).
 Usage: python bench/standalone/mkstamp.py  (then bench/gpu_explore.sh builds it as variant "stamp").
 """
 
@@ -15,6 +15,7 @@ src = (root / "cuda_src/fused_mlp.cu").read_text()
 
 helpers = r'''
 __device__ unsigned long long g_stamp[1024][16];
+__device__ long long g_clock[1024][2];
 __device__ unsigned int g_stamp_done;
 __device__ unsigned int g_stamp_launch[2];
 __device__ __forceinline__ unsigned long long stamp_now() {
@@ -34,7 +35,7 @@ __device__ void stamp_finish(bool stamping, long long m) {
   unsigned long long t0 = ~0ull;
   for (unsigned b = 0; b < gridDim.x; ++b) t0 = min(t0, g_stamp[b][0]);
   printf("stamps m=%lld blocks=%u (ns after the first block's entry: min mean max)\n", m, gridDim.x);
-  for (int i = 0; i < 13; ++i) {
+  for (int i = 0; i < 16; ++i) {
     unsigned long long lo = ~0ull, hi = 0, sum = 0; unsigned n = 0;
     for (unsigned b = 0; b < gridDim.x; ++b) {
       const unsigned long long v = g_stamp[b][i];
@@ -42,6 +43,12 @@ __device__ void stamp_finish(bool stamping, long long m) {
       lo = min(lo, v - t0); hi = max(hi, v - t0); sum += v - t0; ++n;
     }
     if (n) printf("  stamp %2d: %7llu %7llu %7llu  (%u blocks)\n", i, lo, sum / n, hi, n);
+  }
+  {
+    // SM clock over the first layer of block 0: cycles (clock64) per ns (globaltimer)
+    const double cycles = double(g_clock[0][1] - g_clock[0][0]);
+    const double ns = double(g_stamp[0][13] - g_stamp[0][4]);
+    printf("  block 0, layer 0: %.0f cycles in %.0f ns = %.2f GHz\n", cycles, ns, ns > 0 ? cycles / ns : 0.0);
   }
   for (unsigned b = 0; b < gridDim.x; ++b)
     for (int i = 0; i < 16; ++i) g_stamp[b][i] = 0;
@@ -59,10 +66,12 @@ src = sub(r"(fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) 
           lambda m: m.group(1) + "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n", src)
 src = sub(r"(    __syncthreads\(\);  // barriers initialized[^\n]*\n)", lambda m: m.group(1) + "    STAMP(1);\n", src)
 src = sub(r"(\n  load_biases_async\(p, bias_smem, 4, x\);)", lambda m: "\n  STAMP(2);" + m.group(1), src)
+src = sub(r"(      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n)",
+          lambda m: "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n      if (stamping && stamp_first && layer == 1 && threadIdx.x == 0) g_clock[blockIdx.x][1] = clock64();\n" + m.group(1), src)
 src = sub(r"(      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n)",
           lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n", src)
 src = sub(r"(      __syncthreads\(\);  // src complete[^\n]*\n)",
-          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n", src)
+          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n      if (stamping && stamp_first && layer == 0 && threadIdx.x == 0) g_clock[blockIdx.x][0] = clock64();\n", src)
 src = sub(r"(\n    first_tile = false;)", lambda m: "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;" + m.group(1), src)
 # kernel end: the closing of the tile loop followed by the kernel's closing brace
 src = sub(r"(    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n)",
