@@ -649,6 +649,7 @@ struct SimtPass {
   int h_pitch, w_pitch, col_groups, tile_rows, rows, out_w;
   int s0, s_end;      // k range of this slab
   bool final_slab, last;
+  bool rotate;        // dense weight rows whose pitch is an even number of 16-byte units (below)
 };
 
 // Every thread takes items of kRows rows x kCols columns (columns col_group + j * groups, groups =
@@ -711,11 +712,32 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
           }
         }
     };
+    // Dense weight rows (pitch == in) with an even pitch in 16-byte units put the same k of 8
+    // consecutive rows in the same banks, so each lane starts its k walk (col_group % 8) steps in
+    // and wraps around: the 8 lanes of an LDS.128 phase then read 8 different bank groups. (An
+    // item's rows are col_group + j * col_step; the offset of the rows' pitch is the same for all
+    // lanes of a phase, so one start per lane serves all of them. The activation loads of the
+    // phase then read 8 consecutive 16-byte chunks: conflict-free too.)
+    // A loop of its own: a wrap test per step cost the unrotated (throughput-bound) cases 3-5%,
+    // and two plain loops (start..end, then 0..start) made the small batches 25-60% slower.
+    if (q.rotate) {
+      const int steps = (q.s_end - q.s0) / 4;
+      int k = q.s0 + 4 * ((col_group & 7) % steps);
 #pragma unroll kUnroll
-    for (int k = q.s0; k < q.s_end; k += 4) {
-      SimtOperands<kRows, kCols> o;
-      load(o, k);
-      multiply(o);
+      for (int t = 0; t < steps; ++t) {
+        SimtOperands<kRows, kCols> o;
+        load(o, k);
+        multiply(o);
+        k += 4;
+        if (k == q.s_end) k = q.s0;
+      }
+    } else {
+#pragma unroll kUnroll
+      for (int k = q.s0; k < q.s_end; k += 4) {
+        SimtOperands<kRows, kCols> o;
+        load(o, k);
+        multiply(o);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kCols; ++j) {
@@ -866,7 +888,8 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
         // against two alternatives, bench/standalone/NOTES-mlp.md: warp tiles of 4 x 8 items,
         // and k ranges split over lanes; neither was faster.)
         const SimtPass q{src, dst, w, bias, out + row0 * out_w, h_pitch, w_pitch, col_groups,
-                         p.tile_rows, rows, out_w, s0, s_end, final_slab, last};
+                         p.tile_rows, rows, out_w, s0, s_end, final_slab, last,
+                         resident && w_pitch == in && (w_pitch / 4) % 2 == 0};
         if (col_groups * (p.tile_rows / 4) >= kSimtThreads) simt_items<4, 4, kAct>(q);
         else if (col_groups * (p.tile_rows / 2) >= kSimtThreads) simt_items<2, 4, kAct>(q);
         else if (col_groups * p.tile_rows > 64) simt_items<1, 4, kAct>(q);
@@ -1149,9 +1172,21 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     const int bias_bytes = round_up(bias_floats * 4, 16);
     p.act_pitch = simt_row_pitch(max_width);
     const int h_bytes = 2 * p.tile_rows * p.act_pitch * 4;
+    // sm_90 bulk copies need 16-byte aligned rows of whole 16-byte units (in % 4 == 0). Rows are
+    // padded to an odd number of 16-byte units (conflict-free reads), except for 2-row tiles
+    // (batches of at most one row per SM), where every layer is stored dense (pitch == in): one
+    // bulk copy per layer instead of one per row, and the kernel's k rotation keeps the reads
+    // conflict-free. (H200, seed model: B32 9.2-9.3 -> 8.6-9.0 us in the harness, 10.5 -> 9.7 us
+    // in `dualk bench`; dense rows cost 4-row tiles (B256) 4%, 8-row tiles 4% and 32-row tiles
+    // 5-10%: the rotation spreads each activation load over 4 wavefronts where it was one
+    // broadcast.)
+    bool bulk = device.cc_major >= 9;
+    for (int i = 0; i < a.num_layers; ++i)
+      bulk = bulk && a.widths[i] % 4 == 0 && (reinterpret_cast<uintptr_t>(a.weights[i]) & 15) == 0;
+    const bool dense_rows = bulk && p.tile_rows <= 2;
     int resident_bytes = 0, max_out_pad = 0, max_in_pad = 0;
     for (int i = 0; i < a.num_layers; ++i) {
-      p.weight_pitch[i] = simt_row_pitch(a.widths[i]);
+      p.weight_pitch[i] = dense_rows ? a.widths[i] : simt_row_pitch(a.widths[i]);
       p.weight_offset[i] = resident_bytes / 4;
       resident_bytes += round_up(a.widths[i + 1], 4) * p.weight_pitch[i] * 4;
       max_out_pad = max_out_pad > round_up(a.widths[i + 1], 4) ? max_out_pad : round_up(a.widths[i + 1], 4);
@@ -1176,11 +1211,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.act_area_offset = bias_bytes + weight_bytes;
     p.barrier_offset = p.act_area_offset + h_bytes;  // a multiple of 16
     smem = p.barrier_offset + 8 * kMaxMlpLayers;
-    // Bulk copies need 16-byte aligned rows of whole 16-byte units (in % 4 == 0).
-    p.bulk_weights = p.k_slab == 0 && device.cc_major >= 9;
-    for (int i = 0; i < a.num_layers; ++i)
-      p.bulk_weights = p.bulk_weights && a.widths[i] % 4 == 0 &&
-                       (reinterpret_cast<uintptr_t>(a.weights[i]) & 15) == 0;
+    p.bulk_weights = bulk && p.k_slab == 0;
     p.num_tiles = ceil_div(a.m, p.tile_rows);
     kernel = pick_by_activation<SimtPick>(a.activation);
   }

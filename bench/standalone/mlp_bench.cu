@@ -398,11 +398,11 @@ int main(int argc, char** argv) {
     cases.push_back({std::string(n) + " 8 layers B999", d, {17, 40, 96, 128, 256, 64, 33, 200, 7}, 999, Activation::kNone});
     cases.push_back({std::string(n) + " 1 layer B300", d, {3, 5}, 300, R});
   }
-  // fp32 batches <= 64 with inputs a multiple of 4 wide: the cluster kernel on sm_90.
-  cases.push_back({"fp32 cluster seed B33", DType::kFloat32, {100, 128, 64, 10}, 33, R});
-  cases.push_back({"fp32 cluster seed B64 gelu nobias", DType::kFloat32, {100, 128, 64, 10}, 64, Activation::kGeluTanh, false});
-  cases.push_back({"fp32 cluster 5 layers B63 silu", DType::kFloat32, {64, 256, 200, 40, 12, 3}, 63, Activation::kSilu});
-  cases.push_back({"fp32 cluster 1 layer B7 strided", DType::kFloat32, {8, 5}, 7, R, true, 3, 1});
+  // fp32 small batches (2- and 4-row tiles: dense weight rows, k rotation on sm_90).
+  cases.push_back({"fp32 small seed B33", DType::kFloat32, {100, 128, 64, 10}, 33, R});
+  cases.push_back({"fp32 small seed B64 gelu nobias", DType::kFloat32, {100, 128, 64, 10}, 64, Activation::kGeluTanh, false});
+  cases.push_back({"fp32 small 5 layers B63 silu", DType::kFloat32, {64, 256, 200, 40, 12, 3}, 63, Activation::kSilu});
+  cases.push_back({"fp32 small 1 layer B7 strided", DType::kFloat32, {8, 5}, 7, R, true, 3, 1});
   cases.push_back({"fp32 256x5 B2049 (streamed)", DType::kFloat32, {256, 256, 256, 256, 256, 256}, 2049, R});
   cases.push_back({"fp16 64x4 B1M+37 odd", DType::kFloat16, {64, 64, 64, 64, 16}, big + 37, R});
   // Timed cases.
