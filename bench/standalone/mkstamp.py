@@ -13,7 +13,7 @@ import re
 root = pathlib.Path(__file__).resolve().parents[2]
 src = (root / "cuda_src/fused_mlp.cu").read_text()
 
-helpers = r'''
+helpers = r"""
 __device__ unsigned long long g_stamp[1024][16];
 __device__ long long g_clock[1024][2];
 __device__ unsigned int g_stamp_done;
@@ -53,28 +53,64 @@ __device__ void stamp_finish(bool stamping, long long m) {
   for (unsigned b = 0; b < gridDim.x; ++b)
     for (int i = 0; i < 16; ++i) g_stamp[b][i] = 0;
 }
-'''
+"""
+
 
 def sub(pattern, repl, text, count=1):
     new, n = re.subn(pattern, repl, text, count=count)
     assert n == count, pattern
     return new
 
+
 # helpers right after the first anonymous-namespace opening
 src = sub(r"(namespace dualk \{\nnamespace \{\n)", lambda m: m.group(1) + helpers, src)
-src = sub(r"(fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n)",
-          lambda m: m.group(1) + "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n", src)
-src = sub(r"(    __syncthreads\(\);  // barriers initialized[^\n]*\n)", lambda m: m.group(1) + "    STAMP(1);\n", src)
-src = sub(r"(\n  load_biases_async\(p, bias_smem, 4, x\);)", lambda m: "\n  STAMP(2);" + m.group(1), src)
-src = sub(r"(      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n)",
-          lambda m: "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n      if (stamping && stamp_first && layer == 1 && threadIdx.x == 0) g_clock[blockIdx.x][1] = clock64();\n" + m.group(1), src)
-src = sub(r"(      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n)",
-          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n", src)
-src = sub(r"(      __syncthreads\(\);  // src complete[^\n]*\n)",
-          lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n      if (stamping && stamp_first && layer == 0 && threadIdx.x == 0) g_clock[blockIdx.x][0] = clock64();\n", src)
-src = sub(r"(\n    first_tile = false;)", lambda m: "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;" + m.group(1), src)
+src = sub(
+    r"(fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n)",
+    lambda m: (
+        m.group(1)
+        + "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n"
+    ),
+    src,
+)
+src = sub(
+    r"(    __syncthreads\(\);  // barriers initialized[^\n]*\n)",
+    lambda m: m.group(1) + "    STAMP(1);\n",
+    src,
+)
+src = sub(
+    r"(\n  load_biases_async\(p, bias_smem, 4, x\);)", lambda m: "\n  STAMP(2);" + m.group(1), src
+)
+src = sub(
+    r"(      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n)",
+    lambda m: (
+        "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n      if (stamping && stamp_first && layer == 1 && threadIdx.x == 0) g_clock[blockIdx.x][1] = clock64();\n"
+        + m.group(1)
+    ),
+    src,
+)
+src = sub(
+    r"(      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n)",
+    lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n",
+    src,
+)
+src = sub(
+    r"(      __syncthreads\(\);  // src complete[^\n]*\n)",
+    lambda m: (
+        m.group(1)
+        + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n      if (stamping && stamp_first && layer == 0 && threadIdx.x == 0) g_clock[blockIdx.x][0] = clock64();\n"
+    ),
+    src,
+)
+src = sub(
+    r"(\n    first_tile = false;)",
+    lambda m: "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;" + m.group(1),
+    src,
+)
 # kernel end: the closing of the tile loop followed by the kernel's closing brace
-src = sub(r"(    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n)",
-          lambda m: m.group(1) + "  STAMP(12);\n  stamp_finish(stamping, p.m);\n", src)
+src = sub(
+    r"(    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n)",
+    lambda m: m.group(1) + "  STAMP(12);\n  stamp_finish(stamping, p.m);\n",
+    src,
+)
 (root / "bench/standalone/mlp_v_stamp.cu").write_text(src)
 print("wrote bench/standalone/mlp_v_stamp.cu")
