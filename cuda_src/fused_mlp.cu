@@ -719,8 +719,10 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
     // lanes of a phase, so one start per lane serves all of them. The activation loads of the
     // phase then read 8 consecutive 16-byte chunks: conflict-free too.)
     // A loop of its own: a wrap test per step cost the unrotated (throughput-bound) cases 3-5%,
-    // and two plain loops (start..end, then 0..start) made the small batches 25-60% slower.
-    if (q.rotate) {
+    // and two plain loops (start..end, then 0..start) made the small batches 25-60% slower. Only
+    // 1-row items need it: rotation is planned for 2-row tiles only, which never take 2 or 4 rows
+    // per item (that needs >= 256 column groups).
+    if (kRows == 1 && q.rotate) {
       const int steps = (q.s_end - q.s0) / 4;
       int k = q.s0 + 4 * ((col_group & 7) % steps);
 #pragma unroll kUnroll
