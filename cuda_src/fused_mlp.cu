@@ -16,8 +16,11 @@
 //     overlaps all the layers' math.
 //   * fp32: exact fp32 on the SIMT cores. Activations of a row tile ping-pong between two shared
 //     buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
-//     layer, the widest that still gives every thread an item). Weights are resident in shared
-//     memory when they fit (on sm_90 fetched by bulk copies), else streamed per layer in k-slabs.
+//     layer, the widest that still gives every thread an item), or single outputs where 1 x 4
+//     items would leave most warps idle (small tiles, narrow layers). Weights are resident in
+//     shared memory when they fit (on sm_90 fetched by bulk copies: rows padded for conflict-free
+//     reads, or, for 2-row tiles, dense with a per-lane k rotation and one copy per layer), else
+//     streamed per layer in k-slabs.
 // Widths and layer count are runtime values; kernels are templated only on dtype, a width bucket
 // (fp16/bf16: 64/128/256) and the activation.
 #include <cstdio>
