@@ -240,28 +240,51 @@ template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Compute capability 9.0 exactly, cached per device: the sm_90a kernels (wgmma, setmaxnreg) run
-// on no other architecture (not 10.x, not 12.x).
-inline bool device_is_sm90() {
+// What the host-side planners need of the current device, queried once per device (they run on
+// every launch; the attribute queries are cheap but not free). If a query fails (no device), the
+// conservative defaults stand and nothing is cached.
+struct DeviceProps {
+  int num_sms = 132;
+  int smem_optin = 48 * 1024;  // opt-in per-block limit for dynamic shared memory
+  int cc_major = 0;
+  int cc_minor = 0;
+};
+inline DeviceProps device_props() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<bool> ready[kMaxDevices] = {};
+  static DeviceProps cache[kMaxDevices];
+  DeviceProps props;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+    cudaGetLastError();  // don't leave a sticky-looking error for the caller
+    return props;
   }
   const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int v = cache[device].load(std::memory_order_relaxed);
-    if (v != 0) return v == 1;
+  if (cacheable && ready[device].load(std::memory_order_acquire)) return cache[device];
+  DeviceProps queried;
+  if (cudaDeviceGetAttribute(&queried.num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.cc_minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return props;
   }
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                  major == 9 && minor == 0;
-  if (!ok) cudaGetLastError();
-  if (cacheable) cache[device].store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
+  if (cacheable) {
+    static std::mutex mutex;  // one writer per entry; readers take the entry after `ready`
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!ready[device].load(std::memory_order_relaxed)) {
+      cache[device] = queried;
+      ready[device].store(true, std::memory_order_release);
+    }
+  }
+  return queried;
+}
+
+// Compute capability 9.0 exactly: the sm_90a kernels (wgmma, setmaxnreg) run on no other
+// architecture (not 10.x, not 12.x).
+inline bool device_is_sm90() {
+  const DeviceProps props = device_props();
+  return props.cc_major == 9 && props.cc_minor == 0;
 }
 
 // Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device, calling

@@ -25,7 +25,6 @@
 // (fp16/bf16: 64/128/256) and the activation.
 #include <cstdio>
 
-#include <atomic>
 
 #include "common.cuh"
 
@@ -983,42 +982,6 @@ KernelFn pick_mma_kernel(int bucket, Activation act) {
 namespace dualk {
 namespace {
 
-// What the planner needs of the current device, queried once per device: the planner runs on
-// every launch.
-struct DeviceInfo {
-  int smem_optin = 48 * 1024;  // per-block dynamic shared-memory limit
-  int cc_major = 0;            // compute capability (9: sm_90 bulk copies)
-};
-DeviceInfo device_info() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> smem[kMaxDevices] = {};  // 0 = not queried yet
-  static std::atomic<int> major[kMaxDevices] = {};
-  DeviceInfo info;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // don't leave a sticky-looking error for the caller
-    return info;
-  }
-  if (device < kMaxDevices && smem[device].load(std::memory_order_relaxed) > 0) {
-    info.smem_optin = smem[device].load(std::memory_order_relaxed);
-    info.cc_major = major[device].load(std::memory_order_relaxed);
-    return info;
-  }
-  int bytes = 0, cc = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return info;
-  }
-  info.smem_optin = bytes;
-  info.cc_major = cc;
-  if (device < kMaxDevices) {
-    major[device].store(cc, std::memory_order_relaxed);
-    smem[device].store(bytes, std::memory_order_relaxed);
-  }
-  return info;
-}
-
 // Fills `plan` (when not null) or returns why the fused kernel cannot run these arguments.
 // Shape-only callers (plan == nullptr) may leave pointers, m and num_sms zero.
 const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
@@ -1040,7 +1003,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     max_width = max_width > a.widths[i] ? max_width : a.widths[i];
   }
 
-  const DeviceInfo device = device_info();
+  const DeviceProps device = device_props();
   const int smem_limit = device.smem_optin;
   MlpKernelParams p{};
   p.x = a.x;
@@ -1163,7 +1126,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     // a multiple of 4 (the widest item) except for batches of at most one row per SM, which
     // take 2-row tiles: twice the blocks, each reading its weights for 2 rows instead of 4
     // (seed model, B32 on an H200: 11.4 -> 10.9 us; B256 prefers 4-row tiles, 11.0 vs 11.5).
-    const int num_sms = a.num_sms > 0 ? a.num_sms : 132;
+    const int num_sms = a.num_sms > 0 ? a.num_sms : device.num_sms;
     const int64_t rows_per_sm = ceil_div(a.m > 0 ? a.m : 1, static_cast<int64_t>(num_sms));
     p.tile_rows = rows_per_sm >= 32  ? 32
                   : rows_per_sm == 1 ? 2
@@ -1248,13 +1211,7 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
 
   cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(plan.kernel), plan.smem_bytes);
   if (err != cudaSuccess) return err;
-  int num_sms = args.num_sms;
-  if (num_sms <= 0) {
-    int device = 0;
-    if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;
-    if ((err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
-      return err;
-  }
+  const int num_sms = args.num_sms > 0 ? args.num_sms : device_props().num_sms;
   // Persistent grid: no more blocks than fit on the GPU at once, each looping over row tiles.
   int64_t grid = plan.params.num_tiles;
   if (grid > num_sms) {

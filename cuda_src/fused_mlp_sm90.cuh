@@ -45,7 +45,6 @@
 // compile a trap, and plan_fused_mlp_wgmma picks this kernel only on compute capability 9.0.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 

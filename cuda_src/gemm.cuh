@@ -19,7 +19,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -867,38 +866,6 @@ inline bool b_rows_aligned(const GemmArgs& args, int64_t elem_bytes) {
                     elem_bytes, 16);
 }
 
-struct DeviceLimits {
-  int num_sms;
-  int max_smem_per_block;  // opt-in limit for dynamic shared memory
-};
-
-// Cached per device: the attribute queries are cheap but not free on every launch.
-inline DeviceLimits device_limits() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sms_cache[kMaxDevices] = {};
-  static std::atomic<int> smem_cache[kMaxDevices] = {};
-  DeviceLimits limits{132, 227 * 1024};  // H100 values if a query fails
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return limits;
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable && sms_cache[device].load(std::memory_order_relaxed) > 0) {
-    limits.num_sms = sms_cache[device].load(std::memory_order_relaxed);
-    limits.max_smem_per_block = smem_cache[device].load(std::memory_order_relaxed);
-    return limits;
-  }
-  int value = 0;
-  if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && value > 0)
-    limits.num_sms = value;
-  if (cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      value > 0)
-    limits.max_smem_per_block = value;
-  if (cacheable) {
-    smem_cache[device].store(limits.max_smem_per_block, std::memory_order_relaxed);
-    sms_cache[device].store(limits.num_sms, std::memory_order_relaxed);
-  }
-  return limits;
-}
-
 // Tensor-core tile configs (kBlockM x kBlockN x kBlockK, warps, stages, blocks per SM).
 //   large: 128 x 256 x 32, 8 warps of 64 x 64, 4 stages: 96 KB; one block per SM (~255 registers).
 //          Measured on an H200 (bench/standalone/NOTES-gemm.md) against BK = 64 with 3 or 4 stages,
@@ -921,7 +888,7 @@ constexpr int tensor_core_smem_bytes() {
 }
 
 // The one config heuristic: which kernel and tile serve C[b] = A[b] @ B[b] for these sizes.
-inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceLimits& device) {
+inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceProps& device) {
   if (args.dtype == DType::kFloat32) return GemmKernel::kSimt;
   if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return GemmKernel::kSimt;
   if (args.k >= (int64_t{1} << 31)) return GemmKernel::kSimt;  // tensor-core k offsets are 32-bit
@@ -932,7 +899,7 @@ inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceLimits& d
   // spreads the work over more SMs.
   // The large tile needs 96 KB of shared memory (sm_80/sm_90 have 163/227 KB; sm_86/89 99 KB).
   const bool large = 2 * large_tiles >= device.num_sms && args.n > 128 &&
-                     tensor_core_smem_bytes<TcLarge>() <= device.max_smem_per_block;
+                     tensor_core_smem_bytes<TcLarge>() <= device.smem_optin;
   return large ? GemmKernel::kTensorCoreLarge : GemmKernel::kTensorCoreSmall;
 }
 
@@ -1001,7 +968,7 @@ cudaError_t launch_simt(const GemmArgs& args, cudaStream_t stream) {
 
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
-  const GemmKernel kernel = select_gemm_kernel(args, device_limits());
+  const GemmKernel kernel = select_gemm_kernel(args, device_props());
   if constexpr (!std::is_same_v<T, float>) {
     if (kernel == GemmKernel::kTensorCoreLarge) {
       return args.b_k_major ? launch_tensor_core<T, TcLarge, true, kAct, kHasBias>(args, stream)

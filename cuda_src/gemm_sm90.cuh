@@ -44,7 +44,7 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "gemm.cuh"  // gemm::device_limits (SM count, shared-memory limit per device)
+#include "gemm.cuh"
 
 namespace dualk {
 namespace gemm_sm90 {
@@ -500,7 +500,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
   cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int grid = static_cast<int>(std::min<int64_t>(num_tiles, gemm::device_limits().num_sms));
+  const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   return cudaGetLastError();
 }
@@ -540,7 +540,7 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
   if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
-  const int num_sms = gemm::device_limits().num_sms;
+  const int num_sms = device_props().num_sms;
   if constexpr (kAct != Activation::kNone) {
     // Activation epilogues never take 128 x 256 (fewer instantiations: linear_gelu.cu builds in
     // about 2/3 of the time).
