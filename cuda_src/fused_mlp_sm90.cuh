@@ -123,42 +123,15 @@ __device__ __forceinline__ uint32_t desc_low(uint32_t smem_address) {
                  : ACCS                                                                             \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));          \
   }
-#define DUALK_MLP_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define DUALK_MLP_REGS_0_15 DUALK_MLP_REGS_0_7 ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define DUALK_MLP_REGS_0_31 \
-  DUALK_MLP_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define DUALK_MLP_REGS_0_63                                                                    \
-  DUALK_MLP_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
-                      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define DUALK_MLP_ACC_0_7 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define DUALK_MLP_ACC_0_15 DUALK_MLP_ACC_0_7, \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define DUALK_MLP_ACC_0_31 DUALK_MLP_ACC_0_15, \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define DUALK_MLP_ACC_0_63 DUALK_MLP_ACC_0_31, \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-DUALK_MLP_DEFINE_WGMMA(16, __half, "f16", DUALK_MLP_REGS_0_7, DUALK_MLP_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
-DUALK_MLP_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_7, DUALK_MLP_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
-DUALK_MLP_DEFINE_WGMMA(32, __half, "f16", DUALK_MLP_REGS_0_15, DUALK_MLP_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
-DUALK_MLP_DEFINE_WGMMA(32, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_15, DUALK_MLP_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
-DUALK_MLP_DEFINE_WGMMA(64, __half, "f16", DUALK_MLP_REGS_0_31, DUALK_MLP_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
-DUALK_MLP_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_31, DUALK_MLP_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
-DUALK_MLP_DEFINE_WGMMA(128, __half, "f16", DUALK_MLP_REGS_0_63, DUALK_MLP_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
-DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_MLP_REGS_0_63, DUALK_MLP_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
+DUALK_MLP_DEFINE_WGMMA(16, __half, "f16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(32, __half, "f16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(32, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
+DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
 #undef DUALK_MLP_DEFINE_WGMMA
-#undef DUALK_MLP_ACC_0_63
-#undef DUALK_MLP_ACC_0_31
-#undef DUALK_MLP_ACC_0_15
-#undef DUALK_MLP_ACC_0_7
-#undef DUALK_MLP_REGS_0_63
-#undef DUALK_MLP_REGS_0_31
-#undef DUALK_MLP_REGS_0_15
-#undef DUALK_MLP_REGS_0_7
 
 // One layer for the warpgroup, start to finish: acc = bias + a @ W^T over the full kWidth of k,
 // N = kN output columns (weight rows 0..kN-1 of the layer's panels). `desc_lo` is the low word of
