@@ -3,32 +3,12 @@
 // the same bytes. Build and run on a GPU:
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a \
 //        bench/standalone/elementwise_bench.cu -o /tmp/eb && /tmp/eb
-#include <algorithm>
-#include <cstdio>
-#include <vector>
-
-#include "elementwise.cuh"
-
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+#include "elementwise_harness.cuh"
 
 namespace {
 using namespace dualk;
-
-struct ReluScale {
-  float scale;
-  __device__ float operator()(const float (&v)[1]) const { return relu(v[0]) * scale; }
-};
-struct Add {
-  float alpha;
-  __device__ float operator()(const float (&v)[2]) const { return v[0] + alpha * v[1]; }
-};
+using harness::Add;
+using harness::ReluScale;
 
 __global__ void fill(float* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -38,27 +18,7 @@ __global__ void fill(float* p, int64_t n, uint32_t seed) {
   }
 }
 
-float* flush_buffer;
-constexpr size_t kFlushBytes = size_t(256) << 20;
-
-template <typename F> float median_us(F&& launch, int reps = 30) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps + 3; ++r) {
-    CHECK(cudaMemsetAsync(flush_buffer, r, kFlushBytes));  // evict the operands from L2
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1e3f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+template <typename F> float median_us(F&& launch) { return harness::median_us(launch, 30, -1); }
 
 template <typename T, int kArity, typename Op, typename Shape>
 float time_variant(const char* name, void* const* in, void* out, int64_t n, Op op, float copy_us) {
@@ -102,7 +62,6 @@ void sweep(const char* what, int64_t n, Op op) {
 }  // namespace
 
 int main() {
-  CHECK(cudaMalloc(&flush_buffer, kFlushBytes));
   for (int64_t n : {int64_t(1) << 24, int64_t(1) << 28}) {
     sweep<float, 1>("relu_scale", n, ReluScale{1.5f});
     sweep<__nv_bfloat16, 1>("relu_scale", n, ReluScale{1.5f});

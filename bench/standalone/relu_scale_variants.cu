@@ -5,29 +5,13 @@
 // each launch, median of 50. Build and run on an sm_90 GPU:
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a \
 //        bench/standalone/relu_scale_variants.cu -o /tmp/rsv && /tmp/rsv
-#include <algorithm>
-#include <cstdio>
 #include <cstring>
-#include <vector>
 
-#include "elementwise.cuh"
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e = (x);                                                                  \
-    if (e != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "elementwise_harness.cuh"
 
 namespace {
 using namespace dualk;
-
-struct ReluScale {
-  float scale;
-  __device__ float operator()(const float (&v)[1]) const { return relu(v[0]) * scale; }
-};
+using harness::ReluScale;
 
 __global__ void fill(uint32_t* p, int64_t words, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < words; i += int64_t(gridDim.x) * blockDim.x) {
@@ -119,27 +103,7 @@ __global__ void __launch_bounds__(128) bulk_kernel(const char* in, char* out, fl
 #endif
 }
 
-float* flush_buffer;
-constexpr size_t kFlushBytes = size_t(256) << 20;
-
-template <typename F> float median_us(F&& launch, int reps = 50) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps + 3; ++r) {
-    CHECK(cudaMemsetAsync(flush_buffer, 0, kFlushBytes));  // as do_bench: zeros, L2 full of dirty lines
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1e3f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+template <typename F> float median_us(F&& launch) { return harness::median_us(launch, 50, 0); }
 
 template <typename T> void run(int64_t n) {
   const size_t bytes = n * sizeof(T);
@@ -201,7 +165,6 @@ template <typename T> void run(int64_t n) {
 }  // namespace
 
 int main() {
-  CHECK(cudaMalloc(&flush_buffer, kFlushBytes));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, L2 %d MB\n", prop.name, prop.l2CacheSize >> 20);
