@@ -25,7 +25,6 @@
 // (fp16/bf16: 64/128/256) and the activation.
 #include <cstdio>
 
-
 #include "common.cuh"
 
 namespace dualk {
@@ -717,9 +716,9 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
     // Dense weight rows (pitch == in) with an even pitch in 16-byte units put the same k of 8
     // consecutive rows in the same banks, so each lane starts its k walk (col_group % 8) steps in
     // and wraps around: the 8 lanes of an LDS.128 phase then read 8 different bank groups. (An
-    // item's rows are col_group + j * col_step; the offset of the rows' pitch is the same for all
-    // lanes of a phase, so one start per lane serves all of them. The activation loads of the
-    // phase then read 8 consecutive 16-byte chunks: conflict-free too.)
+    // item's rows are col_group + j * groups; j * groups shifts all lanes of a phase alike, so one
+    // start per lane serves all of them. The activation loads of the phase then read 8
+    // consecutive 16-byte chunks: conflict-free too.)
     // A loop of its own: a wrap test per step cost the unrotated (throughput-bound) cases 3-5%,
     // and two plain loops (start..end, then 0..start) made the small batches 25-60% slower. Only
     // 1-row items need it: rotation is planned for 2-row tiles only, which never take 2 or 4 rows
