@@ -62,55 +62,43 @@ def sub(pattern, repl, text, count=1):
     return new
 
 
-# helpers right after the first anonymous-namespace opening
-src = sub(r"(namespace dualk \{\nnamespace \{\n)", lambda m: m.group(1) + helpers, src)
-src = sub(
-    r"(fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n)",
-    lambda m: (
-        m.group(1)
-        + "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n"
-    ),
-    src,
+def after(anchor: str, code: str) -> None:
+    """Inserts `code` right after the one match of the regex `anchor`."""
+    global src
+    src = sub(f"({anchor})", lambda m: m.group(1) + code, src)
+
+
+def before(anchor: str, code: str) -> None:
+    global src
+    src = sub(f"({anchor})", lambda m: code + m.group(1), src)
+
+
+CLOCK = "      if (stamping && stamp_first && layer == {l} && threadIdx.x == 0) g_clock[blockIdx.x][{l}] = clock64();\n"
+
+after(r"namespace dualk \{\nnamespace \{\n", helpers)  # right after the first anonymous namespace
+after(
+    r"fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n",
+    "  const bool stamping = p.m == 32 || p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n",
 )
-src = sub(
-    r"(    __syncthreads\(\);  // barriers initialized[^\n]*\n)",
-    lambda m: m.group(1) + "    STAMP(1);\n",
-    src,
+after(r"    __syncthreads\(\);  // barriers initialized[^\n]*\n", "    STAMP(1);\n")
+before(r"\n  load_biases_async\(p, bias_smem, 4, x\);", "\n  STAMP(2);")
+before(
+    r"      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n",
+    "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n" + CLOCK.format(l=1),
 )
-src = sub(
-    r"(\n  load_biases_async\(p, bias_smem, 4, x\);)", lambda m: "\n  STAMP(2);" + m.group(1), src
+after(
+    r"      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n",
+    "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n",
 )
-src = sub(
-    r"(      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n)",
-    lambda m: (
-        "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n      if (stamping && stamp_first && layer == 1 && threadIdx.x == 0) g_clock[blockIdx.x][1] = clock64();\n"
-        + m.group(1)
-    ),
-    src,
+after(
+    r"      __syncthreads\(\);  // src complete[^\n]*\n",
+    "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n" + CLOCK.format(l=0),
 )
-src = sub(
-    r"(      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n)",
-    lambda m: m.group(1) + "      if (stamp_first && layer < 4) STAMP(3 + 2 * layer);\n",
-    src,
-)
-src = sub(
-    r"(      __syncthreads\(\);  // src complete[^\n]*\n)",
-    lambda m: (
-        m.group(1)
-        + "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n      if (stamping && stamp_first && layer == 0 && threadIdx.x == 0) g_clock[blockIdx.x][0] = clock64();\n"
-    ),
-    src,
-)
-src = sub(
-    r"(\n    first_tile = false;)",
-    lambda m: "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;" + m.group(1),
-    src,
-)
+before(r"\n    first_tile = false;", "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;")
 # kernel end: the closing of the tile loop followed by the kernel's closing brace
-src = sub(
-    r"(    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n)",
-    lambda m: m.group(1) + "  STAMP(12);\n  stamp_finish(stamping, p.m);\n",
-    src,
+after(
+    r"    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n",
+    "  STAMP(12);\n  stamp_finish(stamping, p.m);\n",
 )
 (root / "bench/standalone/mlp_v_stamp.cu").write_text(src)
 print("wrote bench/standalone/mlp_v_stamp.cu")
