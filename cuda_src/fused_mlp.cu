@@ -913,12 +913,19 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
   }
 }
 
+}  // namespace
+}  // namespace dualk
+#include "fused_mlp_tf32.cuh"  // fp32 on tensor cores (3xTF32) for 32-row tiles; uses the above
+namespace dualk {
+namespace {
+
 // ============================================================== host: planning and launch
 using KernelFn = void (*)(MlpKernelParams);
 
 struct MlpPlan {
   MlpKernelParams params;
   KernelFn kernel;
+  Tf32KernelFn tf32_kernel;  // when set, launched instead of `kernel` (with the weights' tensor maps)
   int threads;
   int smem_bytes;
 };
@@ -1021,6 +1028,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
   p.x_vectorized = x_aligned;
   int threads = 0, smem = 0;
   KernelFn kernel = nullptr;
+  Tf32KernelFn tf32_kernel = nullptr;
 
   if (a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
@@ -1181,6 +1189,12 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.bulk_weights = bulk && p.k_slab == 0;
     p.num_tiles = ceil_div(a.m, p.tile_rows);
     kernel = pick_by_activation<SimtPick>(a.activation);
+    // 32-row tiles (batches of >= ~31 rows per SM) on Hopper: the tensor-core kernel, when the
+    // weights allow TMA and everything fits in shared memory (fused_mlp_tf32.cuh).
+    if (p.tile_rows == 32) {
+      tf32_kernel = plan_fused_mlp_tf32x3(a, device, p, smem);
+      if (tf32_kernel != nullptr) threads = kTf32Threads;
+    }
   }
   if (smem > smem_limit)
     return reason("the fused kernel needs %d KB of shared memory; this GPU allows %d KB",
@@ -1188,6 +1202,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
   if (plan != nullptr) {
     plan->params = p;
     plan->kernel = kernel;
+    plan->tf32_kernel = tf32_kernel;
     plan->threads = threads;
     plan->smem_bytes = smem;
   }
@@ -1208,21 +1223,29 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   for (int i = 0; i < args.num_layers; ++i)
     if (args.weights[i] == nullptr) return cudaErrorInvalidValue;
 
-  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(plan.kernel), plan.smem_bytes);
+  const void* kernel = plan.tf32_kernel != nullptr ? reinterpret_cast<const void*>(plan.tf32_kernel)
+                                                   : reinterpret_cast<const void*>(plan.kernel);
+  cudaError_t err = ensure_dynamic_smem(kernel, plan.smem_bytes);
   if (err != cudaSuccess) return err;
   const int num_sms = args.num_sms > 0 ? args.num_sms : device_props().num_sms;
   // Persistent grid: no more blocks than fit on the GPU at once, each looping over row tiles.
   int64_t grid = plan.params.num_tiles;
   if (grid > num_sms) {
     int blocks_per_sm = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, plan.kernel, plan.threads,
-                                                        plan.smem_bytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, plan.threads, plan.smem_bytes);
     if (err != cudaSuccess) return err;
     if (blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
     const int64_t resident = static_cast<int64_t>(num_sms) * blocks_per_sm;
     grid = grid < resident ? grid : resident;
   }
-  plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);
+  if (plan.tf32_kernel != nullptr) {
+    MlpTf32Params params;
+    params.p = plan.params;
+    if (!encode_tf32x3_maps(args, params)) return cudaErrorInvalidValue;
+    plan.tf32_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(params);
+  } else {
+    plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);
+  }
   return cudaGetLastError();
 }
 

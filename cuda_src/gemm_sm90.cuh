@@ -35,9 +35,6 @@
 // an empty kernel body, and can_run() is false on any device but compute capability 9.0.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -113,18 +110,7 @@ namespace sm90 {
 // smem_u32 and the mbarrier primitives live in common.cuh (the fp32 MLP kernel uses them too).
 using namespace ::dualk::sm90;
 
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-// One box of a 2-D / 3-D tensor map into shared memory; completes `bytes` on mbarrier `bar`.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
+// prefetch_tensor_map and tma_load_2d live in common.cuh (the fp32 MLP uses them too).
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
                                             uint32_t bar) {
   asm volatile(
@@ -377,24 +363,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // ------------------------------------------------------------------ host side
 namespace detail {
 
-using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no libcuda link); looked up
-// once per process, nullptr when the driver lacks it.
-inline EncodeTiledFn encode_tiled_fn() {
-  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-      cudaGetLastError();  // not sticky, but do not leave it for the caller's next check
-      return nullptr;
-    }
-    return reinterpret_cast<EncodeTiledFn>(ptr);
-  }();
-  return fn;
-}
+// cuTensorMapEncodeTiled: encode_tiled_fn() in common.cuh (the fp32 MLP encodes maps too).
 
 // device_is_sm90() (common.cuh): wgmma and setmaxnreg need compute capability 9.0 exactly.
 
@@ -496,7 +465,7 @@ inline bool can_run(const GemmArgs& args) {
   // Tile counts (of the smallest tile launch() may pick) must fit the kernel's int tile index.
   if (args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
   if (!device_is_sm90()) return false;
-  return detail::encode_tiled_fn() != nullptr;
+  return encode_tiled_fn() != nullptr;
 }
 
 // The config heuristic: with an activation epilogue 256 x 128 when its tiles fill the GPU, else

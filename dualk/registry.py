@@ -324,6 +324,11 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
         mlp(0, (16, 32, 8), "empty"),
         mlp(4096, seed, "seed_b4096", gpu_only=True, bench=True, bench_dtypes=FP32),
         mlp(2**16, (64, 64, 64, 64, 16), "64x4_b65536", gpu_only=True),
+        # Batches of >= ~31 rows per SM: fp32 on Hopper takes the 3xTF32 tensor-core kernel.
+        mlp(5003, (96, 160, 40, 12), "tc_silu_tail_b5003", activation="silu", gpu_only=True),
+        mlp(4133, seed, "tc_gelu_row_stride_b4133", activation="gelu", bias=False, gpu_only=True,
+            x_view=lambda dt, dev, g: randn((4133, 104), dt, dev, g)[:, :100]),
+        mlp(70001, (16, 8, 4), "tc_narrow_b70001", activation="none", gpu_only=True),
         mlp(2**16, (256, 256, 256, 10), "256_b65536", gpu_only=True),
         mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
         mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True, bench_dtypes=FP16),

@@ -77,3 +77,28 @@ def test_inf_input_stays_out_of_padded_columns(backend, dtype, hidden, request):
     out = dualk.fused_mlp(x, weights, biases, backend=backend)
     assert torch.isfinite(expected).all()
     assert torch.isfinite(out).all(), f"{backend}/{dtype}: {out}"
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_inf_input_at_a_large_fp32_batch(backend):
+    """The inf case at a batch of 32-row tiles: fp32 on Hopper runs the 3xTF32 tensor-core kernel,
+    which splits x and W into hi + lo parts; inf * (w_hi + w_lo) must stay inf, not inf - inf."""
+    if DEVICE != "cuda":
+        pytest.skip("a GPU-sized batch")
+    reason = unavailable_reason(backend, DEVICE)
+    if reason is not None:
+        pytest.skip(reason)
+    gen = torch.Generator().manual_seed(4)
+    w0 = torch.rand((24, 8), generator=gen) + 0.1
+    w0[:, 0] = -w0[:, 0]  # x[:, 0] = +inf -> -inf pre-activations -> relu -> 0
+    weights = [w0.to(DEVICE), (torch.rand((3, 24), generator=gen) - 0.5).to(DEVICE)]
+    biases = [torch.rand(24, generator=gen).to(DEVICE), torch.rand(3, generator=gen).to(DEVICE)]
+    x = torch.rand((8192, 8), generator=gen).to(DEVICE)
+    x[::7, 0] = float("inf")
+    expected = dualk.fused_mlp(x, weights, biases, backend="torch")
+    out = dualk.fused_mlp(x, weights, biases, backend=backend)
+    assert torch.isfinite(expected).all()
+    assert torch.isfinite(out).all(), (
+        f"{backend}: {int((~torch.isfinite(out)).sum())} non-finite outputs"
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
