@@ -1243,9 +1243,9 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
     params.p = plan.params;
     if (!encode_tf32x3_maps(args, params)) return cudaErrorInvalidValue;
     plan.tf32_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(params);
-  } else {
-    plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);
+    return cudaGetLastError();
   }
+  plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);
   return cudaGetLastError();
 }
 

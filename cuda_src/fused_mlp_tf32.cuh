@@ -39,7 +39,11 @@ namespace {
 #define DUALK_FP32_TENSOR_CORES 1
 #endif
 
+// 8 warps. (16 warps, with 32 x 8 and 16 x 8 units, measured no faster on the seed model, whose
+// layers are bound by mma.sync throughput, ~19 cycles per m16n8k8 tf32 per scheduler on an H200,
+// and 45% slower on the 64-wide fp32 MLP at batch 64K: more shared-memory traffic per mma.)
 constexpr int kTf32Threads = 256;
+
 constexpr int kTf32Warps = kTf32Threads / 32;
 constexpr int kTf32TileRows = 32;  // two m16 tiles: every B fragment feeds two mma
 constexpr int kTf32BoxK = 32;      // floats per TMA box row: 128 bytes, the 128B swizzle span
@@ -105,11 +109,12 @@ struct Tf32Layer {
   bool last;
 };
 
-// Warp w takes output units w, w + 8, ...: 32 rows x kN n8 tiles each, fp32 accumulators in
-// registers, then bias + activation, split, into dst (or bias only, straight to out for the last
-// layer).
-template <int kN, Activation kAct>
+// Warp w takes output units w, w + 8, ...: kM m16 tiles (of the tile's 2) x kN n8 tiles each,
+// fp32 accumulators in registers, then bias + activation, split, into dst (or bias only, straight
+// to out for the last layer).
+template <int kM, int kN, Activation kAct>
 __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
+  constexpr int kMUnits = kTf32TileRows / 16 / kM;  // units side by side over the tile's rows
   const int lane = threadIdx.x & 31;
   const int quad = lane >> 3, r8 = lane & 7;  // ldmatrix: lanes 8q..8q+7 address matrix q's rows
   // A (activations, row-major): matrix q = rows (q & 1) * 8.., k (q >> 1) * 4.. of a 16 x 8 step,
@@ -117,20 +122,23 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
   const int a_off = ((quad & 1) * 8 + r8) * L.pitch + (quad >> 1) * 4;
   // B (weights, n rows of k): matrix q = n tile (q >> 1), k half (q & 1): b0, b1 of each tile.
   const int b_half = quad & 1;
-  const int units = L.n_tiles / kN;
+  const int units = kMUnits * (L.n_tiles / kN);
   for (int unit = threadIdx.x >> 5; unit < units; unit += kTf32Warps) {
-    const int n0 = unit * kN * 8;
+    const int m0 = (unit % kMUnits) * kM;  // first m16 tile
+    const int n0 = (unit / kMUnits) * kN * 8;
     const int b_row = n0 + (kN == 2 ? (quad >> 1) * 8 : 0) + r8;
     const unsigned char* b_rows = L.w + b_row * (kTf32BoxK * 4);
-    float acc[2][kN][4] = {};
+    const float* a_hi_rows = L.src_hi + a_off + m0 * 16 * L.pitch;
+    const float* a_lo_rows = L.src_lo + a_off + m0 * 16 * L.pitch;
+    float acc[kM][kN][4] = {};
 #pragma unroll 2
     for (int ks = 0; ks < L.k_steps; ++ks) {
       const int k0 = ks * 8;
-      uint32_t a_hi[2][4], a_lo[2][4];
+      uint32_t a_hi[kM][4], a_lo[kM][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        ldmatrix_x4(a_hi[m], L.src_hi + a_off + m * 16 * L.pitch + k0);
-        ldmatrix_x4(a_lo[m], L.src_lo + a_off + m * 16 * L.pitch + k0);
+      for (int m = 0; m < kM; ++m) {
+        ldmatrix_x4(a_hi[m], a_hi_rows + m * 16 * L.pitch + k0);
+        ldmatrix_x4(a_lo[m], a_lo_rows + m * 16 * L.pitch + k0);
       }
       // 128B swizzle: 16-byte unit j of row n sits at unit j ^ (n % 8) (b_row % 8 == r8).
       const unsigned char* b_addr =
@@ -152,28 +160,28 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
         for (int h = 0; h < 2; ++h) split_tf32_weight(__uint_as_float(b_raw[j][h]), b_hi[j][h], b_lo[j][h]);
       const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
-          float step[4];  // this k step alone: small terms first, then hi * hi
-          mma_tf32(step, a_lo[m], b_hi[j], zero);
-          mma_tf32(step, a_hi[m], b_lo[j], step);
-          mma_tf32(step, a_hi[m], b_hi[j], step);
+          float part[4];  // this k step alone: small terms first, then hi * hi
+          mma_tf32(part, a_lo[m], b_hi[j], zero);
+          mma_tf32(part, a_hi[m], b_lo[j], part);
+          mma_tf32(part, a_hi[m], b_hi[j], part);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[m][j][e] += step[e];
+          for (int e = 0; e < 4; ++e) acc[m][j][e] += part[e];
         }
     }
-    // C fragment: acc[m][j][2 h + e] = (row 16 m + g + 8 h, column n0 + 8 j + 2 t + e).
+    // C fragment: acc[m][j][2 h + e] = (row 16 (m0 + m) + g + 8 h, column n0 + 8 j + 2 t + e).
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
       const int col = n0 + j * 8 + 2 * t;
       const float2 bias = *reinterpret_cast<const float2*>(L.bias + col);
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = m * 16 + g + 8 * h;
+          const int row = (m0 + m) * 16 + g + 8 * h;
           float v0 = acc[m][j][2 * h] + bias.x, v1 = acc[m][j][2 * h + 1] + bias.y;
           if (L.last) {
             if (row < L.rows) {
@@ -202,12 +210,14 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
 // Shared memory (offsets from a 1024-byte aligned base): biases at 0, one mbarrier per layer at
 // barrier_offset, four activation buffers (hi, lo) x 2 at act_area_offset, weights at
 // weight_area_offset (each layer weight_offset[l] floats in, its boxes tf32_box_bytes apart).
+// At most 128 registers: two blocks per SM where shared memory allows (the 64-wide fp32 MLP at
+// batch 64K: 81.8 us; at 132 registers, one block per SM, 113 us).
 template <Activation kAct>
-__global__ void __launch_bounds__(kTf32Threads, 1)
+__global__ void __launch_bounds__(kTf32Threads, 2)
     fused_mlp_tf32x3_kernel(const __grid_constant__ MlpTf32Params params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const MlpKernelParams& p = params.p;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // aligned to 1024 below (128B swizzle)
   unsigned char* smem = smem_raw + ((1024 - (sm90::smem_u32(smem_raw) & 1023)) & 1023);
   float* bias_smem = reinterpret_cast<float*>(smem);
   uint64_t* layer_bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
@@ -218,16 +228,27 @@ __global__ void __launch_bounds__(kTf32Threads, 1)
   const int num_layers = p.num_layers;
   const int in0_pad = round_up(p.widths[0], 8);
 
-  if (threadIdx.x == 0) {
-    for (int layer = 0; layer < num_layers; ++layer) sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
-    sm90::fence_barrier_init();
-    for (int layer = 0; layer < num_layers; ++layer) {
-      const int in = p.widths[layer], out_l = p.widths[layer + 1];
-      const uint32_t bar = sm90::smem_u32(layer_bars + layer);
-      const uint32_t dst = sm90::smem_u32(weights + p.weight_offset[layer] * 4);
-      sm90::mbar_arrive_expect_tx(bar, tf32_layer_bytes(in, out_l));
-      for (int k = 0; k < in; k += kTf32BoxK)
-        sm90::tma_load_2d(dst + k / kTf32BoxK * tf32_box_bytes(out_l), &params.weight_maps[layer], k, 0, bar);
+  // The last warp fetches the weights: barriers, then every layer's boxes, issued at entry (each
+  // tensor map's first use waits on a cold fetch of its descriptor); the other warps stage x
+  // meanwhile. (Seed model, B4096, H200 harness: 14.4 -> 13.9 us against thread 0 issuing them
+  // before its share of x. Thread-block clusters of 2 or 4 multicasting every box, so that a
+  // cluster reads the weights from L2 once, measured no faster: the weights still landed ~4.2 us
+  // after entry.)
+  constexpr int kStageThreads = (kTf32Warps - 1) * 32;
+  if (threadIdx.x >= kStageThreads) {
+    const int lane = threadIdx.x - kStageThreads;
+    if (lane < num_layers) sm90::prefetch_tensor_map(&params.weight_maps[lane]);
+    if (lane == 0) {
+      for (int layer = 0; layer < num_layers; ++layer) sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
+      sm90::fence_barrier_init();
+      for (int layer = 0; layer < num_layers; ++layer) {
+        const int in = p.widths[layer], out_l = p.widths[layer + 1];
+        const uint32_t bar = sm90::smem_u32(layer_bars + layer);
+        const uint32_t dst = sm90::smem_u32(weights + p.weight_offset[layer] * 4);
+        sm90::mbar_arrive_expect_tx(bar, tf32_layer_bytes(in, out_l));
+        for (int k = 0; k < in; k += kTf32BoxK)
+          sm90::tma_load_2d(dst + k / kTf32BoxK * tf32_box_bytes(out_l), &params.weight_maps[layer], k, 0, bar);
+      }
     }
   }
 
@@ -239,16 +260,14 @@ __global__ void __launch_bounds__(kTf32Threads, 1)
     const int64_t row0 = tile * kTf32TileRows;
     const int64_t remaining = p.m - row0;  // > 0: tile < num_tiles
     const int rows = remaining < kTf32TileRows ? static_cast<int>(remaining) : kTf32TileRows;
+    // x straight from global memory into its hi / lo buffers (zeros beyond the tile's rows and
+    // in0): loads, split, stores, one barrier.
     float* x_hi = act;
     float* x_lo = act + buf_floats;
-    stage_tile<float>(x_hi, pitch, x + row0 * p.stride_xm, p.stride_xm, rows, p.widths[0], kTf32TileRows,
-                      in0_pad, x, p.x_vectorized, threadIdx.x, kTf32Threads);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();  // x (and, the first time, the biases and barrier inits) complete
-    for (int e = threadIdx.x; e < kTf32TileRows * in0_pad / 4; e += kTf32Threads) {
-      const int r = e / (in0_pad / 4), c = (e - r * (in0_pad / 4)) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(x_hi + r * pitch + c);
+    const float* x_tile = x + row0 * p.stride_xm;
+    const int chunks = in0_pad / 4;  // 16-byte chunks per row; in0 % 4 == 0 (planner)
+    const auto store_split = [&](int e, float4 v) {
+      const int r = e / chunks, c = (e - r * chunks) * 4;
       uint32_t h[4], l[4];
       split_tf32(v.x, h[0], l[0]);
       split_tf32(v.y, h[1], l[1]);
@@ -256,8 +275,37 @@ __global__ void __launch_bounds__(kTf32Threads, 1)
       split_tf32(v.w, h[3], l[3]);
       *reinterpret_cast<uint4*>(x_hi + r * pitch + c) = make_uint4(h[0], h[1], h[2], h[3]);
       *reinterpret_cast<uint4*>(x_lo + r * pitch + c) = make_uint4(l[0], l[1], l[2], l[3]);
+    };
+    if (threadIdx.x < kStageThreads) {
+      if (p.x_vectorized) {
+        // All of a thread's loads in flight before the first split.
+        constexpr int kMaxChunks = (kTf32TileRows * kMaxOnChipWidth / 4 + kStageThreads - 1) / kStageThreads;
+        float4 v[kMaxChunks];
+#pragma unroll
+        for (int i = 0; i < kMaxChunks; ++i) {
+          const int e = threadIdx.x + i * kStageThreads;
+          const int r = e / chunks, c = (e - r * chunks) * 4;
+          v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (r < rows && c < p.widths[0]) v[i] = *reinterpret_cast<const float4*>(x_tile + r * p.stride_xm + c);
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxChunks; ++i) {
+          const int e = threadIdx.x + i * kStageThreads;
+          if (e < kTf32TileRows * chunks) store_split(e, v[i]);
+        }
+      } else {
+        for (int e = threadIdx.x; e < kTf32TileRows * chunks; e += kStageThreads) {
+          const int r = e / chunks, c = (e - r * chunks) * 4;
+          float f[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) f[j] = r < rows && c + j < p.widths[0] ? x_tile[r * p.stride_xm + c + j] : 0.f;
+          store_split(e, make_float4(f[0], f[1], f[2], f[3]));
+        }
+      }
     }
-    __syncthreads();
+    cp_async_commit();
+    cp_async_wait<0>();  // the biases (first tile)
+    __syncthreads();     // x split (and, the first time, the biases and barrier inits) complete
 
     for (int layer = 0; layer < num_layers; ++layer) {
       const int out_l = p.widths[layer + 1];
@@ -278,10 +326,11 @@ __global__ void __launch_bounds__(kTf32Threads, 1)
                         rows,
                         layer == num_layers - 1};
       sm90::mbar_wait(sm90::smem_u32(layer_bars + layer), 0);  // phase 0 stays complete
-      // Units of 16 columns where that still gives every warp one: each A fragment then feeds 2 n8
-      // tiles (an even count keeps the second tile inside the layer's boxes).
-      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps) tf32x3_layer<2, kAct>(L);
-      else tf32x3_layer<1, kAct>(L);
+      // Units of all 32 rows (each B fragment feeds both m16 tiles) x 16 columns where that still
+      // gives every warp one (each A fragment feeds 2 n8 tiles; an even count keeps the second
+      // tile inside the layer's boxes), else x 8.
+      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps) tf32x3_layer<2, 2, kAct>(L);
+      else tf32x3_layer<2, 1, kAct>(L);
       __syncthreads();  // dst complete before the next layer reads it; src free for its writes
     }
   }

@@ -5,8 +5,9 @@ over blocks in ns after the earliest block's first instruction.
   simt (default): 0 entry, 1 barriers armed, 2 copies issued by warp 0, 3+2l layer l weights
     landed (thread 0), 4+2l layer l start (after the block barrier), 11 tile done, 12 kernel end,
     12+l (l = 1, 2) layer l reached by thread 0 (before its waits).
-  tc (the 3xTF32 kernel, fused_mlp_tf32.cuh): 0 entry, 1 weight copies issued, 2 x tile landed,
-    3 x split, 4+2l layer l weights landed, 5+2l layer l done (after its block barrier), 12 end.
+  tc (the 3xTF32 kernel, fused_mlp_tf32.cuh): 0 entry, 2 x tile loaded and split (after the
+    block barrier), 4+2l layer l weights landed, 5+2l layer l done (after its block barrier),
+    12 end.
 Usage: python bench/standalone/mkstamp.py [simt|tc]  (then bench/gpu_explore.sh builds it as
 variant "stamp").
 """
@@ -121,9 +122,7 @@ else:
         r"fused_mlp_tf32x3_kernel\(const __grid_constant__ MlpTf32Params params\) \{\n",
         "  const bool stamping = params.p.m == 32 || params.p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n",
     )
-    after(r"bar\);\n    \}\n  \}\n", "  STAMP(1);\n")
-    after(r"    __syncthreads\(\);  // x \(and[^\n]*\n", "    if (stamp_first) STAMP(2);\n")
-    after(r"    \}\n    __syncthreads\(\);\n\n", "    if (stamp_first) STAMP(3);\n")
+    after(r"    __syncthreads\(\);     // x split \(and[^\n]*\n", "    if (stamp_first) STAMP(2);\n")
     after(
         r"      sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n",
         "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n" + CLOCK.format(l=0),

@@ -406,6 +406,7 @@ int main(int argc, char** argv) {
   cases.push_back({"fp32 256x5 B2049 (streamed)", DType::kFloat32, {256, 256, 256, 256, 256, 256}, 2049, R});
   // fp32 32-row tiles on Hopper: the 3xTF32 tensor-core kernel (fused_mlp_tf32.cuh).
   cases.push_back({"fp32 tc seed B4133 gelu nobias strided", DType::kFloat32, {100, 128, 64, 10}, 4133, Activation::kGeluTanh, false, 3, 1});
+  cases.push_back({"fp32 tc seed B4000 (odd tile count)", DType::kFloat32, {100, 128, 64, 10}, 4000, R});
   cases.push_back({"fp32 tc 96-160-40-12 B4500 silu", DType::kFloat32, {96, 160, 40, 12}, 4500, Activation::kSilu});
   cases.push_back({"fp32 tc 16-8-4 B70001 none", DType::kFloat32, {16, 8, 4}, 70001, Activation::kNone});
   cases.push_back({"fp32 tc 1 layer 4-3 B9000", DType::kFloat32, {4, 3}, 9000, R});
