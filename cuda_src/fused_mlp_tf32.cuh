@@ -109,12 +109,12 @@ struct Tf32Layer {
   bool last;
 };
 
-// Warp w takes output units w, w + 8, ...: kM m16 tiles (of the tile's 2) x kN n8 tiles each,
-// fp32 accumulators in registers, then bias + activation, split, into dst (or bias only, straight
-// to out for the last layer).
-template <int kM, int kN, Activation kAct>
+// Warp w takes output units w, w + 8, ...: all 32 rows (2 m16 tiles: each B fragment feeds both)
+// x kN n8 tiles each, fp32 accumulators in registers, then bias + activation, split, into dst (or
+// bias only, straight to out for the last layer).
+template <int kN, Activation kAct>
 __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
-  constexpr int kMUnits = kTf32TileRows / 16 / kM;  // units side by side over the tile's rows
+  constexpr int kM = kTf32TileRows / 16;
   const int lane = threadIdx.x & 31;
   const int quad = lane >> 3, r8 = lane & 7;  // ldmatrix: lanes 8q..8q+7 address matrix q's rows
   // A (activations, row-major): matrix q = rows (q & 1) * 8.., k (q >> 1) * 4.. of a 16 x 8 step,
@@ -122,14 +122,13 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
   const int a_off = ((quad & 1) * 8 + r8) * L.pitch + (quad >> 1) * 4;
   // B (weights, n rows of k): matrix q = n tile (q >> 1), k half (q & 1): b0, b1 of each tile.
   const int b_half = quad & 1;
-  const int units = kMUnits * (L.n_tiles / kN);
+  const int units = L.n_tiles / kN;
   for (int unit = threadIdx.x >> 5; unit < units; unit += kTf32Warps) {
-    const int m0 = (unit % kMUnits) * kM;  // first m16 tile
-    const int n0 = (unit / kMUnits) * kN * 8;
+    const int n0 = unit * kN * 8;
     const int b_row = n0 + (kN == 2 ? (quad >> 1) * 8 : 0) + r8;
     const unsigned char* b_rows = L.w + b_row * (kTf32BoxK * 4);
-    const float* a_hi_rows = L.src_hi + a_off + m0 * 16 * L.pitch;
-    const float* a_lo_rows = L.src_lo + a_off + m0 * 16 * L.pitch;
+    const float* a_hi_rows = L.src_hi + a_off;
+    const float* a_lo_rows = L.src_lo + a_off;
     float acc[kM][kN][4] = {};
 #pragma unroll 2
     for (int ks = 0; ks < L.k_steps; ++ks) {
@@ -171,7 +170,7 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
           for (int e = 0; e < 4; ++e) acc[m][j][e] += part[e];
         }
     }
-    // C fragment: acc[m][j][2 h + e] = (row 16 (m0 + m) + g + 8 h, column n0 + 8 j + 2 t + e).
+    // C fragment: acc[m][j][2 h + e] = (row 16 m + g + 8 h, column n0 + 8 j + 2 t + e).
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
@@ -181,7 +180,7 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
       for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = (m0 + m) * 16 + g + 8 * h;
+          const int row = m * 16 + g + 8 * h;
           float v0 = acc[m][j][2 * h] + bias.x, v1 = acc[m][j][2 * h + 1] + bias.y;
           if (L.last) {
             if (row < L.rows) {
@@ -326,11 +325,10 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
                         rows,
                         layer == num_layers - 1};
       sm90::mbar_wait(sm90::smem_u32(layer_bars + layer), 0);  // phase 0 stays complete
-      // Units of all 32 rows (each B fragment feeds both m16 tiles) x 16 columns where that still
-      // gives every warp one (each A fragment feeds 2 n8 tiles; an even count keeps the second
-      // tile inside the layer's boxes), else x 8.
-      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps) tf32x3_layer<2, 2, kAct>(L);
-      else tf32x3_layer<2, 1, kAct>(L);
+      // Units of 32 rows x 16 columns where that still gives every warp one (each A fragment then
+      // feeds 2 n8 tiles; an even count keeps the second tile inside the layer's boxes), else x 8.
+      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps) tf32x3_layer<2, kAct>(L);
+      else tf32x3_layer<1, kAct>(L);
       __syncthreads();  // dst complete before the next layer reads it; src free for its writes
     }
   }
