@@ -1,7 +1,7 @@
 // fused_mlp: a whole Linear/activation stack in one launch.
 //   out = L_{n-1}(act(... act(L_0(x)))),  L_i(h) = h @ W_i^T + b_i,  W_i: (out_i, in_i) row-major.
 //
-// Four kernels behind one launcher:
+// Five kernels behind one launcher:
 //   * fp16/bf16, every width <= 128 and all weights resident: on Hopper (sm_90a),
 //     fused_mlp_wgmma_kernel (fused_mlp_sm90.cuh: wgmma with the activations as the register A
 //     operand); elsewhere fused_mlp_mma_padded_kernel, below. Each layer is zero-padded to the
@@ -14,8 +14,11 @@
 //     consecutive layers reloaded per row tile. x tiles arrive by cp.async into a per-warp buffer;
 //     the next tile's copy is issued as soon as this tile's A fragments are in registers, so it
 //     overlaps all the layers' math.
-//   * fp32: exact fp32 on the SIMT cores. Activations of a row tile ping-pong between two shared
-//     buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
+//   * fp32 in 32-row tiles (batches of >= ~31 rows per SM) on compute capability 9.x, weights
+//     TMA-compatible and all resident: fused_mlp_tf32.cuh, 3xTF32 products on the tensor cores
+//     (fp32 accuracy), weights by TMA.
+//   * fp32 otherwise: exact fp32 on the SIMT cores. Activations of a row tile ping-pong between
+//     two shared buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
 //     layer, the widest that still gives every thread an item), or single outputs where 1 x 4
 //     items would leave most warps idle (small tiles, narrow layers). Weights are resident in
 //     shared memory when they fit (on sm_90 fetched by bulk copies: rows padded for conflict-free

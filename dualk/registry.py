@@ -370,9 +370,9 @@ OPS: Mapping[str, OpSpec] = {
         OpSpec("linear_gelu", torch_ref.linear_gelu, _impls("linear_gelu"),
                ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
-        # (bench/results/2026-11-21-h200-default-s3-final-compile.json): fp32 seed model 11.8 vs
-        # 22.5 us at batch 32, 18.9 vs 37.2 us at 4096; fp16/bf16 at batch 2^20 (Hopper wgmma
-        # kernel) 60.5 vs 86.6 us at 64 wide, 176.5 vs 256.3 us at 128 wide. Not benchmarked:
+        # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
+        # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
+        # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. Not benchmarked:
         # 16-bit widths above 128 (the mma.sync kernel) and GPUs before Hopper, where the padded
         # mma.sync kernel (100 us at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),

@@ -98,7 +98,8 @@ if kernel == "simt":
     before(r"\n  load_biases_async\(p, bias_smem, 4, x\);", "\n  STAMP(2);")
     before(
         r"      cp_async_wait_dynamic\(resident && first_tile[^\n]*\n",
-        "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n" + CLOCK.format(l=1),
+        "      if (stamp_first && layer >= 1 && layer < 3) STAMP(12 + layer);\n"
+        + CLOCK.format(l=1),
     )
     after(
         r"      if \(bulk\) sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n",
@@ -108,7 +109,9 @@ if kernel == "simt":
         r"      __syncthreads\(\);  // src complete[^\n]*\n",
         "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n" + CLOCK.format(l=0),
     )
-    before(r"\n    first_tile = false;", "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;")
+    before(
+        r"\n    first_tile = false;", "\n    if (stamp_first) STAMP(11);\n    stamp_first = false;"
+    )
     # kernel end: the closing of the tile loop followed by the kernel's closing brace
     after(
         r"    __syncthreads\(\);  // all reads of h0/h1 done[^\n]*\n  \}\n",
@@ -122,7 +125,9 @@ else:
         r"fused_mlp_tf32x3_kernel\(const __grid_constant__ MlpTf32Params params\) \{\n",
         "  const bool stamping = params.p.m == 32 || params.p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n",
     )
-    after(r"    __syncthreads\(\);     // x split \(and[^\n]*\n", "    if (stamp_first) STAMP(2);\n")
+    after(
+        r"    __syncthreads\(\);     // x split \(and[^\n]*\n", "    if (stamp_first) STAMP(2);\n"
+    )
     after(
         r"      sm90::mbar_wait\(sm90::smem_u32\(layer_bars \+ layer\), 0\);[^\n]*\n",
         "      if (stamp_first && layer < 4) STAMP(4 + 2 * layer);\n" + CLOCK.format(l=0),
@@ -132,7 +137,12 @@ else:
         "      if (stamp_first && layer < 4) STAMP(5 + 2 * layer);\n"
         "      if (stamping && stamp_first && layer == 0 && threadIdx.x == 0) g_clock[blockIdx.x][1] = clock64();\n",
     )
-    after(r"layer == 0 && threadIdx.x == 0\) g_clock\[blockIdx.x\]\[1\] = clock64\(\);\n    \}\n", "    stamp_first = false;\n")
-    after(r"    stamp_first = false;\n  \}\n", "  STAMP(12);\n  stamp_finish(stamping, params.p.m);\n")
+    after(
+        r"layer == 0 && threadIdx.x == 0\) g_clock\[blockIdx.x\]\[1\] = clock64\(\);\n    \}\n",
+        "    stamp_first = false;\n",
+    )
+    after(
+        r"    stamp_first = false;\n  \}\n", "  STAMP(12);\n  stamp_finish(stamping, params.p.m);\n"
+    )
 (root / "bench/standalone/mlp_v_stamp.cu").write_text(src)
 print("wrote bench/standalone/mlp_v_stamp.cu")
