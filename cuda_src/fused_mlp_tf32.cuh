@@ -18,8 +18,9 @@
 //     The tensor core is modelled as rounding its fp32 sums toward zero (published measurements
 //     of Volta..Ampere), so each k step of 8 starts from a zero accumulator and is added to the
 //     running sum with an ordinary FADD. A CPU model of the 100-128-64-10 seed model at batch
-//     4096 then puts the max error at 1.3-2.0e-7 (PyTorch fp32: 1.2e-7; the rule allows 2x +
-//     4 ulp), against 9e-7 when one mma accumulator runs through the whole k loop.
+//     4096 (bench/standalone/tf32x3_error_model.py) then puts the max error at 1.1e-7 (PyTorch
+//     fp32: 1.2e-7; the rule allows 2x + 4 ulp, 4.8e-7), against 9e-7 when one mma accumulator
+//     runs through the whole k loop.
 //   * Activations of the 32-row tile live in shared memory already split (an hi and a lo buffer,
 //     ping-pong between layers): each warp reads them by ldmatrix as A fragments. A layer's
 //     output columns are cut into units of 32 rows x 8 or 16 columns, one warp per unit; weights
@@ -72,8 +73,8 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) 
 // Weights: hi truncated, so lo has w's sign, and a lo that would be 0 becomes +-2^-126 with w's
 // sign (a product with a finite activation then vanishes below fp32 resolution). An infinite
 // activation then meets three terms of one sign, inf * w as PyTorch computes it, not inf - inf.
-// (Truncation costs accuracy: a CPU model of the seed model puts the max error at 1.5x PyTorch's
-// instead of 1.1x, within the 2x rule.)
+// (A truncated hi leaves lo up to twice as large, but the CPU model, tf32x3_error_model.py, puts
+// the seed model at 1.1e-7 either way.)
 __device__ __forceinline__ void split_tf32_weight(float w, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(w) & 0xffffe000u;
   const float rest = w - __uint_as_float(hi);
