@@ -17,9 +17,13 @@ if has mlp; then
   mkdir -p "$OUT/mlp"
   rm -f /tmp/mb_*  # a warm machine keeps the last call's binaries
   shopt -s nullglob  # no bench/standalone/mlp_v_*.cu variants: only the base
+  # fused_mlp is four translation units; a variant mlp_v_NAME.cu stands in for cuda_src/fused_mlp.cu,
+  # or for the file its first line names ("// replaces: cuda_src/fused_mlp_tf32.cu").
   for src in cuda_src/fused_mlp.cu bench/standalone/mlp_v_*.cu; do
     name=$(basename "$src" .cu | sed 's/^mlp_v_//; s/^fused_mlp$/base/')
-    (nvcc $F bench/standalone/mlp_bench.cu "$src" -o /tmp/mb_$name > "$OUT/mlp/ptxas_$name.txt" 2>&1 || echo "BUILD FAILED mlp $name") &
+    replaced=$(sed -n '1s|^// replaces: ||p' "$src"); replaced=${replaced:-cuda_src/fused_mlp.cu}
+    units=$(ls cuda_src/fused_mlp*.cu | grep -v -x "$replaced")
+    (nvcc $F bench/standalone/mlp_bench.cu "$src" $units -o /tmp/mb_$name > "$OUT/mlp/ptxas_$name.txt" 2>&1 || echo "BUILD FAILED mlp $name") &
   done
 fi
 has simt && { mkdir -p "$OUT/simt"; (nvcc $F bench/standalone/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }

@@ -3,10 +3,10 @@
 //
 // Five kernels behind one launcher:
 //   * fp16/bf16, every width <= 128 and all weights resident: on Hopper (sm_90a),
-//     fused_mlp_wgmma_kernel (fused_mlp_sm90.cuh: wgmma with the activations as the register A
-//     operand); elsewhere fused_mlp_mma_padded_kernel, below. Each layer is zero-padded to the
+//     fused_mlp_wgmma_kernel (fused_mlp_sm90.cu: wgmma with the activations as the register A
+//     operand); elsewhere fused_mlp_mma_padded_kernel (fused_mlp_mma.cu). Each layer is zero-padded to the
 //     64/128 bucket so that all loops and offsets are compile-time.
-//   * fp16/bf16 otherwise: tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
+//   * fp16/bf16 otherwise (fused_mlp_mma.cu): tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
 //     rows and keeps their activations in registers from the first layer to the last: the m16n8
 //     C fragments of layer i, after bias + activation + down-cast, are exactly the m16k16 A
 //     fragments of layer i+1 (see pack_a_fragment). Weights (zero-padded to multiples of 16) live
@@ -15,9 +15,9 @@
 //     the next tile's copy is issued as soon as this tile's A fragments are in registers, so it
 //     overlaps all the layers' math.
 //   * fp32 in 32-row tiles (batches of >= ~31 rows per SM) on compute capability 9.x, weights
-//     TMA-compatible and all resident: fused_mlp_tf32.cuh, 3xTF32 products on the tensor cores
+//     TMA-compatible and all resident: fused_mlp_tf32.cu, 3xTF32 products on the tensor cores
 //     (fp32 accuracy), weights by TMA.
-//   * fp32 otherwise: exact fp32 on the SIMT cores. Activations of a row tile ping-pong between
+//   * fp32 otherwise: exact fp32 on the SIMT cores (below). Activations of a row tile ping-pong between
 //     two shared buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
 //     layer, the widest that still gives every thread an item), or single outputs where 1 x 4
 //     items would leave most warps idle (small tiles, narrow layers). Weights are resident in
@@ -26,621 +26,15 @@
 //     streamed per layer in k-slabs.
 // Widths and layer count are runtime values; kernels are templated only on dtype, a width bucket
 // (fp16/bf16: 64/128/256) and the activation.
+// This file: the planner, the launcher and the SIMT kernel; shared definitions in
+// fused_mlp_kernels.cuh.
 #include <cstdio>
 
-#include "common.cuh"
+#include "fused_mlp_kernels.cuh"
 
 namespace dualk {
+namespace mlp {
 namespace {
-
-constexpr int kMaxOnChipWidth = 256;
-constexpr int kSimtThreads = 256;
-
-__host__ __device__ constexpr int round_up(int value, int multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-// A shared-memory row pitch whose size in 16-byte units is odd: 8 consecutive rows then start in
-// 8 distinct 16-byte bank groups, so ldmatrix and LDS.128 over consecutive rows are conflict-free.
-//   fp16/bf16 rows (cols_pad16 a multiple of 16 elements = 32 bytes): + 8 elements.
-__host__ __device__ constexpr int mma_row_pitch(int cols_pad16) { return cols_pad16 + 8; }
-//   fp32 rows: round to 4 floats (16 bytes), then + 4 floats if the 16-byte count is even.
-__host__ __device__ constexpr int simt_row_pitch(int cols) {
-  return (round_up(cols, 4) / 4) % 2 == 1 ? round_up(cols, 4) : round_up(cols, 4) + 4;
-}
-
-// Everything the kernels need, computed once on the host by plan_fused_mlp.
-struct MlpKernelParams {
-  const void* x;
-  int64_t stride_xm;
-  void* out;
-  int64_t m;
-  int64_t num_tiles;
-  int num_layers;
-  int widths[kMaxMlpLayers + 1];
-  const void* weights[kMaxMlpLayers];
-  const void* biases[kMaxMlpLayers];
-  int weight_offset[kMaxMlpLayers];  // elements from the start of the weight area (per group)
-  int weight_pitch[kMaxMlpLayers];   // elements per shared-memory weight row
-  int bias_offset[kMaxMlpLayers];    // floats from the start of the bias area
-  int group_first_layer[kMaxMlpLayers + 1];  // mma kernel: group g = layers [first[g], first[g+1])
-  int num_groups;
-  int weight_area_offset;  // bytes; the bias area starts at 0
-  int act_area_offset;     // bytes; mma: per-warp x buffers, simt: the two activation buffers
-  int act_pitch;           // elements per activation-buffer row
-  int tile_rows;           // simt: rows per block tile (2, or a multiple of 4)
-  int k_slab;              // simt: 0 = all weights resident, else k columns streamed per pass
-  int slab_pitch;          // simt: pitch of a streamed slab
-  bool x_vectorized;       // x and its row stride allow 16-byte cp.async
-  int out_pitch;           // mma: elements per output staging row
-  bool out_vectorized;     // mma: out 16-byte aligned and its rows a multiple of 16 bytes
-  int out_chunks_shift;    // padded mma: log2(16-byte chunks per output row), -1 if not a power of 2
-  int last_chunks;         // padded mma: 32-column chunks of the last layer
-  bool bulk_weights;       // simt, resident: weight rows arrive by sm_90 bulk copies (see below)
-  int barrier_offset;      // bytes; simt with bulk_weights: one mbarrier per layer
-};
-
-__device__ __forceinline__ bool is_aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
-// Copies the top-left rows x cols of a row-major global matrix (row stride ld) into a
-// rows_pad x cols_pad shared tile (row pitch `pitch`), zero-filling everything outside, with
-// threads [thread, num_threads) sharing the work. Vectorized: 16-byte cp.async per chunk (src and
-// ld*sizeof(T) 16-byte aligned, cols_pad a multiple of 16/sizeof(T)); the caller commits and
-// waits. Otherwise plain element copies, complete once the caller's barrier passes.
-template <typename T>
-__device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int64_t ld, int rows,
-                                           int cols, int rows_pad, int cols_pad, const void* safe_src,
-                                           bool vectorized, int thread, int num_threads) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  if (vectorized) {
-    const int chunks_per_row = cols_pad / kVec;
-    const int total = rows_pad * chunks_per_row;
-    for (int i = thread; i < total; i += num_threads) {
-      const int r = i / chunks_per_row;
-      const int c = (i - r * chunks_per_row) * kVec;
-      const int valid = r < rows ? max(0, min(cols - c, kVec)) : 0;
-      // A zero-byte copy reads nothing, but still gets a mapped address.
-      const void* g = valid > 0 ? static_cast<const void*>(src + r * ld + c) : safe_src;
-      cp_async_16(smem + r * pitch + c, g, valid * static_cast<int>(sizeof(T)));
-    }
-  } else {
-    const int total = rows_pad * cols_pad;
-    for (int i = thread; i < total; i += num_threads) {
-      const int r = i / cols_pad;
-      const int c = i - r * cols_pad;
-      smem[r * pitch + c] = (r < rows && c < cols) ? src[r * ld + c] : from_float<T>(0.f);
-    }
-  }
-}
-
-// cp.async.wait_group takes an immediate; layers are runtime, so switch over the few cases.
-__device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
-  switch (pending) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    default: cp_async_wait<7>(); break;
-  }
-}
-
-// All biases, as fp32, zero beyond each layer's width up to its padded width.
-template <typename T>
-__device__ __forceinline__ void load_biases(const MlpKernelParams& p, float* bias_smem, int pad) {
-  for (int layer = 0; layer < p.num_layers; ++layer) {
-    const int out = p.widths[layer + 1];
-    const int out_pad = round_up(out, pad);
-    const T* bias = static_cast<const T*>(p.biases[layer]);
-    for (int c = threadIdx.x; c < out_pad; c += blockDim.x)
-      bias_smem[p.bias_offset[layer] + c] = (bias != nullptr && c < out) ? to_float(bias[c]) : 0.f;
-  }
-}
-
-// The same for fp32 biases, by cp.async: all layers' loads in flight at once instead of one
-// global-load latency per layer (~0.75 us for the seed model's three, H200). The caller commits
-// and waits; `safe_src` is any mapped address (zero-byte copies still need one).
-__device__ __forceinline__ void load_biases_async(const MlpKernelParams& p, float* bias_smem, int pad,
-                                                  const void* safe_src) {
-  for (int layer = 0; layer < p.num_layers; ++layer) {
-    const int out = p.widths[layer + 1];
-    const float* bias = static_cast<const float*>(p.biases[layer]);
-    for (int c = threadIdx.x; c < round_up(out, pad); c += blockDim.x) {
-      const bool valid = bias != nullptr && c < out;
-      cp_async_4(bias_smem + p.bias_offset[layer] + c, valid ? bias + c : safe_src, valid ? 4 : 0);
-    }
-  }
-}
-
-// ============================================================== fp16 / bf16: tensor cores
-// Padding of the mma kernel's shared-memory tiles: k (a layer's input width) to 64 columns, so the
-// k loop branches only once per 4 k-tiles (never for the 64 bucket); n (output width) to 32 rows,
-// so every 32-column output chunk runs both of its 16-row ldmatrix/mma halves without a branch.
-// The padding is zeros: zero weights and zero bias give act(0) = 0 in padded columns, which then
-// meet zero weights in the next layer.
-constexpr int kMmaKPad = 64;
-constexpr int kMmaNPad = 32;
-constexpr int kMaxMmaWarps = 8;
-
-template <int kMaxWidth> struct MmaConfig;
-// 32 rows per warp: each B fragment read from shared memory feeds two mma (half the shared-memory
-// traffic per flop of 16 rows); capped at 128 registers for 2 blocks of 8 warps per SM.
-template <> struct MmaConfig<64> {
-  static constexpr int kMTiles = 2, kMinBlocks = 2;
-};
-// act + next activations take 2 x 64 registers: one block of 8 warps per SM.
-template <> struct MmaConfig<128> {
-  static constexpr int kMTiles = 2, kMinBlocks = 1;
-};
-// 16 rows per warp keeps act + next at 2 x 64 registers.
-template <> struct MmaConfig<256> {
-  static constexpr int kMTiles = 1, kMinBlocks = 1;
-};
-
-__device__ __forceinline__ void store_shared_u32(void* smem, uint32_t v) {
-  *reinterpret_cast<uint32_t*>(smem) = v;
-}
-
-// A warp's output rows: its register-resident fragments (act[mt][kt]: rows 16 mt.., columns
-// 16 kt.., in the m16k16 A layout) -> its staging rows in shared memory -> `out_rows` as whole
-// rows (the warp's rows are contiguous in `out`), 16-byte vectors where the width and pointer
-// allow, indexed by shifts when a row holds a power-of-two number of them.
-template <typename T, int kMTiles, int kKTiles>
-__device__ __forceinline__ void store_warp_rows(const uint32_t (&act)[kMTiles][kKTiles][4],
-                                                const MlpKernelParams& p, T* out_smem, T* out_rows,
-                                                int rows, int lane) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  const int out_w = p.widths[p.num_layers];
-  const int out_pitch = p.out_pitch;
-  const int out_tiles = round_up(out_w, 16) / 16;
-  const int quad_row = lane / 4;
-  const int quad_col = 2 * (lane % 4);
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int kt = 0; kt < kKTiles; ++kt) {
-      if (kt < out_tiles) {
-        T* lo = out_smem + (mt * 16 + quad_row) * out_pitch + kt * 16 + quad_col;
-        T* hi = lo + 8 * out_pitch;
-        store_shared_u32(lo, act[mt][kt][0]);
-        store_shared_u32(hi, act[mt][kt][1]);
-        store_shared_u32(lo + 8, act[mt][kt][2]);
-        store_shared_u32(hi + 8, act[mt][kt][3]);
-      }
-    }
-  __syncwarp();
-  if (p.out_vectorized && p.out_chunks_shift >= 0) {
-    const int shift = p.out_chunks_shift;
-    const int mask_c = (1 << shift) - 1;
-    for (int i = lane; i < (rows << shift); i += 32) {
-      const int r = i >> shift;
-      const int c = (i & mask_c) * kVec;
-      *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
-          *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
-    }
-  } else if (p.out_vectorized) {
-    const int chunks_per_row = out_w / kVec;
-    for (int i = lane; i < rows * chunks_per_row; i += 32) {
-      const int r = i / chunks_per_row;
-      const int c = (i - r * chunks_per_row) * kVec;
-      *reinterpret_cast<uint4*>(out_rows + static_cast<int64_t>(r) * out_w + c) =
-          *reinterpret_cast<const uint4*>(out_smem + r * out_pitch + c);
-    }
-  } else {
-    for (int i = lane; i < rows * out_w; i += 32) {
-      const int r = i / out_w;
-      const int c = i - r * out_w;
-      out_rows[static_cast<int64_t>(r) * out_w + c] = out_smem[r * out_pitch + c];
-    }
-  }
-}
-
-template <typename T, int kMaxWidth, Activation kAct>
-__global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinBlocks)
-    fused_mlp_mma_kernel(const __grid_constant__ MlpKernelParams p) {
-  constexpr int kMTiles = MmaConfig<kMaxWidth>::kMTiles;
-  constexpr int kKTiles = kMaxWidth / 16;  // 16-column tiles of the widest layer
-  constexpr int kWarpRows = 16 * kMTiles;
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* bias_smem = reinterpret_cast<float*>(smem_raw);
-  T* weight_smem = reinterpret_cast<T*>(smem_raw + p.weight_area_offset);
-  const int num_warps = blockDim.x / 32;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int x_pitch = p.act_pitch;
-  const int out_pitch = p.out_pitch;
-  // Per-warp buffers: the warp's x rows (cp.async target), then its output rows (staging for
-  // coalesced stores).
-  T* x_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) + warp * kWarpRows * x_pitch;
-  T* out_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) +
-                num_warps * kWarpRows * x_pitch + warp * kWarpRows * out_pitch;
-
-  const T* x = static_cast<const T*>(p.x);
-  T* out = static_cast<T*>(p.out);
-  const int in0 = p.widths[0];
-  const int num_layers = p.num_layers;
-  const int out_w = p.widths[num_layers];
-  const int64_t block_rows = static_cast<int64_t>(num_warps) * kWarpRows;
-
-  auto valid_rows = [&](int64_t row0) {
-    const int64_t remaining = p.m - row0;
-    return remaining <= 0 ? 0 : remaining < kWarpRows ? static_cast<int>(remaining) : kWarpRows;
-  };
-  // Stages this warp's rows of row tile `tile` into its x buffer (rows past m zero-filled).
-  auto stage_x = [&](int64_t tile) {
-    const int64_t row0 = tile * block_rows + warp * kWarpRows;
-    const int rows = valid_rows(row0);
-    const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
-    stage_tile<T>(x_smem, x_pitch, src, p.stride_xm, rows, in0, kWarpRows, round_up(in0, kMmaKPad),
-                  x, p.x_vectorized, lane, 32);
-  };
-  // Stages the weights of layer group g (whole block).
-  auto stage_group = [&](int g) {
-    for (int layer = p.group_first_layer[g]; layer < p.group_first_layer[g + 1]; ++layer) {
-      const int in = p.widths[layer], out_l = p.widths[layer + 1];
-      const T* w = static_cast<const T*>(p.weights[layer]);
-      const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
-      stage_tile<T>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in, out_l, in,
-                    round_up(out_l, kMmaNPad), round_up(in, kMmaKPad), w, vec, threadIdx.x,
-                    blockDim.x);
-    }
-  };
-
-  const bool weights_resident = p.num_groups == 1;
-  load_biases<T>(p, bias_smem, kMmaNPad);
-  if (weights_resident) stage_group(0);
-  int64_t tile = blockIdx.x;
-  stage_x(tile);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // ldmatrix lane roles. A (x tile, 16x16): lanes 0-15 address rows 0-15 at k 0, lanes 16-31
-  // rows 0-15 at k 8 -> registers a0..a3 = (r0-7,k0-7), (r8-15,k0-7), (r0-7,k8-15), (r8-15,k8-15),
-  // the m16n8k16 A fragment order.
-  const int a_row = lane % 16;
-  const int a_col = (lane / 16) * 8;
-  // B (16 weight rows n x 16 k; W's rows are B's columns): matrix j = lane/8 covers
-  // n 8*(j/2).., k 8*(j%2).. -> {b0,b1} = the two k halves of n-tile 0, {b2,b3} of n-tile 1.
-  const int b_row = (lane / 16) * 8 + (lane % 8);
-  const int b_col = ((lane / 8) % 2) * 8;
-  const int quad_col = 2 * (lane % 4);  // C fragment: columns quad_col, quad_col + 1 of an n-tile
-
-  for (; tile < p.num_tiles; tile += gridDim.x) {
-    const int64_t warp_row0 = tile * block_rows + warp * kWarpRows;
-    uint32_t act[kMTiles][kKTiles][4];
-    {
-      const int k_groups = round_up(in0, kMmaKPad) / kMmaKPad;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          if (kt / 4 < k_groups) {
-            ldmatrix_x4(act[mt][kt], x_smem + (mt * 16 + a_row) * x_pitch + kt * 16 + a_col);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) act[mt][kt][i] = 0u;
-          }
-        }
-    }
-    // Every lane's ldmatrix has read the buffer: refill it with the next tile while we compute.
-    __syncwarp();
-    if (tile + gridDim.x < p.num_tiles) stage_x(tile + gridDim.x);
-    cp_async_commit();
-
-    int group = 0;  // the next layer group to stage when the weights are not resident
-    for (int layer = 0; layer < num_layers; ++layer) {
-      if (!weights_resident && layer == p.group_first_layer[group]) {
-        __syncthreads();  // every warp is done with the previous group's weights
-        stage_group(group);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        ++group;
-      }
-      const int k_groups = round_up(p.widths[layer], kMmaKPad) / kMmaKPad;
-      const int out_chunks = round_up(p.widths[layer + 1], kMmaNPad) / kMmaNPad;
-      const int pitch = p.weight_pitch[layer];
-      const T* w = weight_smem + p.weight_offset[layer];
-      const float* bias = bias_smem + p.bias_offset[layer];
-      const bool hidden = layer + 1 < num_layers;
-      uint32_t next[kMTiles][kKTiles][4];
-
-      // 32 output columns per chunk: two ldmatrix_x4 of 16 weight rows feed 4 n-tiles x kMTiles.
-#pragma unroll
-      for (int chunk = 0; chunk < kKTiles / 2; ++chunk) {
-        if (chunk < out_chunks) {
-          float acc[kMTiles][4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float b0 = bias[chunk * 32 + j * 8 + quad_col];
-            const float b1 = bias[chunk * 32 + j * 8 + quad_col + 1];
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              acc[mt][j][0] = b0;
-              acc[mt][j][1] = b1;
-              acc[mt][j][2] = b0;
-              acc[mt][j][3] = b1;
-            }
-          }
-          const T* w_rows = w + (chunk * 32 + b_row) * pitch + b_col;
-#pragma unroll
-          for (int kt = 0; kt < kKTiles; ++kt) {
-            if (kt / 4 < k_groups) {
-              uint32_t b[2][4];
-              ldmatrix_x4(b[0], w_rows + kt * 16);
-              ldmatrix_x4(b[1], w_rows + 16 * pitch + kt * 16);
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t b_lo[2] = {b[h][0], b[h][1]};
-                const uint32_t b_hi[2] = {b[h][2], b[h][3]};
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                  mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
-                  mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
-                }
-              }
-            }
-          }
-          // C fragments of n-tiles (2q, 2q+1) (q = 0, 1) = the A fragment of next k-tile
-          // 2*chunk + q, g = quad_row, 2t = quad_col:
-          //   a0 = (row g, k 2t..2t+1) = C(2q)[0,1]      a1 = (row g+8, k 2t..) = C(2q)[2,3]
-          //   a2 = (row g, k 8+2t..)   = C(2q+1)[0,1]    a3 = (row g+8, k 8+2t..) = C(2q+1)[2,3]
-          // The last layer packs too (no activation): the output is stored from the same layout.
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            if (hidden) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mt][j][e] = apply_activation<kAct>(acc[mt][j][e]);
-            }
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
-              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
-              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
-              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
-            }
-          }
-        } else {
-          // Past this layer's width: zeros, which the next layer's k padding expects.
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
-    }
-
-    store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
-                                         valid_rows(warp_row0), lane);
-    // The next tile's x has landed (own copies) and every lane sees every lane's copies; the
-    // staging rows have been read before the next tile writes them.
-    cp_async_wait<0>();
-    __syncwarp();
-  }
-}
-
-// ------------------------------------------------------------- fp16 / bf16: padded, resident
-// The same register-resident chaining as fused_mlp_mma_kernel, for MLPs whose every width fits a
-// bucket (64 or 128) and whose weights, each zero-padded to bucket x bucket, all fit in shared
-// memory. Padding every layer to the bucket makes the k loop, the hidden layers' n loop, the
-// weight pitch and every shared-memory offset compile-time constants: the runtime-width kernel
-// spent ~3.4k instructions per 224 mma (H200 profile) on branches, register copies and index math.
-template <typename T, int kWidth, Activation kAct>
-__global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBlocks)
-    fused_mlp_mma_padded_kernel(const __grid_constant__ MlpKernelParams p) {
-  constexpr int kMTiles = MmaConfig<kWidth>::kMTiles;
-  constexpr int kKTiles = kWidth / 16;
-  constexpr int kChunks = kWidth / 32;
-  constexpr int kPitch = mma_row_pitch(kWidth);
-  constexpr int kWarpRows = 16 * kMTiles;
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr int kChunksPerRow = kWidth / kVec;  // 16-byte chunks per padded x row
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* bias_smem = reinterpret_cast<float*>(smem_raw);
-  T* weight_smem = reinterpret_cast<T*>(smem_raw + p.weight_area_offset);
-  const int num_warps = blockDim.x / 32;
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int out_pitch = p.out_pitch;
-  T* x_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) + warp * kWarpRows * kPitch;
-  T* out_smem = reinterpret_cast<T*>(smem_raw + p.act_area_offset) +
-                num_warps * kWarpRows * kPitch + warp * kWarpRows * out_pitch;
-
-  const T* x = static_cast<const T*>(p.x);
-  T* out = static_cast<T*>(p.out);
-  const int in0 = p.widths[0];
-  const int num_layers = p.num_layers;
-  const int out_w = p.widths[num_layers];
-  const int64_t block_rows = static_cast<int64_t>(num_warps) * kWarpRows;
-
-  auto valid_rows = [&](int64_t row0) {
-    const int64_t remaining = p.m - row0;
-    return remaining <= 0 ? 0 : remaining < kWarpRows ? static_cast<int>(remaining) : kWarpRows;
-  };
-  // This warp's rows of row tile `tile` into its x buffer, zero beyond in0 and past m.
-  auto stage_x = [&](int64_t tile) {
-    const int64_t row0 = tile * block_rows + warp * kWarpRows;
-    const int rows = valid_rows(row0);
-    const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
-    if (p.x_vectorized) {
-#pragma unroll
-      for (int i = 0; i < kWarpRows * kChunksPerRow / 32; ++i) {
-        const int chunk = lane + 32 * i;
-        const int r = chunk / kChunksPerRow;  // constant divisor: a shift
-        const int c = (chunk % kChunksPerRow) * kVec;
-        const int valid = r < rows ? max(0, min(in0 - c, kVec)) : 0;
-        const void* g = valid > 0 ? static_cast<const void*>(src + r * p.stride_xm + c)
-                                  : static_cast<const void*>(x);
-        cp_async_16(x_smem + r * kPitch + c, g, valid * static_cast<int>(sizeof(T)));
-      }
-    } else {
-      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, false, lane,
-                    32);
-    }
-  };
-
-  load_biases<T>(p, bias_smem, kWidth);
-  for (int layer = 0; layer < num_layers; ++layer) {
-    const T* w = static_cast<const T*>(p.weights[layer]);
-    const int in = p.widths[layer], out_l = p.widths[layer + 1];
-    const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
-    stage_tile<T>(weight_smem + layer * kWidth * kPitch, kPitch, w, in, out_l, in, kWidth, kWidth,
-                  w, vec, threadIdx.x, blockDim.x);
-  }
-  int64_t tile = blockIdx.x;
-  stage_x(tile);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // Lane roles as in fused_mlp_mma_kernel.
-  const int a_row = lane % 16;
-  const int a_col = (lane / 16) * 8;
-  const int b_row = (lane / 16) * 8 + (lane % 8);
-  const int b_col = ((lane / 8) % 2) * 8;
-  const int quad_col = 2 * (lane % 4);
-  const int last_chunks = p.last_chunks;
-
-  for (; tile < p.num_tiles; tile += gridDim.x) {
-    const int64_t warp_row0 = tile * block_rows + warp * kWarpRows;
-    uint32_t act[kMTiles][kKTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt)
-        ldmatrix_x4(act[mt][kt], x_smem + (mt * 16 + a_row) * kPitch + kt * 16 + a_col);
-    __syncwarp();  // every lane has read the buffer: refill it with the next tile
-    if (tile + gridDim.x < p.num_tiles) stage_x(tile + gridDim.x);
-    cp_async_commit();
-
-    for (int layer = 0; layer < num_layers; ++layer) {
-      const T* w_rows = weight_smem + layer * (kWidth * kPitch) + b_row * kPitch + b_col;
-      const float* bias = bias_smem + layer * kWidth + quad_col;
-      const bool hidden = layer + 1 < num_layers;
-      const int chunks = hidden ? kChunks : last_chunks;
-      // Columns past a hidden layer's width must be exactly 0 for the next layer: with an inf
-      // input, their zero weights give inf * 0 = NaN.
-      const int width = p.widths[layer + 1];
-      const bool mask = hidden && width < kWidth;
-      uint32_t next[kMTiles][kKTiles][4];
-#pragma unroll
-      for (int chunk = 0; chunk < kChunks; ++chunk) {
-        if (chunk < chunks) {
-          float acc[kMTiles][4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 b = *reinterpret_cast<const float2*>(bias + chunk * 32 + j * 8);
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              acc[mt][j][0] = b.x;
-              acc[mt][j][1] = b.y;
-              acc[mt][j][2] = b.x;
-              acc[mt][j][3] = b.y;
-            }
-          }
-#pragma unroll
-          for (int kt = 0; kt < kKTiles; ++kt) {
-            uint32_t b[2][4];
-            ldmatrix_x4(b[0], w_rows + (chunk * 32) * kPitch + kt * 16);
-            ldmatrix_x4(b[1], w_rows + (chunk * 32 + 16) * kPitch + kt * 16);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t b_lo[2] = {b[h][0], b[h][1]};
-              const uint32_t b_hi[2] = {b[h][2], b[h][3]};
-#pragma unroll
-              for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
-                mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
-              }
-            }
-          }
-          // relu runs on the packed pairs (one instruction per two values); other activations on
-          // the fp32 accumulator.
-          if constexpr (kAct != Activation::kRelu) {
-            if (hidden) {
-#pragma unroll
-              for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) acc[mt][j][e] = apply_activation<kAct>(acc[mt][j][e]);
-            }
-          }
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
-              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
-              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
-              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
-            }
-          if constexpr (kAct == Activation::kRelu) {
-            if (hidden) {
-#pragma unroll
-              for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-                for (int q = 0; q < 2; ++q)
-#pragma unroll
-                  for (int i = 0; i < 4; ++i)
-                    next[mt][2 * chunk + q][i] = relu2<T>(next[mt][2 * chunk + q][i]);
-            }
-          }
-          if (mask) {
-            // Register i of k-tile 2*chunk+q holds columns 16*(2*chunk+q) + 8*(i/2) + quad_col, +1.
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int col = chunk * 32 + q * 16 + half * 8 + quad_col;
-                const uint32_t keep = (col < width ? 0xffffu : 0u) | (col + 1 < width ? 0xffff0000u : 0u);
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                  next[mt][2 * chunk + q][2 * half] &= keep;
-                  next[mt][2 * chunk + q][2 * half + 1] &= keep;
-                }
-              }
-          }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
-    }
-
-    store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
-                                         valid_rows(warp_row0), lane);
-    cp_async_wait<0>();
-    __syncwarp();
-  }
-}
 
 // ============================================================== fp32: SIMT
 // One k-slab pass of one layer over a row tile, as seen by the item loop.
@@ -916,15 +310,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
   }
 }
 
-}  // namespace
-}  // namespace dualk
-#include "fused_mlp_tf32.cuh"  // fp32 on tensor cores (3xTF32) for 32-row tiles; uses the above
-namespace dualk {
-namespace {
-
 // ============================================================== host: planning and launch
-using KernelFn = void (*)(MlpKernelParams);
-
 struct MlpPlan {
   MlpKernelParams params;
   KernelFn kernel;
@@ -943,53 +329,9 @@ const char* reason(const char* format, Args... args) {
 
 int element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
-template <template <Activation> class Pick>
-KernelFn pick_by_activation(Activation act) {
-  switch (act) {
-    case Activation::kNone: return Pick<Activation::kNone>::kernel();
-    case Activation::kRelu: return Pick<Activation::kRelu>::kernel();
-    case Activation::kGeluTanh: return Pick<Activation::kGeluTanh>::kernel();
-    case Activation::kGeluErf: return Pick<Activation::kGeluErf>::kernel();
-    case Activation::kSilu: return Pick<Activation::kSilu>::kernel();
-  }
-  return nullptr;
-}
-
-template <typename T, int kMaxWidth> struct MmaPick {
-  template <Activation kAct> struct By {
-    static KernelFn kernel() { return fused_mlp_mma_kernel<T, kMaxWidth, kAct>; }
-  };
-};
 template <Activation kAct> struct SimtPick {
   static KernelFn kernel() { return fused_mlp_simt_kernel<kAct>; }
 };
-
-template <typename T, int kWidth> struct PaddedPick {
-  template <Activation kAct> struct By {
-    static KernelFn kernel() { return fused_mlp_mma_padded_kernel<T, kWidth, kAct>; }
-  };
-};
-
-template <typename T>
-KernelFn pick_padded_kernel(int bucket, Activation act) {
-  return bucket == 64 ? pick_by_activation<PaddedPick<T, 64>::template By>(act)
-                      : pick_by_activation<PaddedPick<T, 128>::template By>(act);
-}
-
-template <typename T>
-KernelFn pick_mma_kernel(int bucket, Activation act) {
-  switch (bucket) {
-    case 64: return pick_by_activation<MmaPick<T, 64>::template By>(act);
-    case 128: return pick_by_activation<MmaPick<T, 128>::template By>(act);
-    default: return pick_by_activation<MmaPick<T, 256>::template By>(act);
-  }
-}
-
-}  // namespace
-}  // namespace dualk
-#include "fused_mlp_sm90.cuh"  // the sm_90a padded kernel; uses the definitions above
-namespace dualk {
-namespace {
 
 // Fills `plan` (when not null) or returns why the fused kernel cannot run these arguments.
 // Shape-only callers (plan == nullptr) may leave pointers, m and num_sms zero.
@@ -1068,9 +410,8 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
         p.num_tiles = ceil_div(a.m, static_cast<int64_t>(kMaxMmaWarps) * warp_rows);
         threads = kMaxMmaWarps * 32;
         smem = padded_smem;
-        kernel = a.dtype == DType::kFloat16 ? pick_padded_kernel<__half>(bucket, a.activation)
-                                            : pick_padded_kernel<__nv_bfloat16>(bucket, a.activation);
-        // Hopper: the same MLP on wgmma (fused_mlp_sm90.cuh) when its plan fits; else as above.
+        kernel = pick_padded_kernel(a.dtype, bucket, a.activation);
+        // Hopper: the same MLP on wgmma (fused_mlp_sm90.cu) when its plan fits; else as above.
         plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem);
       }
     }
@@ -1127,8 +468,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.act_area_offset = bias_bytes + max_group_bytes;
     smem = p.act_area_offset + warps * per_warp_bytes;
     p.num_tiles = ceil_div(a.m, static_cast<int64_t>(warps) * warp_rows);
-    kernel = a.dtype == DType::kFloat16 ? pick_mma_kernel<__half>(bucket, a.activation)
-                                        : pick_mma_kernel<__nv_bfloat16>(bucket, a.activation);
+    kernel = pick_mma_kernel(a.dtype, bucket, a.activation);
   }
   if (a.dtype == DType::kFloat32) {
     // Rows per block tile: one tile per SM, so a batch fills the GPU in one wave and each SM
@@ -1193,7 +533,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     p.num_tiles = ceil_div(a.m, p.tile_rows);
     kernel = pick_by_activation<SimtPick>(a.activation);
     // 32-row tiles (batches of >= ~31 rows per SM) on Hopper: the tensor-core kernel, when the
-    // weights allow TMA and everything fits in shared memory (fused_mlp_tf32.cuh).
+    // weights allow TMA and everything fits in shared memory (fused_mlp_tf32.cu).
     if (p.tile_rows == 32) {
       tf32_kernel = plan_fused_mlp_tf32x3(a, device, p, smem);
       if (tf32_kernel != nullptr) threads = kTf32Threads;
@@ -1213,12 +553,14 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
 }
 
 }  // namespace
+}  // namespace mlp
 
 const char* fused_mlp_unsupported_reason(const FusedMlpArgs& args) {
-  return plan_fused_mlp(args, nullptr);
+  return mlp::plan_fused_mlp(args, nullptr);
 }
 
 cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
+  using namespace mlp;
   MlpPlan plan;
   if (plan_fused_mlp(args, &plan) != nullptr) return cudaErrorInvalidValue;
   if (args.m == 0) return cudaSuccess;

@@ -1,11 +1,12 @@
-"""Writes bench/standalone/mlp_v_stamp.cu: cuda_src/fused_mlp.cu with globaltimer stamps in one
+"""Writes bench/standalone/mlp_v_stamp.cu: cuda_src/fused_mlp.cu (simt) or fused_mlp_tf32.cu (tc), the
+translation unit of the kernel stamped, with globaltimer stamps in one
 fp32 kernel (thread 0 of every block, first tile, batches 32 and 4096 only). On the 50th
 launch of each of those batches the last block to finish prints, per stamp, the min / mean / max
 over blocks in ns after the earliest block's first instruction.
   simt (default): 0 entry, 1 barriers armed, 2 copies issued by warp 0, 3+2l layer l weights
     landed (thread 0), 4+2l layer l start (after the block barrier), 11 tile done, 12 kernel end,
     12+l (l = 1, 2) layer l reached by thread 0 (before its waits).
-  tc (the 3xTF32 kernel, fused_mlp_tf32.cuh): 0 entry, 2 x tile loaded and split (after the
+  tc (the 3xTF32 kernel, fused_mlp_tf32.cu): 0 entry, 2 x tile loaded and split (after the
     block barrier), 4+2l layer l weights landed, 5+2l layer l done (after its block barrier),
     12 end.
 Usage: python bench/standalone/mkstamp.py [simt|tc]  (then bench/gpu_explore.sh builds it as
@@ -21,7 +22,8 @@ assert kernel in ("simt", "tc"), kernel
 clock_end = 13 if kernel == "simt" else 5  # the stamp that closes layer 0
 
 root = pathlib.Path(__file__).resolve().parents[2]
-src = (root / "cuda_src/fused_mlp.cu").read_text()
+unit = "cuda_src/fused_mlp.cu" if kernel == "simt" else "cuda_src/fused_mlp_tf32.cu"
+src = (root / unit).read_text()
 
 helpers = r"""
 __device__ unsigned long long g_stamp[1024][16];
@@ -88,7 +90,8 @@ def before(anchor: str, code: str) -> None:
 
 CLOCK = "      if (stamping && stamp_first && layer == {l} && threadIdx.x == 0) g_clock[blockIdx.x][{l}] = clock64();\n"
 
-after(r"namespace dualk \{\nnamespace \{\n", helpers)  # right after the first anonymous namespace
+# right after the unit's anonymous namespace opens
+after(r"namespace dualk \{\nnamespace mlp \{\nnamespace \{\n", helpers)
 if kernel == "simt":
     after(
         r"fused_mlp_simt_kernel\(const __grid_constant__ MlpKernelParams p\) \{\n",
@@ -118,9 +121,6 @@ if kernel == "simt":
         "  STAMP(12);\n  stamp_finish(stamping, p.m);\n",
     )
 else:
-    # The header's text in place of its #include, so the stamps can go into it.
-    tc = (root / "cuda_src/fused_mlp_tf32.cuh").read_text()
-    src = sub(r'#include "fused_mlp_tf32.cuh"[^\n]*\n', lambda m: tc, src)
     after(
         r"fused_mlp_tf32x3_kernel\(const __grid_constant__ MlpTf32Params params\) \{\n",
         "  const bool stamping = params.p.m == 32 || params.p.m == 4096;\n  bool stamp_first = true;\n  STAMP(0);\n",
@@ -144,5 +144,6 @@ else:
     after(
         r"    stamp_first = false;\n  \}\n", "  STAMP(12);\n  stamp_finish(stamping, params.p.m);\n"
     )
-(root / "bench/standalone/mlp_v_stamp.cu").write_text(src)
+# gpu_explore.sh / mlp_run.sh build the variant in place of the unit it names on its first line.
+(root / "bench/standalone/mlp_v_stamp.cu").write_text(f"// replaces: {unit}\n" + src)
 print("wrote bench/standalone/mlp_v_stamp.cu")

@@ -1,7 +1,7 @@
-// Standalone benchmark + checker for dualk's fused MLP launcher (cuda_src/fused_mlp.cu).
+// Standalone benchmark + checker for dualk's fused MLP launcher (cuda_src/fused_mlp*.cu).
 // No torch: build with
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a \
-//        bench/standalone/mlp_bench.cu cuda_src/fused_mlp.cu -o /tmp/mb
+//        bench/standalone/mlp_bench.cu cuda_src/fused_mlp*.cu -o /tmp/mb
 // and run /tmp/mb [--quick] [--reps N] [--case SUBSTR] [--csv FILE]. For every case: random inputs (uniform, nn.Linear-like
 // weights and biases), output poisoned with NaN before the launch, checked against a naive
 // per-layer fp32 CUDA reference (activations rounded to the dtype between layers, as the fused
@@ -404,7 +404,7 @@ int main(int argc, char** argv) {
   cases.push_back({"fp32 small 5 layers B63 silu", DType::kFloat32, {64, 256, 200, 40, 12, 3}, 63, Activation::kSilu});
   cases.push_back({"fp32 small 1 layer B7 strided", DType::kFloat32, {8, 5}, 7, R, true, 3, 1});
   cases.push_back({"fp32 256x5 B2049 (streamed)", DType::kFloat32, {256, 256, 256, 256, 256, 256}, 2049, R});
-  // fp32 32-row tiles on Hopper: the 3xTF32 tensor-core kernel (fused_mlp_tf32.cuh).
+  // fp32 32-row tiles on Hopper: the 3xTF32 tensor-core kernel (fused_mlp_tf32.cu).
   cases.push_back({"fp32 tc seed B4133 gelu nobias strided", DType::kFloat32, {100, 128, 64, 10}, 4133, Activation::kGeluTanh, false, 3, 1});
   cases.push_back({"fp32 tc seed B4000 (odd tile count)", DType::kFloat32, {100, 128, 64, 10}, 4000, R});
   cases.push_back({"fp32 tc 96-160-40-12 B4500 silu", DType::kFloat32, {96, 160, 40, 12}, 4500, Activation::kSilu});

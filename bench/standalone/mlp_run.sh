@@ -1,6 +1,7 @@
 #!/bin/bash
-# Builds the harness against cuda_src/fused_mlp.cu (and any bench/standalone/mlp_v_*.cu variant
-# copies, in parallel), checks + times each, optionally profiles with ncu (NCU=1).
+# Builds the harness against cuda_src/fused_mlp*.cu and every bench/standalone/mlp_v_*.cu variant (one
+# stands in for cuda_src/fused_mlp.cu, or for the file its first line names: "// replaces: cuda_src/..."),
+# in parallel; checks + times each, optionally profiles with ncu (NCU=1).
 # Usage on the GPU machine: bash bench/standalone/mlp_run.sh   (writes logs to ${OUT:-/tmp})
 set -u
 OUT=${OUT:-/tmp}
@@ -9,7 +10,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 declare -A SRC=([base]=cuda_src/fused_mlp.cu)
 for v in bench/standalone/mlp_v_*.cu; do [ -e "$v" ] && SRC[$(basename "$v" .cu | sed 's/^mlp_v_//')]=$v; done
 for name in "${!SRC[@]}"; do
-  (nvcc $FLAGS -Xptxas -v bench/standalone/mlp_bench.cu "${SRC[$name]}" -o /tmp/mb_$name \
+  replaced=$(sed -n '1s|^// replaces: ||p' "${SRC[$name]}"); replaced=${replaced:-cuda_src/fused_mlp.cu}
+  units=$(ls cuda_src/fused_mlp*.cu | grep -v -x "$replaced")
+  (nvcc $FLAGS -Xptxas -v bench/standalone/mlp_bench.cu "${SRC[$name]}" $units -o /tmp/mb_$name \
      > $OUT/ptxas_$name.txt 2>&1 || echo "BUILD FAILED $name") &
 done
 wait

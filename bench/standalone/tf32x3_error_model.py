@@ -1,4 +1,4 @@
-"""CPU model of the 3xTF32 fused MLP's error (cuda_src/fused_mlp_tf32.cuh), against PyTorch fp32
+"""CPU model of the 3xTF32 fused MLP's error (cuda_src/fused_mlp_tf32.cu), against PyTorch fp32
 and dualk's GEMM budget (2 x PyTorch's max error + 4 fp32 ulps of the largest output).
 
 Operands split into hi = tf32(v) (rounded, or truncated for weights) and lo = tf32(v - hi); each

@@ -23,7 +23,11 @@ from ..errors import BackendUnavailableError
 from ..layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
 
-KERNEL_SOURCES = ("add.cu", "relu_scale.cu", "matmul.cu", "linear_gelu.cu", "fused_mlp.cu")
+KERNEL_SOURCES = (
+    "add.cu", "relu_scale.cu", "matmul.cu", "linear_gelu.cu",
+    # fused_mlp: one operator, four translation units sharing fused_mlp_kernels.cuh (compile time)
+    "fused_mlp.cu", "fused_mlp_mma.cu", "fused_mlp_sm90.cu", "fused_mlp_tf32.cu",
+)  # fmt: skip
 BINDING_SOURCE = "binding.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # launchers.h DType
 ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu_tanh": 2, "gelu_erf": 3, "silu": 4}

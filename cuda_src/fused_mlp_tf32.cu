@@ -1,9 +1,8 @@
 // fused_mlp, fp32, on Hopper tensor cores: 3xTF32 mma.sync for 32-row tiles (large batches).
 //
-// Include contract: part of fused_mlp.cu, like fused_mlp_sm90.cuh. It uses MlpKernelParams,
-// stage_tile, load_biases_async and round_up from fused_mlp.cu's anonymous namespace, and
-// declares its own there; fused_mlp.cu's planner calls plan_fused_mlp_tf32x3 where it would give
-// a 32-row tile to the SIMT kernel, and launch_fused_mlp launches what it planned.
+// Its own translation unit; shared definitions (MlpKernelParams, MlpTf32Params, stage_tile,
+// load_biases_async, round_up) in fused_mlp_kernels.cuh. fused_mlp.cu's planner calls
+// plan_fused_mlp_tf32x3 where it would give a 32-row tile to the SIMT kernel.
 //
 // Why: the SIMT kernel spends its time on shared-memory loads and issue slots (one FFMA per
 // multiply-add per lane), and on sm_90 it fetches padded weight rows by one bulk copy per row,
@@ -27,39 +26,18 @@
 //     are split as they are loaded (each B fragment feeds both 16-row halves of the tile).
 // Device code exists for sm_90 and later; the planner picks the kernel only on compute capability
 // 9.x, where it was measured.
-#pragma once
-
 #include <cstdint>
 
-#include "common.cuh"
+#include "fused_mlp_kernels.cuh"
 
 namespace dualk {
+namespace mlp {
 namespace {
 
-#ifndef DUALK_FP32_TENSOR_CORES  // bench override: -DDUALK_FP32_TENSOR_CORES=0 keeps SIMT everywhere
+// Bench override: a harness variant of this file (or -D) setting it to 0 keeps fp32 on SIMT.
+#ifndef DUALK_FP32_TENSOR_CORES
 #define DUALK_FP32_TENSOR_CORES 1
 #endif
-
-// 8 warps. (16 warps, with 32 x 8 and 16 x 8 units, measured no faster on the seed model, whose
-// layers are bound by mma.sync throughput, ~19 cycles per m16n8k8 tf32 per scheduler on an H200,
-// and 45% slower on the 64-wide fp32 MLP at batch 64K: more shared-memory traffic per mma.)
-constexpr int kTf32Threads = 256;
-
-constexpr int kTf32Warps = kTf32Threads / 32;
-constexpr int kTf32TileRows = 32;  // two m16 tiles: every B fragment feeds two mma
-constexpr int kTf32BoxK = 32;      // floats per TMA box row: 128 bytes, the 128B swizzle span
-
-struct MlpTf32Params {
-  MlpKernelParams p;
-  CUtensorMap weight_maps[kMaxMlpLayers];  // (in, out) fp32, box kTf32BoxK x round_up(out, 8)
-};
-using Tf32KernelFn = void (*)(MlpTf32Params);
-
-// Shared-memory bytes of one layer's weights: ceil(in / 32) boxes of round_up(out, 8) rows x 128 B.
-__host__ __device__ constexpr int tf32_box_bytes(int out) { return round_up(out, 8) * kTf32BoxK * 4; }
-__host__ __device__ constexpr int tf32_layer_bytes(int in, int out) {
-  return (in + kTf32BoxK - 1) / kTf32BoxK * tf32_box_bytes(out);
-}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // v ~ hi + lo, both tf32 (fp32 bit patterns whose low 13 mantissa bits are zero).
@@ -349,12 +327,14 @@ inline Tf32KernelFn pick_tf32x3_kernel(Activation act) {
   return nullptr;
 }
 
+}  // namespace
+
 // Fills p's tf32 layout and smem (bytes, with 1024 of alignment slack) and returns the kernel, or
 // nullptr where the 3xTF32 kernel cannot run (then p and smem are unchanged): not compute
 // capability 9.x, a layer input width not a multiple of 4 or an unaligned weight (TMA needs
 // 16-byte aligned rows), no driver entry point, or too little shared memory.
-inline Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
-                                          int& smem) {
+Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
+                                   int& smem) {
   if (!DUALK_FP32_TENSOR_CORES || device.cc_major != 9) return nullptr;
   int max_width = 0;
   for (int i = 0; i < a.num_layers; ++i) {
@@ -388,7 +368,7 @@ inline Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DevicePro
 }
 
 // The weight maps: layer i as a 2-D fp32 tensor (in_i fastest, out_i rows), 128-byte boxes.
-inline bool encode_tf32x3_maps(const FusedMlpArgs& a, MlpTf32Params& params) {
+bool encode_tf32x3_maps(const FusedMlpArgs& a, MlpTf32Params& params) {
   const EncodeTiledFn encode = encode_tiled_fn();
   if (encode == nullptr) return false;
   for (int i = 0; i < a.num_layers; ++i) {
@@ -405,5 +385,5 @@ inline bool encode_tf32x3_maps(const FusedMlpArgs& a, MlpTf32Params& params) {
   return true;
 }
 
-}  // namespace
+}  // namespace mlp
 }  // namespace dualk

@@ -1,11 +1,8 @@
 // fused_mlp on Hopper (sm_90a): the padded, resident fp16/bf16 MLP (every width <= 64 or <= 128,
 // all layers' weights in shared memory) with wgmma.mma_async instead of mma.sync.
 //
-// Include contract: this header is part of fused_mlp.cu, not a stand-alone unit. It uses
-// MlpKernelParams, store_warp_rows, stage_tile, is_aligned16, mma_row_pitch, KernelFn
-// and pick_by_activation from fused_mlp.cu's anonymous namespace, so fused_mlp.cu includes it at
-// file scope after those (closing and reopening `namespace dualk { namespace {` around the
-// include); its own declarations go into the same anonymous namespace. fused_mlp.cu's planner
+// Its own translation unit; shared definitions (MlpKernelParams, store_warp_rows, stage_tile,
+// mma_row_pitch, KernelFn, pick_by_activation) in fused_mlp_kernels.cuh. fused_mlp.cu's planner
 // calls plan_fused_mlp_wgmma where it has chosen the padded kernel.
 //
 // Per block (one per SM, persistent): up to 6 warpgroups, each walking 64-row tiles on its own
@@ -43,14 +40,13 @@
 //
 // Device code exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); other device passes
 // compile a trap, and plan_fused_mlp_wgmma picks this kernel only on compute capability 9.0.
-#pragma once
-
 #include <cstdint>
 #include <type_traits>
 
-#include "common.cuh"
+#include "fused_mlp_kernels.cuh"
 
 namespace dualk {
+namespace mlp {
 namespace {
 
 // Warpgroups per block (one block per SM) and the depth of each warp's x ring. Every warpgroup
@@ -531,11 +527,10 @@ KernelFn pick_wgmma_kernel(int bucket, Activation act) {
                       : pick_by_activation<WgmmaPick<T, 128>::template By>(act);
 }
 
-// Replaces the padded kernel's plan with the wgmma kernel's when the device is compute capability
-// 9.0 and at least one warpgroup fits beside the weights (the most that fit, up to the config's
-// maximum); returns false and leaves everything as it was otherwise. Expects p.out_pitch set.
-inline bool plan_fused_mlp_wgmma(const FusedMlpArgs& a, int bucket, int smem_limit, MlpKernelParams& p,
-                                 KernelFn& kernel, int& threads, int& smem) {
+}  // namespace
+
+bool plan_fused_mlp_wgmma(const FusedMlpArgs& a, int bucket, int smem_limit, MlpKernelParams& p,
+                          KernelFn& kernel, int& threads, int& smem) {
   if (bucket != 64 && bucket != 128) return false;
   if (!device_is_sm90()) return false;
   const WgmmaMlpSmem s = wgmma_mlp_smem(bucket, a.activation, a.num_layers, p.out_pitch);
@@ -554,5 +549,5 @@ inline bool plan_fused_mlp_wgmma(const FusedMlpArgs& a, int bucket, int smem_lim
   return true;
 }
 
-}  // namespace
+}  // namespace mlp
 }  // namespace dualk
