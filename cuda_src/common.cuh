@@ -357,6 +357,30 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, int bytes) {
   return err;
 }
 
+// Resident blocks per SM of `kernel` at this block size and dynamic shared memory on the current
+// device (0 if the query fails), queried once per kernel, device and configuration: persistent
+// launchers size their grid with it on every call.
+inline int max_blocks_per_sm(const void* kernel, int threads, int smem_bytes) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  static std::mutex mutex;
+  static std::map<std::pair<std::pair<const void*, int>, std::pair<int, int>>, int> cache;
+  const auto key = std::make_pair(std::make_pair(kernel, device), std::make_pair(threads, smem_bytes));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;  // not cached: a later call may succeed
+  }
+  cache[key] = blocks;
+  return blocks;
+}
+
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (no libcuda link); looked up

@@ -576,9 +576,7 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   // Persistent grid: no more blocks than fit on the GPU at once, each looping over row tiles.
   int64_t grid = plan.params.num_tiles;
   if (grid > num_sms) {
-    int blocks_per_sm = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, plan.threads, plan.smem_bytes);
-    if (err != cudaSuccess) return err;
+    const int blocks_per_sm = max_blocks_per_sm(kernel, plan.threads, plan.smem_bytes);
     if (blocks_per_sm < 1) return cudaErrorInvalidConfiguration;
     const int64_t resident = static_cast<int64_t>(num_sms) * blocks_per_sm;
     grid = grid < resident ? grid : resident;

@@ -219,8 +219,9 @@ __device__ __forceinline__ void store_warp_rows(const uint32_t (&act)[kMTiles][k
 
 using KernelFn = void (*)(MlpKernelParams);
 
+// Pick<act>::kernel() for a runtime activation (any kernel pointer type: KernelFn, Tf32KernelFn).
 template <template <Activation> class Pick>
-KernelFn pick_by_activation(Activation act) {
+auto pick_by_activation(Activation act) -> decltype(Pick<Activation::kNone>::kernel()) {
   switch (act) {
     case Activation::kNone: return Pick<Activation::kNone>::kernel();
     case Activation::kRelu: return Pick<Activation::kRelu>::kernel();

@@ -315,17 +315,9 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
 }
 
 // ------------------------------------------------------------------ host side
-template <Activation kAct> Tf32KernelFn tf32x3_kernel_for() { return fused_mlp_tf32x3_kernel<kAct>; }
-inline Tf32KernelFn pick_tf32x3_kernel(Activation act) {
-  switch (act) {
-    case Activation::kNone: return tf32x3_kernel_for<Activation::kNone>();
-    case Activation::kRelu: return tf32x3_kernel_for<Activation::kRelu>();
-    case Activation::kGeluTanh: return tf32x3_kernel_for<Activation::kGeluTanh>();
-    case Activation::kGeluErf: return tf32x3_kernel_for<Activation::kGeluErf>();
-    case Activation::kSilu: return tf32x3_kernel_for<Activation::kSilu>();
-  }
-  return nullptr;
-}
+template <Activation kAct> struct Tf32Pick {
+  static Tf32KernelFn kernel() { return fused_mlp_tf32x3_kernel<kAct>; }
+};
 
 }  // namespace
 
@@ -354,17 +346,15 @@ Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& dev
   }
   // Rows of an odd number of 16-byte units: ldmatrix's 8 rows at one k hit 8 distinct bank groups.
   q.act_pitch = round_up(max_width, 8) + 4;
-  q.tile_rows = kTf32TileRows;
   q.barrier_offset = round_up(bias_floats * 4, 8);
   q.act_area_offset = round_up(q.barrier_offset + 8 * a.num_layers, 16);
   q.weight_area_offset = round_up(q.act_area_offset + 4 * kTf32TileRows * q.act_pitch * 4, 1024);
   q.num_tiles = (a.m + kTf32TileRows - 1) / kTf32TileRows;
-  q.k_slab = 0;
   const int bytes = q.weight_area_offset + weight_bytes + 1024;
   if (bytes > device.smem_optin) return nullptr;
   p = q;
   smem = bytes;
-  return pick_tf32x3_kernel(a.activation);
+  return pick_by_activation<Tf32Pick>(a.activation);
 }
 
 // The weight maps: layer i as a 2-D fp32 tensor (in_i fastest, out_i rows), 128-byte boxes.
