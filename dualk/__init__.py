@@ -1,9 +1,19 @@
 """dualk: PyTorch operators with two hand-written GPU backends (CUDA C++ and Triton) behind one
 dispatcher. Start with `dualk.ops`, `dualk.explain` and `dualk.use_backend`."""
 
-from . import ops
+from . import library, ops  # library registers torch.ops.dualk.<op>
 from .dispatch import set_default_backend, use_backend
-from .errors import BackendUnavailableError, DualkError, UnknownBackendError
+from .errors import (
+    BackendUnavailableError,
+    ConfigError,
+    DeviceMismatchError,
+    DtypeError,
+    DualkError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ShapeError,
+    UnknownBackendError,
+)
 from .ops import add, explain, fused_mlp, linear_gelu, matmul, relu_scale
 from .registry import OPS
 
@@ -12,7 +22,13 @@ __version__ = "0.1.0"
 __all__ = [
     "OPS",
     "BackendUnavailableError",
+    "ConfigError",
+    "DeviceMismatchError",
+    "DtypeError",
     "DualkError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "ShapeError",
     "UnknownBackendError",
     "add",
     "explain",

@@ -9,8 +9,12 @@ Precedence, first match wins (README has the same table; tests/test_dispatch.py 
   6. the config file's [backend] table: the operator's key, then "default" (dualk/config.py)
   7. "auto"
 A named backend (from any of 1-6) that cannot run this call is an error that says why. "auto"
-takes the first backend in the operator's `auto_order` that can run on the input's device and
-remembers that per (operator, device, dtype), so later calls cost a dict lookup.
+asks dualk/autotune.py: the winner of timing every available backend (torch included) once per
+shape class and device, remembered in memory and on disk; a documented heuristic where timing is
+not allowed (CUDA-graph capture, torch.compile tracing, DUALK_AUTOTUNE=0).
+
+This module runs only when a call executes (the eager route, or inside the registered op's
+implementation), never while torch.compile traces: see dualk/ops.py.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ def _getenv(name: str) -> str | None:
 
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("dualk_backend", default=None)
 _process_default: str | None = None
-_auto_choices: dict[tuple[str, torch.device, torch.dtype], str] = {}
 
 
 def check_name(name: object, source: str) -> str:
@@ -95,8 +98,8 @@ def requested(spec: OpSpec, backend: str) -> tuple[str, str]:
 def auto_candidates(
     spec: OpSpec, device: torch.device, dtype: torch.dtype | None = None
 ) -> list[tuple[str, str | None]]:
-    """(backend, reason it cannot run or None) in auto order for `dtype`. Auto never picks
-    Triton's CPU interpreter: it is for tests, not speed."""
+    """(backend, reason it cannot run or None) in the operator's fallback order for `dtype`.
+    Auto never picks Triton's CPU interpreter: it is for tests, not speed."""
     out = []
     for name in spec.auto_order if dtype is None else spec.auto_order_for(dtype):
         if name == "triton" and device.type == "cpu":
@@ -106,20 +109,38 @@ def auto_candidates(
     return out
 
 
-def choose(spec: OpSpec, backend: str, like: torch.Tensor) -> str:
-    """The backend that runs this call (raises when a named one cannot)."""
+class _FixedOrder:  # TEMPORARY until dualk/autotune.py lands
+    @staticmethod
+    def choose(spec, args):
+        like = args[0]
+        return next(n for n, r in auto_candidates(spec, like.device, like.dtype) if r is None)
+
+    @staticmethod
+    def explain(spec, args):
+        return {"backend": _FixedOrder.choose(spec, args), "source": "fixed order"}
+
+    @staticmethod
+    def clear_memory():
+        pass
+
+
+try:
+    from . import autotune
+except ImportError:
+    autotune = _FixedOrder
+
+
+def _first_tensor(args: tuple) -> torch.Tensor:
+    return args[0]
+
+
+def choose(spec: OpSpec, backend: str, args: tuple) -> str:
+    """The backend that runs `spec`'s implementation on `args` (its positional arguments);
+    raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""
     name, source = requested(spec, backend)
-    device = like.device
     if name == "auto":
-        key = (spec.name, device, like.dtype)
-        chosen = _auto_choices.get(key)
-        if chosen is None:
-            chosen = next(
-                n for n, reason in auto_candidates(spec, device, like.dtype) if reason is None
-            )
-            _auto_choices[key] = chosen
-        return chosen
-    reason = unavailable_reason(name, device)
+        return autotune.choose(spec, args)
+    reason = unavailable_reason(name, _first_tensor(args).device)
     if reason is not None:
         raise BackendUnavailableError(
             f"dualk.{spec.name}: backend {name!r} (requested by {source}) cannot run: {reason}"
@@ -127,8 +148,35 @@ def choose(spec: OpSpec, backend: str, like: torch.Tensor) -> str:
     return name
 
 
+def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
+    """What choose() would do for these arguments, and why (runs no kernel)."""
+    like = _first_tensor(args)
+    name, source = requested(spec, backend)
+    availability = dict(auto_candidates(spec, like.device, like.dtype))
+    notes: list[str] = []
+    if name == "auto":
+        info = autotune.explain(spec, args)
+        chosen = info["backend"]
+        source = f"auto, {info['source']}"
+        for cand, reason in info.get("rejected", {}).items():
+            availability[cand] = reason
+        if info.get("times_us"):
+            times = ", ".join(f"{b} {t:.1f} us" for b, t in info["times_us"].items())
+            notes.append(f"measured: {times}")
+        if info.get("rule"):
+            notes.append(f"rule: {info['rule']}")
+    else:
+        chosen = name
+        availability[name] = unavailable_reason(name, like.device)
+    expl = Explanation(spec.name, chosen, source, availability, notes)
+    if availability.get(chosen) is not None:
+        expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")
+    return expl
+
+
 def clear_auto_cache() -> None:
-    _auto_choices.clear()
+    """Forget in-memory auto decisions (the on-disk autotuning cache stays)."""
+    autotune.clear_memory()
 
 
 @dataclass
@@ -138,6 +186,10 @@ class Explanation:
     source: str
     availability: dict[str, str | None]
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def runnable(self) -> bool:
+        return self.availability.get(self.backend) is None
 
     def __str__(self) -> str:
         lines = [f"dualk.{self.op}: runs on {self.backend!r} (chosen by {self.source})"]

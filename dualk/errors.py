@@ -1,4 +1,8 @@
-"""Exceptions dualk raises, so callers can catch dualk's own failures apart from PyTorch's."""
+"""Exceptions dualk raises, so callers can catch dualk's own failures apart from PyTorch's.
+
+Every validation error is a `DualkError` that is also the builtin a Python user expects:
+`except TypeError` catches a wrong dtype or a non-tensor argument, `except ValueError` a wrong
+shape, device or option, and `except dualk.DualkError` catches all of them."""
 
 
 class DualkError(RuntimeError):
@@ -11,3 +15,27 @@ class BackendUnavailableError(DualkError):
 
 class UnknownBackendError(DualkError, ValueError):
     """A backend name that dualk does not know."""
+
+
+class InvalidArgumentError(DualkError, ValueError):
+    """An argument has the wrong value: shape, rank, option, count of layers."""
+
+
+class InvalidTypeError(DualkError, TypeError):
+    """An argument has the wrong type: not a tensor, an unsupported or mixed dtype."""
+
+
+class ShapeError(InvalidArgumentError):
+    """Shapes that do not fit together (sizes, ranks, broadcasting)."""
+
+
+class DeviceMismatchError(InvalidArgumentError):
+    """Operands on different devices."""
+
+
+class DtypeError(InvalidTypeError):
+    """An unsupported dtype, or operands of different dtypes."""
+
+
+class ConfigError(DualkError, ValueError):
+    """A config file (DUALK_CONFIG or the default path) that cannot be used; names the file."""

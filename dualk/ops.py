@@ -1,6 +1,18 @@
-"""dualk's public operators. Each validates its inputs once (dualk/validate.py), asks the
-dispatcher which backend runs (dualk/dispatch.py), and calls that backend's implementation
-(dualk/registry.py maps the names). Inputs are never modified; outputs are fresh tensors.
+"""dualk's public operators.
+
+Each public function has two routes to the same code:
+- eager and direct (the common inference call: plain tensors or nn.Parameters, no gradient
+  needed, not under torch.compile): validate (dualk/validate.py), ask the dispatcher which backend
+  runs (dualk/dispatch.py), call that backend's implementation (dualk/registry.py maps the names).
+  This skips PyTorch's op dispatcher, which costs several microseconds per call by itself;
+- through the registered custom op `torch.ops.dualk.<op>` (dualk/library.py) whenever autograd
+  must record the call, under torch.compile / export tracing (fake tensors, no graph break), and
+  for tensor subclasses. The op's implementation is `_run_<op>` below, the same function the
+  direct route calls, so both routes give bit-identical results.
+
+The backend is decided inside `_run_<op>`, at run time: tracing never reads environment
+variables, config files or autotuning caches, and a compiled graph follows the backend settings
+in force when it runs. Inputs are never modified; outputs are fresh contiguous tensors.
 
 Every operator takes `backend="auto" | "cuda" | "triton" | "torch"` (see dualk.dispatch for the
 precedence of arguments, environment variables, scopes and the config file)."""
@@ -8,29 +20,72 @@ precedence of arguments, environment variables, scopes and the config file)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Sequence
 
 import torch
+from torch.nn import Parameter
 
 from . import dispatch, validate
+from .errors import InvalidArgumentError, InvalidTypeError, ShapeError
 from .layout import as_rows
 from .registry import OPS
 
 _ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP = (
     OPS[n] for n in ("add", "relu_scale", "matmul", "linear_gelu", "fused_mlp")
 )
-MLP_ACTIVATIONS = ("relu", "gelu", "silu", "none")
+# "gelu" is the tanh approximation (as the CUDA seed's kernel); "gelu_erf" is nn.GELU()'s default.
+MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_PLAIN = (torch.Tensor, Parameter)
 
+
+def _direct(*tensors) -> bool:
+    """True when the call can skip PyTorch's dispatcher: not tracing, every tensor a plain
+    torch.Tensor or nn.Parameter (fake tensors and other subclasses go through the custom op),
+    and no gradient to record. Non-tensors also take the direct route, whose validation names
+    them (the custom op's schema check would not)."""
+    if _is_compiling():
+        return False
+    grad = _is_grad_enabled()
+    for t in tensors:
+        cls = type(t)
+        if cls is not torch.Tensor and cls is not Parameter:
+            if isinstance(t, torch.Tensor):
+                return False
+            continue
+        if grad and t.requires_grad:
+            return False
+    return True
+
+
+_dualk = torch.ops.dualk  # the registered ops (dualk/library.py registers them on import)
+
+
+def _library_pack_biases(biases) -> tuple[list, int]:
+    """fused_mlp's biases as the registered op takes them (dualk/library.py pack_biases)."""
+    present = [b for b in biases if b is not None]
+    return present, sum(1 << i for i, b in enumerate(biases) if b is not None)
+
+
+# ---------------------------------------------------------------------------------------- add
 def add(
     a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto"
 ) -> torch.Tensor:
     """`a + alpha * b` with torch.add's broadcasting, for floating tensors of one dtype
     (float32, float16, bfloat16) on one device. Computed in fp32, rounded once."""
+    if _direct(a, b):
+        return _run_add(a, b, alpha, backend)
+    return _dualk.add(a, b, validate.real_number("add", "alpha", alpha), backend)
+
+
+def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
     _check_add(a, b, alpha)
-    name = dispatch.choose(_ADD, backend, a)
-    return _ADD.implementation(name)(a, b, float(alpha))
+    args = (a, b, float(alpha))
+    return _ADD.implementation(dispatch.choose(_ADD, backend, args))(*args)
 
 
 def _check_add(a, b, alpha) -> None:
@@ -43,16 +98,23 @@ def _check_add(a, b, alpha) -> None:
         try:
             torch.broadcast_shapes(a.shape, b.shape)
         except RuntimeError:
-            raise ValueError(
+            raise ShapeError(
                 f"dualk.add: shapes {tuple(a.shape)} ('a') and {tuple(b.shape)} ('b') do not broadcast"
             ) from None
 
 
+# ---------------------------------------------------------------------------------- relu_scale
 def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch.Tensor:
     """`relu(x) * scale` in one pass; `scale` is a Python number. NaN stays NaN (as torch.relu)."""
+    if _direct(x):
+        return _run_relu_scale(x, scale, backend)
+    return _dualk.relu_scale(x, validate.real_number("relu_scale", "scale", scale), backend)
+
+
+def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
     _check_relu_scale(x, scale)
-    name = dispatch.choose(_RELU_SCALE, backend, x)
-    return _RELU_SCALE.implementation(name)(x, float(scale))
+    args = (x, float(scale))
+    return _RELU_SCALE.implementation(dispatch.choose(_RELU_SCALE, backend, args))(*args)
 
 
 def _check_relu_scale(x, scale) -> None:
@@ -60,13 +122,20 @@ def _check_relu_scale(x, scale) -> None:
     validate.real_number("relu_scale", "scale", scale)
 
 
+# -------------------------------------------------------------------------------------- matmul
 def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """`a @ b` for (M, K) @ (K, N) -> (M, N) and (B, M, K) @ (B, K, N) -> (B, M, N) (a 2-dim
     operand is broadcast over the other's batch). fp32 accumulation; fp32 inputs use TF32 only
     when torch.backends.cuda.matmul.allow_tf32 allows it."""
+    if _direct(a, b):
+        return _run_matmul(a, b, backend)
+    return _dualk.matmul(a, b, backend)
+
+
+def _run_matmul(a, b, backend: str) -> torch.Tensor:
     _check_matmul(a, b)
-    name = dispatch.choose(_MATMUL, backend, a)
-    return _MATMUL.implementation(name)(a, b)
+    args = (a, b)
+    return _MATMUL.implementation(dispatch.choose(_MATMUL, backend, args))(*args)
 
 
 def _check_matmul(a, b) -> None:
@@ -75,20 +144,21 @@ def _check_matmul(a, b) -> None:
     validate.same_dtype_and_device("matmul", {"a": a, "b": b})
     for name, t in (("a", a), ("b", b)):
         if t.dim() not in (2, 3):
-            raise ValueError(
+            raise ShapeError(
                 f"dualk.matmul: '{name}' must be 2-dim or 3-dim (batched), got shape {tuple(t.shape)}"
             )
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(
+        raise ShapeError(
             f"dualk.matmul: inner sizes differ: 'a' {tuple(a.shape)} has K={a.shape[-1]}, "
             f"'b' {tuple(b.shape)} has K={b.shape[-2]}"
         )
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(
+        raise ShapeError(
             f"dualk.matmul: batch sizes differ: 'a' has {a.shape[0]}, 'b' has {b.shape[0]}"
         )
 
 
+# --------------------------------------------------------------------------------- linear_gelu
 def linear_gelu(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -99,10 +169,17 @@ def linear_gelu(
 ) -> torch.Tensor:
     """`gelu(x @ weight.T + bias)` with nn.Linear's layout: x (..., in), weight (out, in), bias
     (out,) or None; `approximate` as in torch.nn.functional.gelu ("tanh" or "none")."""
+    if _direct(x, weight, bias):
+        return _run_linear_gelu(x, weight, bias, approximate, backend)
+    validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
+    return _dualk.linear_gelu(x, weight, bias, approximate, backend)
+
+
+def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor:
     _check_linear("linear_gelu", x, weight, bias)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
-    name = dispatch.choose(_LINEAR_GELU, backend, x)
-    return _LINEAR_GELU.implementation(name)(x, weight, bias, approximate)
+    args = (x, weight, bias, approximate)
+    return _LINEAR_GELU.implementation(dispatch.choose(_LINEAR_GELU, backend, args))(*args)
 
 
 def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
@@ -113,64 +190,85 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
     validate.same_dtype_and_device(op, {"x": x, wname: weight, bname: bias})
     validate.ndim_at_least(op, "x", x, 1)
     if weight.dim() != 2:
-        raise ValueError(
+        raise ShapeError(
             f"dualk.{op}: '{wname}' must be 2-dim (out, in), got shape {tuple(weight.shape)}"
         )
     if x.shape[-1] != weight.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"dualk.{op}: 'x' has {x.shape[-1]} features (shape {tuple(x.shape)}) but '{wname}' "
             f"expects {weight.shape[1]} (shape {tuple(weight.shape)})"
         )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(
+        raise ShapeError(
             f"dualk.{op}: '{bname}' must have shape ({weight.shape[0]},), got {tuple(bias.shape)}"
         )
 
 
+# ----------------------------------------------------------------------------------- fused_mlp
 def fused_mlp(
     x: torch.Tensor,
     weights: Sequence[torch.Tensor],
-    biases: Sequence[torch.Tensor | None],
+    biases: Sequence[torch.Tensor | None] | None = None,
     *,
     activation: str = "relu",
     backend: str = "auto",
 ) -> torch.Tensor:
     """A whole MLP in one kernel launch: `L_n(act(... act(L_1(x))))`, `L_i(h) = h @ W_i.T + b_i`.
 
-    weights[i] in nn.Linear layout (out_i, in_i); biases[i] (out_i,) or None; the activation
-    ("relu", "gelu" (tanh), "silu" or "none") follows every layer but the last; x (..., in_0).
-    Widths too large for the fused kernels run as a per-layer chain of the same backend's
-    kernels (dualk.explain says so)."""
-    _check_mlp(x, weights, biases, activation)
-    name = dispatch.choose(_FUSED_MLP, backend, x)
-    if name != "torch":
-        reason = mlp_fallback_reason(name, x, weights)
-        if reason is not None:
-            return _mlp_chain(name, x, weights, biases, activation)
-    return _FUSED_MLP.implementation(name)(x, list(weights), list(biases), activation)
+    weights[i] in nn.Linear layout (out_i, in_i); biases[i] (out_i,) or None (or `biases=None`
+    for none at all); the activation ("relu", "gelu" = "gelu_tanh", "gelu_erf", "silu" or "none")
+    follows every layer but the last; x (..., in_0). Widths too large for the fused kernels run
+    as a per-layer chain of the same backend's kernels (dualk.explain says so)."""
+    weights, biases = _mlp_lists(weights, biases)
+    if _direct(x, *weights, *biases):
+        return _run_fused_mlp(x, weights, biases, activation, backend)
+    validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
+    present, mask = _library_pack_biases(biases)
+    return _dualk.fused_mlp(x, weights, present, mask, activation, backend)
 
 
-def _check_mlp(x, weights, biases, activation) -> None:
+def _mlp_lists(weights, biases) -> tuple[list, list]:
+    """weights and biases as lists (any sequence, not a tensor or a one-shot iterator)."""
     if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
-        raise TypeError("dualk.fused_mlp: 'weights' must be a non-empty list of 2-dim tensors")
+        raise InvalidTypeError(
+            "dualk.fused_mlp: 'weights' must be a non-empty list (or tuple) of 2-dim tensors, "
+            f"got {type(weights).__name__}"
+        )
+    if biases is None:
+        biases = [None] * len(weights)
     if (
         isinstance(biases, torch.Tensor)
         or not isinstance(biases, Sequence)
         or len(biases) != len(weights)
     ):
-        raise TypeError(
+        got = f"{len(biases)} entries" if isinstance(biases, Sequence) else type(biases).__name__
+        raise InvalidTypeError(
             f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
-            f"({len(weights)} layers)"
+            f"({len(weights)} layers), or None; got {got}"
         )
+    return list(weights), list(biases)
+
+
+def _run_fused_mlp(x, weights, biases, activation, backend: str) -> torch.Tensor:
+    _check_mlp(x, weights, biases, activation)
+    args = (x, weights, biases, activation)
+    name = dispatch.choose(_FUSED_MLP, backend, args)
+    if name != "torch" and mlp_fallback_reason(name, x, weights) is not None:
+        return _mlp_chain(name, x, weights, biases, activation)
+    return _FUSED_MLP.implementation(name)(*args)
+
+
+def _check_mlp(x, weights, biases, activation) -> None:
     if activation not in MLP_ACTIVATIONS:
         validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     validate.tensor("fused_mlp", "x", x)
     validate.ndim_at_least("fused_mlp", "x", x, 1)
     dtype, device, width = x.dtype, x.device, x.shape[-1]
+    tensor = torch.Tensor
     for i, (w, b) in enumerate(zip(weights, biases)):
         # One cheap test per layer on the hot path; the detailed checks only explain a failure.
         if not (
-            type(w) is torch.Tensor
+            isinstance(w, tensor)
             and w.dim() == 2
             and w.shape[1] == width
             and w.dtype is dtype
@@ -178,8 +276,9 @@ def _check_mlp(x, weights, biases, activation) -> None:
             and (
                 b is None
                 or (
-                    type(b) is torch.Tensor
-                    and b.shape == (w.shape[0],)
+                    isinstance(b, tensor)
+                    and b.dim() == 1
+                    and b.shape[0] == w.shape[0]
                     and b.dtype is dtype
                     and b.device == device
                 )
@@ -196,16 +295,16 @@ def _explain_bad_layer(x, i, width, w, b) -> None:
         validate.tensor("fused_mlp", bname, b)
     validate.same_pair("fused_mlp", ("x", x), (name, w), (bname, b))
     if w.dim() != 2:
-        raise ValueError(
+        raise ShapeError(
             f"dualk.fused_mlp: '{name}' must be 2-dim (out, in), got shape {tuple(w.shape)}"
         )
     if w.shape[1] != width:
         source = "'x'" if i == 0 else f"layer {i - 1} (its output)"
-        raise ValueError(
+        raise ShapeError(
             f"dualk.fused_mlp: {source} has {width} features but '{name}' (shape "
             f"{tuple(w.shape)}) expects {w.shape[1]}"
         )
-    raise ValueError(
+    raise ShapeError(
         f"dualk.fused_mlp: '{bname}' must have shape ({w.shape[0]},), got {tuple(b.shape)}"
     )
 
@@ -234,16 +333,17 @@ def _device_of(x: torch.Tensor):
 
 def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:
     """Per-layer chain of `backend`'s kernels: its matmul for every layer (its linear_gelu where
-    the activation is gelu), bias and the other activations through PyTorch."""
+    the activation is a GELU), bias and the other activations through PyTorch."""
     from .backends.torch_ref import ACTIVATIONS
 
     matmul_impl = _MATMUL.implementation(backend)
     linear_gelu_impl = _LINEAR_GELU.implementation(backend)
+    gelu = {"gelu": "tanh", "gelu_tanh": "tanh", "gelu_erf": "none"}.get(activation)
     h = as_rows(x)
     last = len(weights) - 1
     for i, (w, b) in enumerate(zip(weights, biases)):
-        if activation == "gelu" and i != last:
-            h = linear_gelu_impl(h, w, b, "tanh")
+        if gelu is not None and i != last:
+            h = linear_gelu_impl(h, w, b, gelu)
             continue
         h = matmul_impl(h, w.t())
         if b is not None:
@@ -253,41 +353,56 @@ def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:
     return h.reshape(*x.shape[:-1], weights[-1].shape[0])
 
 
-_CHECKS = {
-    "add": lambda a, b, alpha=1.0: _check_add(a, b, alpha),
-    "relu_scale": _check_relu_scale,
-    "matmul": _check_matmul,
-    "linear_gelu": lambda x, w, b=None, approximate="tanh": _check_linear("linear_gelu", x, w, b),
-    "fused_mlp": lambda x, w, b, activation="relu": _check_mlp(x, w, b, activation),
-}
+# ------------------------------------------------------------------------------------- explain
+_PUBLIC = {"add": add, "relu_scale": relu_scale, "matmul": matmul,
+           "linear_gelu": linear_gelu, "fused_mlp": fused_mlp}  # fmt: skip
 
 
-def explain(op_name: str, *args, backend: str = "auto", **kwargs) -> dispatch.Explanation:
+def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
+    """(the backend implementation's positional arguments, the backend= value) of a public call
+    `dualk.<op_name>(*args, **kwargs)`, validated; positional and keyword arguments alike."""
+    from .registry import get
+
+    get(op_name)
+    try:
+        bound = inspect.signature(_PUBLIC[op_name]).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"dualk.explain({op_name!r}, ...): {exc}") from None
+    bound.apply_defaults()
+    a = bound.arguments
+    backend = a.pop("backend")
+    if op_name == "add":
+        _check_add(a["a"], a["b"], a["alpha"])
+        return (a["a"], a["b"], float(a["alpha"])), backend
+    if op_name == "relu_scale":
+        _check_relu_scale(a["x"], a["scale"])
+        return (a["x"], float(a["scale"])), backend
+    if op_name == "matmul":
+        _check_matmul(a["a"], a["b"])
+        return (a["a"], a["b"]), backend
+    if op_name == "linear_gelu":
+        _check_linear("linear_gelu", a["x"], a["weight"], a["bias"])
+        validate.choice("linear_gelu", "approximate", a["approximate"], GELU_APPROXIMATIONS)
+        return (a["x"], a["weight"], a["bias"], a["approximate"]), backend
+    weights, biases = _mlp_lists(a["weights"], a["biases"])
+    _check_mlp(a["x"], weights, biases, a["activation"])
+    return (a["x"], weights, biases, a["activation"]), backend
+
+
+def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:
     """Which backend `dualk.<op_name>(*args, **kwargs)` would run on, where that choice came
-    from, and why each other backend is or is not available. Runs nothing."""
+    from, and why each other backend is or is not available. Arguments as in the call itself,
+    positional or by keyword (backend= included). Runs nothing but, for "auto" on a GPU, the
+    autotuner's timing when this shape class has not been timed yet."""
     from .registry import get
 
     spec = get(op_name)
-    _CHECKS[op_name](*args, **kwargs)
-    like = args[0]
-    name, source = dispatch.requested(spec, backend)
-    availability = dict(dispatch.auto_candidates(spec, like.device, like.dtype))
-    if name != "auto":
-        from .backends import unavailable_reason
-
-        availability[name] = unavailable_reason(name, like.device)
-    chosen = (
-        dispatch.choose(spec, backend, like)
-        if name == "auto" or availability[name] is None
-        else name
-    )
-    if name == "auto":
-        source = f"auto (first available of {', '.join(spec.auto_order_for(like.dtype))})"
-    expl = dispatch.Explanation(op_name, chosen, source, availability)
-    if availability.get(chosen) is not None:
-        expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")
-    elif op_name == "fused_mlp" and chosen != "torch":
-        reason = mlp_fallback_reason(chosen, like, args[1])
+    impl_args, backend = implementation_args(op_name, *args, **kwargs)
+    expl = dispatch.explain(spec, backend, impl_args)
+    if op_name == "fused_mlp" and expl.backend != "torch" and expl.runnable:
+        reason = mlp_fallback_reason(expl.backend, impl_args[0], impl_args[1])
         if reason is not None:
-            expl.notes.append(f"not fused: {reason}; runs as a per-layer chain of {chosen} kernels")
+            expl.notes.append(
+                f"not fused: {reason}; runs as a per-layer chain of {expl.backend} kernels"
+            )
     return expl

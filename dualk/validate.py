@@ -1,5 +1,7 @@
 """Input checks shared by every operator: one place, messages that name the argument, what was
-expected and what was given."""
+expected and what was given. Every error is a dualk.DualkError that is also a TypeError or a
+ValueError (dualk/errors.py). Any torch.Tensor is accepted (nn.Parameter, tensors that require
+grad, subclasses); only its dtype, device and shape are judged."""
 
 from __future__ import annotations
 
@@ -7,18 +9,20 @@ import numbers
 
 import torch
 
+from .errors import DeviceMismatchError, DtypeError, InvalidArgumentError, InvalidTypeError
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DTYPE_NAMES = "float32, float16 or bfloat16"
 
 
 def tensor(op: str, name: str, value: object) -> torch.Tensor:
-    if type(value) is torch.Tensor and value.dtype in FLOAT_DTYPES:  # fast path
+    if isinstance(value, torch.Tensor) and value.dtype in FLOAT_DTYPES:  # fast path
         return value
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"dualk.{op}: '{name}' must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dualk.{op}: '{name}' has dtype {value.dtype}; expected {_DTYPE_NAMES}")
-    return value
+        raise InvalidTypeError(
+            f"dualk.{op}: '{name}' must be a torch.Tensor, got {type(value).__name__}"
+        )
+    raise DtypeError(f"dualk.{op}: '{name}' has dtype {value.dtype}; expected {_DTYPE_NAMES}")
 
 
 def same_dtype_and_device(op: str, named: dict[str, torch.Tensor | None]) -> None:
@@ -36,12 +40,12 @@ def same_pair(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
             first_name, first = name, t
             continue
         if t.dtype != first.dtype:
-            raise TypeError(
+            raise DtypeError(
                 f"dualk.{op}: '{name}' has dtype {t.dtype} but '{first_name}' has {first.dtype}; "
                 "all operands must share one dtype (cast one of them first)"
             )
         if t.device != first.device:
-            raise ValueError(
+            raise DeviceMismatchError(
                 f"dualk.{op}: '{name}' is on {t.device} but '{first_name}' is on {first.device}; "
                 "all operands must be on one device"
             )
@@ -51,18 +55,20 @@ def real_number(op: str, name: str, value: object) -> float:
     if type(value) is float or type(value) is int:  # the common case, without the ABC check
         return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}"
+        )
     return float(value)
 
 
 def ndim_at_least(op: str, name: str, t: torch.Tensor, n: int) -> None:
     if t.dim() < n:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"dualk.{op}: '{name}' must have at least {n} dimension(s), got shape {tuple(t.shape)}"
         )
 
 
 def choice(op: str, name: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
-        raise ValueError(f"dualk.{op}: '{name}' must be one of {allowed}, got {value!r}")
+        raise InvalidArgumentError(f"dualk.{op}: '{name}' must be one of {allowed}, got {value!r}")
     return value  # type: ignore[return-value]

@@ -25,12 +25,14 @@ def device() -> torch.device:
 
 
 @pytest.fixture(autouse=True)
-def _clean_dispatch_state(monkeypatch):
+def _clean_dispatch_state(monkeypatch, tmp_path_factory):
     """Each test starts without backend overrides from the environment or earlier tests."""
     for key in list(os.environ):
         if key.startswith("DUALK_BACKEND"):
             monkeypatch.delenv(key)
-    monkeypatch.setenv("DUALK_CONFIG", os.devnull + ".absent.toml")
+    # No config file: DUALK_CONFIG unset and the default path under an empty directory.
+    monkeypatch.delenv("DUALK_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
     import dualk.config
     import dualk.dispatch
 
@@ -38,4 +40,4 @@ def _clean_dispatch_state(monkeypatch):
     dualk.dispatch.set_default_backend(None)
     yield
     dualk.dispatch.set_default_backend(None)
-    dualk.config.reload()
+    dualk.config.invalidate()  # the environment is restored after this fixture ends

@@ -95,17 +95,16 @@ def test_env_requested_unavailable_backend_names_the_variable(monkeypatch):
         dualk.relu_scale(torch.randn(3), 1.0)
 
 
-def test_auto_on_cpu_is_torch_and_cached():
+def test_auto_on_cpu_is_torch():
     dispatch.clear_auto_cache()
     x = torch.randn(5)
-    assert dispatch.choose(SPEC, "auto", x) == "torch"
-    assert (SPEC.name, x.device, x.dtype) in dispatch._auto_choices
+    assert dispatch.choose(SPEC, "auto", (x, 1.0)) == "torch"
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="auto picks a GPU backend only on a GPU")
 def test_auto_on_gpu_prefers_a_kernel_backend():
     x = torch.randn(5, device="cuda")
-    assert dispatch.choose(SPEC, "auto", x) in ("cuda", "triton")
+    assert dispatch.choose(SPEC, "auto", (x, 1.0)) in ("cuda", "triton", "torch")
 
 
 def test_explain_names_backend_source_and_reasons(monkeypatch):
@@ -125,6 +124,54 @@ def test_explain_reports_mlp_fallback():
         assert any("per-layer chain" in n for n in expl.notes), str(expl)
 
 
+def test_explain_takes_keyword_arguments():
+    x = torch.randn(4, 8, device=DEVICE)
+    by_name = dualk.explain("add", a=x, b=x, alpha=2.0)
+    assert by_name.backend == dualk.explain("add", x, x).backend
+    w = torch.nn.Linear(8, 3).to(DEVICE)
+    expl = dualk.explain("linear_gelu", x=x, weight=w.weight, bias=w.bias, backend="torch")
+    assert expl.backend == "torch" and expl.source == "the backend= argument"
+    with pytest.raises(dualk.InvalidArgumentError, match="explain"):
+        dualk.explain("add", x, x, gamma=1.0)
+
+
+def test_missing_config_named_by_env_is_an_error_naming_it(monkeypatch, tmp_path):
+    missing = tmp_path / "nope.toml"
+    monkeypatch.setenv("DUALK_CONFIG", str(missing))
+    with pytest.raises(dualk.ConfigError, match="nope.toml"):
+        dualk.config.reload()
+    with pytest.raises(ValueError, match="nope.toml"):  # ConfigError is a ValueError too
+        dualk.add(torch.randn(3), torch.randn(3))
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("[backend\ndefault = 1", "cannot be read as TOML"),
+        ('backend = "cuda"\n', "must map operator names"),
+        ('[backend]\ndefault = "cudnn"\n', "'cudnn' is not a backend"),
+    ],
+)
+def test_malformed_config_is_an_error_naming_the_file(monkeypatch, tmp_path, text, match):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    monkeypatch.setenv("DUALK_CONFIG", str(cfg))
+    with pytest.raises(dualk.ConfigError, match=match) as info:
+        dualk.config.reload()
+    assert str(cfg) in str(info.value)
+
+
+def test_unknown_config_keys_warn_once_naming_file_and_key(monkeypatch, tmp_path):
+    cfg = tmp_path / "extra.toml"
+    cfg.write_text('[backend]\nconv2d = "cuda"\n[tuning]\nx = 1\n')
+    monkeypatch.setenv("DUALK_CONFIG", str(cfg))
+    with pytest.warns(dualk.config.ConfigWarning) as record:
+        assert dualk.config.reload() == {"conv2d": "cuda"}
+    texts = [str(w.message) for w in record]
+    assert any("'conv2d'" in t and str(cfg) in t for t in texts)
+    assert any("[tuning]" in t for t in texts)
+
+
 def test_explain_validates_its_arguments():
     with pytest.raises(TypeError, match="dtype"):
         dualk.explain("add", torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32))
@@ -139,7 +186,7 @@ def test_dispatch_overhead_is_small():
     n = 2000
     t0 = time.perf_counter()
     for _ in range(n):
-        dispatch.choose(SPEC, "auto", x)
+        dispatch.choose(SPEC, "auto", (x, 1.0))
     per_call_us = (time.perf_counter() - t0) / n * 1e6
     assert per_call_us < 20, f"dispatch took {per_call_us:.1f} us per call"
     assert "DUALK_BACKEND" not in os.environ

@@ -11,7 +11,7 @@ from dualk.registry import DTYPES, OPS, Sample
 from dualk.testing import judge
 
 ACTIVATION_MODULES = {"relu": torch.nn.ReLU, "gelu": lambda: torch.nn.GELU(approximate="tanh"),
-                      "silu": torch.nn.SiLU}  # fmt: skip
+                      "gelu_erf": torch.nn.GELU, "silu": torch.nn.SiLU}  # fmt: skip
 
 
 def build_model(widths, activation, dtype):
@@ -25,7 +25,7 @@ def build_model(widths, activation, dtype):
 
 @pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_erf", "silu"])
 def test_sequential_model_through_fused_mlp(backend, dtype, activation):
     reason = unavailable_reason(backend, DEVICE)
     if reason is not None:
@@ -34,8 +34,9 @@ def test_sequential_model_through_fused_mlp(backend, dtype, activation):
     model = build_model((100, 128, 64, 10), activation, dtype)
     x = torch.randn(33, 100).to(device=DEVICE, dtype=dtype)
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
-    weights = [m.weight.detach() for m in linears]
-    biases = [m.bias.detach() for m in linears]
+    # The module's own nn.Parameters, as a user passes them (no .detach()).
+    weights = [m.weight for m in linears]
+    biases = [m.bias for m in linears]
     with torch.no_grad():
         expected = model(x)
         out = dualk.fused_mlp(x, weights, biases, activation=activation, backend=backend)

@@ -30,7 +30,7 @@ KERNEL_SOURCES = (
 )  # fmt: skip
 BINDING_SOURCE = "binding.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # launchers.h DType
-ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu_tanh": 2, "gelu_erf": 3, "silu": 4}
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 2, "gelu_erf": 3, "silu": 4}
 
 _lock = threading.Lock()
 _extension = None
@@ -245,6 +245,6 @@ def fused_mlp(
         extension().fused_mlp(
             x2d, [w.contiguous() for w in weights],
             [None if b is None else b.contiguous() for b in biases], out,
-            ACTIVATION_CODES[activation if activation != "gelu" else "gelu_tanh"],
+            ACTIVATION_CODES[activation],
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], weights[-1].shape[0])

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 ACTIVATIONS = {
     "relu": torch.relu,
     "gelu": lambda h: F.gelu(h, approximate="tanh"),
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "gelu_erf": F.gelu,
     "silu": F.silu,
     "none": lambda h: h,
 }

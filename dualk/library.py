@@ -1,0 +1,248 @@
+"""dualk's operators as `torch.library` custom ops (`torch.ops.dualk.<op>`), with fake (shape-only)
+implementations for torch.compile / export and autograd formulas.
+
+Schemas: every op takes its tensors, its options and `backend: str` last. The implementation of
+each op is `dualk.ops._run_<op>`: it validates, resolves the backend (argument, environment,
+scope, config, autotuning) and runs the kernel, when the op *runs*, so a traced graph holds only
+`dualk::<op>(..., backend)` and never the dispatcher's lookups. Outputs are always fresh and
+contiguous (the fake implementations promise exactly that).
+
+Backward formulas run on dualk's own operators with the forward's `backend=` value, so a
+backend named for the forward also computes its gradients: matmul and linear_gelu use
+`dualk.matmul`; fused_mlp has a fused Triton backward (triton_src/fused_mlp_backward.py) where
+its kernel fits, else recomputes the layers and walks them back with `dualk.matmul`. The
+elementwise derivatives (sums over broadcast dims, masks, GELU/SiLU derivatives) are PyTorch's
+own ATen backward functions, so they round exactly as PyTorch's autograd does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .layout import as_rows
+
+LIB = "dualk"
+_aten = torch.ops.aten
+
+
+def _fresh(out: torch.Tensor) -> torch.Tensor:
+    return out if out.is_contiguous() else out.contiguous()
+
+
+# ---------------------------------------------------------------------------------------- add
+@torch.library.custom_op(f"{LIB}::add", mutates_args=())
+def add(a: torch.Tensor, b: torch.Tensor, alpha: float, backend: str) -> torch.Tensor:
+    return _fresh(ops._run_add(a, b, alpha, backend))
+
+
+@add.register_fake
+def _(a, b, alpha, backend):
+    ops._check_add(a, b, alpha)
+    return a.new_empty(torch.broadcast_shapes(a.shape, b.shape))
+
+
+def _sum_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    return grad if grad.shape == shape else grad.sum_to_size(shape)
+
+
+def _add_setup(ctx, inputs, output):
+    a, b, alpha, _ = inputs
+    ctx.shapes, ctx.alpha = (a.shape, b.shape), alpha
+
+
+def _add_backward(ctx, grad):
+    shape_a, shape_b = ctx.shapes
+    grad_a = _sum_to(grad, shape_a) if ctx.needs_input_grad[0] else None
+    grad_b = None
+    if ctx.needs_input_grad[1]:
+        grad_b = _sum_to(grad * ctx.alpha if ctx.alpha != 1.0 else grad, shape_b)
+    return grad_a, grad_b, None, None
+
+
+add.register_autograd(_add_backward, setup_context=_add_setup)
+
+
+# ---------------------------------------------------------------------------------- relu_scale
+@torch.library.custom_op(f"{LIB}::relu_scale", mutates_args=())
+def relu_scale(x: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
+    return _fresh(ops._run_relu_scale(x, scale, backend))
+
+
+@relu_scale.register_fake
+def _(x, scale, backend):
+    ops._check_relu_scale(x, scale)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _relu_scale_setup(ctx, inputs, output):
+    x, scale, _ = inputs
+    ctx.save_for_backward(x)
+    ctx.scale = scale
+
+
+def _relu_scale_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    # As autograd of relu(x) * scale: (grad * scale) where x > 0, else 0 (NaN x gives 0).
+    return _aten.threshold_backward(grad * ctx.scale, x, 0), None, None
+
+
+relu_scale.register_autograd(_relu_scale_backward, setup_context=_relu_scale_setup)
+
+
+# -------------------------------------------------------------------------------------- matmul
+@torch.library.custom_op(f"{LIB}::matmul", mutates_args=())
+def matmul(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
+    return _fresh(ops._run_matmul(a, b, backend))
+
+
+@matmul.register_fake
+def _(a, b, backend):
+    ops._check_matmul(a, b)
+    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
+    return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b, backend = inputs
+    ctx.save_for_backward(a, b)
+    ctx.backend = backend
+
+
+def _matmul_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    mm = _matmul_with(ctx.backend)
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = mm(grad, b.mT)
+        if a.dim() == 2 and grad_a.dim() == 3:  # a was broadcast over b's batch
+            grad_a = grad_a.sum(0)
+    if ctx.needs_input_grad[1]:
+        if b.dim() == 2 and a.dim() == 3:  # b was broadcast: one GEMM over the folded batch
+            k, n = b.shape
+            grad_b = mm(a.reshape(-1, k).mT, grad.reshape(-1, n))
+        else:
+            grad_b = mm(a.mT, grad)
+    return grad_a, grad_b, None
+
+
+def _matmul_with(backend: str):
+    return lambda p, q: ops.matmul(p, q, backend=backend)
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+# --------------------------------------------------------------------------------- linear_gelu
+@torch.library.custom_op(f"{LIB}::linear_gelu", mutates_args=())
+def linear_gelu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    approximate: str,
+    backend: str,
+) -> torch.Tensor:
+    return _fresh(ops._run_linear_gelu(x, weight, bias, approximate, backend))
+
+
+@linear_gelu.register_fake
+def _(x, weight, bias, approximate, backend):
+    ops._check_linear("linear_gelu", x, weight, bias)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_gelu_setup(ctx, inputs, output):
+    x, weight, bias, approximate, backend = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.approximate, ctx.backend = approximate, backend
+
+
+def _linear_gelu_backward(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    mm = _matmul_with(ctx.backend)
+    x2d = as_rows(x)
+    # Recompute the pre-activation (one GEMM) rather than keep it: the forward is one fused
+    # kernel that never writes it, and inference calls must not pay for training.
+    z = mm(x2d, weight.t())
+    if bias is not None:
+        z = z + bias
+    dz = _aten.gelu_backward(as_rows(grad), z, approximate=ctx.approximate)
+    grad_x = mm(dz, weight).reshape(x.shape) if ctx.needs_input_grad[0] else None
+    grad_w = mm(dz.t(), x2d) if ctx.needs_input_grad[1] else None
+    grad_b = dz.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b, None, None
+
+
+linear_gelu.register_autograd(_linear_gelu_backward, setup_context=_linear_gelu_setup)
+
+
+# ----------------------------------------------------------------------------------- fused_mlp
+# Biases travel as the present ones plus a bit mask of their layers (bit i: layer i has one):
+# autograd of a custom op sees Tensor?[] as one opaque argument and could not return bias
+# gradients through it.
+def pack_biases(biases) -> tuple[list[torch.Tensor], int]:
+    present = [b for b in biases if b is not None]
+    return present, sum(1 << i for i, b in enumerate(biases) if b is not None)
+
+
+def _bias_layers(layers: int, bias_mask: int) -> list[int]:
+    return [i for i in range(layers) if (bias_mask >> i) & 1]
+
+
+def _unpack_biases(layers: int, biases, bias_mask: int) -> list:
+    full: list = [None] * layers
+    for i, b in zip(_bias_layers(layers, bias_mask), biases):
+        full[i] = b
+    return full
+
+
+@torch.library.custom_op(f"{LIB}::fused_mlp", mutates_args=())
+def fused_mlp(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    bias_mask: int,
+    activation: str,
+    backend: str,
+) -> torch.Tensor:
+    full = _unpack_biases(len(weights), biases, bias_mask)
+    return _fresh(ops._run_fused_mlp(x, list(weights), full, activation, backend))
+
+
+@fused_mlp.register_fake
+def _(x, weights, biases, bias_mask, activation, backend):
+    weights, full = ops._mlp_lists(weights, _unpack_biases(len(weights), biases, bias_mask))
+    ops._check_mlp(x, weights, full, activation)
+    return x.new_empty((*x.shape[:-1], weights[-1].shape[0]))
+
+
+def _fused_mlp_setup(ctx, inputs, output):
+    x, weights, biases, bias_mask, activation, backend = inputs
+    ctx.layers, ctx.bias_mask = len(weights), bias_mask
+    ctx.save_for_backward(x, *weights, *biases)
+    ctx.activation, ctx.backend = activation, backend
+
+
+def _fused_mlp_backward(ctx, grad):
+    from .mlp_backward import fused_mlp_backward
+
+    saved = ctx.saved_tensors
+    n = ctx.layers
+    x, weights = saved[0], list(saved[1 : 1 + n])
+    biases = _unpack_biases(n, saved[1 + n :], ctx.bias_mask)
+    grad_x, grad_w, grad_b = fused_mlp_backward(
+        x, weights, biases, ctx.activation, grad, ctx.backend, ctx.needs_input_grad[0]
+    )
+    present = [grad_b[i] for i in _bias_layers(n, ctx.bias_mask)]
+    return grad_x, grad_w, present, None, None, None
+
+
+fused_mlp.register_autograd(_fused_mlp_backward, setup_context=_fused_mlp_setup)
+
+OPERATORS = {
+    "add": add,
+    "relu_scale": relu_scale,
+    "matmul": matmul,
+    "linear_gelu": linear_gelu,
+    "fused_mlp": fused_mlp,
+}

@@ -1,0 +1,311 @@
+"""dualk inside real models: the registered custom ops (opcheck), nn.Parameter inputs, autograd
+on every op x backend x dtype against float64 autograd, torch.compile(fullgraph=True), and the
+eager direct route giving the same answers as the registered op."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_CUDA
+
+import dualk
+from dualk.backends import unavailable_reason
+from dualk.registry import DTYPES, OPS, Sample, mlp_parameters, randn
+
+BACKENDS = ("cuda", "triton", "torch")
+
+
+def _skip_unavailable(backend):
+    reason = unavailable_reason(backend, DEVICE)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32("/".join(map(str, key)).encode()))
+
+
+def _mlp_sample(widths, activation, dtype, gen, batch=37, bias_pattern=None):
+    weights, biases = mlp_parameters(widths, dtype, DEVICE, gen)
+    if bias_pattern is not None:
+        biases = [b if keep else None for b, keep in zip(biases, bias_pattern)]
+    x = randn((batch, widths[0]), dtype, DEVICE, gen)
+    return Sample((x, weights, biases), {"activation": activation}, f"{widths} {activation}")
+
+
+# Small samples per op (fast under Triton's CPU interpreter), covering broadcasting, alpha,
+# strided views, batched and broadcast matmul, no bias, erf GELU, None biases among others.
+def _samples(op: str, dtype: torch.dtype) -> list[Sample]:
+    g = _gen(op, dtype)
+    spec = OPS[op]
+    if op == "add":
+        return [
+            spec.case(n).make(dtype, DEVICE, g)
+            for n in ("broadcast", "alpha", "noncontig", "scalar_operand")
+        ]
+    if op == "relu_scale":
+        return [
+            spec.case(n).make(dtype, DEVICE, g) for n in ("n=1023", "negative_scale", "transposed")
+        ]
+    if op == "matmul":
+        out = [spec.case(n).make(dtype, DEVICE, g) for n in ("odd", "batched", "transposed")]
+        out.append(
+            Sample(
+                (randn((9, 12), dtype, DEVICE, g), randn((3, 12, 5), dtype, DEVICE, g, 0.3)),
+                {},
+                "2d@3d",
+            )
+        )
+        out.append(
+            Sample(
+                (randn((3, 9, 12), dtype, DEVICE, g), randn((12, 5), dtype, DEVICE, g, 0.3)),
+                {},
+                "3d@2d",
+            )
+        )
+        return out
+    if op == "linear_gelu":
+        return [spec.case(n).make(dtype, DEVICE, g) for n in ("odd", "batched_x", "no_bias", "erf")]
+    return [
+        _mlp_sample((27, 50, 16), "relu", dtype, g),
+        _mlp_sample((16, 32, 24, 8), "gelu", dtype, g, bias_pattern=(True, False, True)),
+        _mlp_sample((16, 32, 8), "gelu_erf", dtype, g, batch=20),
+        _mlp_sample((16, 24, 8), "silu", dtype, g, batch=5, bias_pattern=(False, False)),
+        _mlp_sample((12, 8), "none", dtype, g, batch=9),
+    ]  # fmt: skip
+
+
+def _as_parameters(obj, dtype=None):
+    """Every tensor of a sample as an nn.Parameter (what a model passes), optionally cast."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to(dtype) if dtype is not None else obj.detach().clone()
+        return torch.nn.Parameter(t)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_as_parameters(o, dtype) for o in obj)
+    return obj
+
+
+def _leaves(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _leaves(o)]
+    return []
+
+
+def _grads(fn, args, kwargs, weight):
+    out = fn(*args, **kwargs)
+    (out.double() * weight).sum().backward()
+    return out, [t.grad for t in _leaves(args)]
+
+
+def _run(op, backend):
+    public = getattr(dualk, op)
+    return lambda *a, **k: public(*a, **k, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("op", list(OPS))
+def test_gradients_match_float64_autograd(op, backend, dtype):
+    """Gradients of every input within 2x PyTorch's own same-dtype gradient error against
+    float64 autograd, plus a few ulps of the largest gradient (the rule of dualk/testing.py)."""
+    _skip_unavailable(backend)
+    spec = OPS[op]
+    for sample in _samples(op, dtype):
+        ours_args = _as_parameters(sample.args)
+        torch_args = _as_parameters(sample.args)
+        ref_args = _as_parameters(sample.args, torch.float64)
+        out = _run(op, backend)(*ours_args, **sample.kwargs)
+        assert out.grad_fn is not None, f"{op}/{backend}: no grad_fn"
+        # A random weighting of the outputs (never all ones), in float64 for every run.
+        weight = torch.randn(out.shape, generator=_gen(op, "w"), dtype=torch.float64).to(DEVICE)
+        (out.double() * weight).sum().backward()
+        ours = [t.grad for t in _leaves(ours_args)]
+        _, theirs = _grads(spec.reference, torch_args, sample.kwargs, weight)
+        _, ref = _grads(spec.reference, ref_args, sample.kwargs, weight)
+        for i, (g, t, r) in enumerate(zip(ours, theirs, ref)):
+            where = f"{op} [{sample.label}] {backend}/{dtype} grad of input {i}"
+            assert g is not None and g.shape == r.shape and g.dtype == dtype, where
+            if r.numel() == 0:
+                continue
+            err = (g.double() - r).abs().max().item()
+            torch_err = (t.double() - r).abs().max().item()
+            scale = r.abs().max().item()
+            floor = torch.finfo(dtype).eps * scale * (8.0 if dtype == torch.float32 else 2.0)
+            assert math.isfinite(err) and err <= 2 * torch_err + floor, (
+                f"{where}: max error {err:.3g} vs PyTorch's {torch_err:.3g} (+{floor:.3g})"
+            )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_parameters_accepted_and_no_grad_saves_nothing(op, backend):
+    """nn.Parameters work as inputs on every op; under no_grad / inference_mode the output has
+    no autograd history, and it equals the grad-mode output bit for bit."""
+    _skip_unavailable(backend)
+    sample = _samples(op, torch.float32)[0]
+    args = _as_parameters(sample.args)
+    fn = _run(op, backend)
+    with_grad = fn(*args, **sample.kwargs)
+    assert with_grad.requires_grad and with_grad.grad_fn is not None
+    with torch.no_grad():
+        no_grad = fn(*args, **sample.kwargs)
+    with torch.inference_mode():
+        inference = fn(*args, **sample.kwargs)
+    for out in (no_grad, inference):
+        assert out.grad_fn is None and not out.requires_grad
+        assert torch.equal(out, with_grad.detach())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_registered_op_equals_direct_route(op, backend):
+    """torch.ops.dualk.<op> (what autograd and torch.compile call) gives exactly what the eager
+    direct route gives, and a contiguous output."""
+    _skip_unavailable(backend)
+    sample = _samples(op, torch.float32)[-1]
+    direct = getattr(dualk, op)(*sample.args, **sample.kwargs, backend=backend)
+    registered = getattr(torch.ops.dualk, op)(*_op_args(op, sample), backend)
+    assert registered.is_contiguous() and torch.equal(direct, registered)
+
+
+def _op_args(op, sample) -> tuple:
+    """The registered op's positional arguments (options positional, backend last)."""
+    a, k = sample.args, sample.kwargs
+    if op == "add":
+        return (a[0], a[1], float(k.get("alpha", 1.0)))
+    if op == "relu_scale":
+        return (a[0], float(a[1]))
+    if op == "matmul":
+        return a
+    if op == "linear_gelu":
+        return (*a, k.get("approximate", "tanh"))
+    x, weights, biases = a
+    present, mask = dualk.library.pack_biases(biases)
+    return (x, weights, present, mask, k.get("activation", "relu"))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_opcheck(op):
+    """torch.library.opcheck: schema, fake implementation, autograd registration, AOT dispatch
+    (static and dynamic shapes) on each op's sample inputs, on the torch backend and on Triton
+    (its CPU interpreter here; the GPU run adds CUDA)."""
+    backends = ["torch", "triton"] + (["cuda"] if HAS_CUDA else [])
+    for backend in backends:
+        if unavailable_reason(backend, DEVICE) is not None:
+            continue
+        for sample in _samples(op, torch.float32)[:2]:
+            args = _as_parameters(_op_args(op, sample))
+            torch.library.opcheck(getattr(torch.ops.dualk, op).default, (*args, backend))
+
+
+def _model_fn(backend):
+    def f(x, lin, mlp_w, mlp_b):
+        h = dualk.linear_gelu(x, lin.weight, lin.bias, backend=backend)
+        h = dualk.relu_scale(h, 0.5, backend=backend)
+        h = dualk.add(h, x[..., : h.shape[-1]], alpha=2.0, backend=backend)
+        h = dualk.fused_mlp(h, mlp_w, mlp_b, activation="silu", backend=backend)
+        return dualk.matmul(h, h.t().contiguous(), backend=backend)
+
+    return f
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+def test_compile_fullgraph_no_graph_break(backend):
+    """torch.compile(fullgraph=True) traces every op as one graph node each (a graph break would
+    raise) and gives the eager answer, with and without gradients. Under Triton's interpreter
+    the Dynamo + AOT path (aot_eager) is what runs on CPU; the GPU run uses Inductor."""
+    if backend == "triton":
+        _skip_unavailable(backend)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 12).to(DEVICE)
+    mlp = [torch.nn.Linear(12, 24).to(DEVICE), torch.nn.Linear(24, 6).to(DEVICE)]
+    w, b = [m.weight for m in mlp], [m.bias for m in mlp]
+    x = torch.randn(10, 16, device=DEVICE)
+    f = _model_fn(backend)
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if HAS_CUDA else "aot_eager")
+    with torch.no_grad():
+        assert torch.allclose(compiled(x, lin, w, b), f(x, lin, w, b), rtol=1e-5, atol=1e-6)
+    out = compiled(x, lin, w, b)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in (lin.weight, *w)]
+    for p in (lin.weight, *w):
+        p.grad = None
+    f(x, lin, w, b).sum().backward()
+    for g, p in zip(grads, (lin.weight, *w)):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_graph_decides_the_backend_at_run_time(monkeypatch):
+    """The backend= value and the environment are read when the graph runs, not while it is
+    traced: changing DUALK_BACKEND after compiling neither recompiles nor is ignored."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    f = torch.compile(lambda x: dualk.relu_scale(x, 2.0), backend=counter, fullgraph=True)
+    x = torch.randn(8, device=DEVICE)
+    assert torch.equal(f(x), torch.relu(x) * 2.0)
+    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "bogus")
+    with pytest.raises(dualk.UnknownBackendError, match="DUALK_BACKEND_RELU_SCALE"):
+        f(x)
+    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "torch")
+    assert torch.equal(f(x), torch.relu(x) * 2.0)
+    assert counter.frame_count == 1
+
+
+def test_bad_input_under_compile_raises_dualk_error():
+    """The fake implementation validates like the eager route, so a traced call with a bad
+    shape fails with dualk's message."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: dualk.add(a, b), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="do not broadcast"):
+        f(torch.randn(3, device=DEVICE), torch.randn(4, device=DEVICE))
+
+
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision:UserWarning")
+@pytest.mark.parametrize("op", ["add", "relu_scale", "matmul", "linear_gelu", "fused_mlp"])
+def test_gradcheck_float32(op):
+    """torch.autograd.gradcheck on tiny float32 inputs through the torch backend's registered op
+    (finite differences in fp32 need a large step and tolerance: the formulas themselves are
+    checked against float64 autograd above)."""
+    g = _gen("gradcheck", op)
+    if op == "add":
+        args = (randn((3, 4), torch.float32, DEVICE, g), randn((4,), torch.float32, DEVICE, g))
+        fn = lambda a, b: dualk.add(a, b, alpha=0.7, backend="torch")  # noqa: E731
+    elif op == "relu_scale":
+        x = randn(7, torch.float32, DEVICE, g)
+        args = (x + 0.5 * x.sign(),)  # away from the kink at 0
+        fn = lambda t: dualk.relu_scale(t, -1.3, backend="torch")  # noqa: E731
+    elif op == "matmul":
+        args = (randn((3, 4), torch.float32, DEVICE, g), randn((2, 4, 5), torch.float32, DEVICE, g))
+        fn = lambda a, b: dualk.matmul(a, b, backend="torch")  # noqa: E731
+    elif op == "linear_gelu":
+        args = tuple(randn(s, torch.float32, DEVICE, g) for s in ((3, 4), (5, 4), (5,)))
+        fn = lambda x, w, b: dualk.linear_gelu(x, w, b, backend="torch")  # noqa: E731
+    else:
+        args = tuple(randn(s, torch.float32, DEVICE, g) for s in ((3, 4), (5, 4), (2, 5), (2,)))
+        fn = lambda x, w0, w1, b1: dualk.fused_mlp(  # noqa: E731
+            x, [w0, w1], [None, b1], activation="silu", backend="torch"
+        )
+    args = tuple(a.requires_grad_() for a in args)
+    assert torch.autograd.gradcheck(fn, args, eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
+def test_readme_example_runs():
+    """README's first Python example, as a user would paste it (on CPU here: cuda -> cpu)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    if not HAS_CUDA:
+        code = code.replace('device="cuda"', 'device="cpu"').replace(".cuda()", "")
+        code = code.replace("torch.randn(4096", "torch.randn(64")
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["y"].shape[-1] == 10 and namespace["y"].grad_fn is not None
