@@ -2,10 +2,10 @@
 # The GPU loop: on a machine with an NVIDIA GPU and no network, install dualk, build the CUDA
 # extension, run the whole test suite and the benchmark, and leave logs and results in OUT_DIR.
 #
-#   bench/gpu_check.sh OUT_DIR [all|tests|bench] [bench suite: quick|default|full] [extra bench args...]
+#   bench/gpu_check.sh OUT_DIR [all|tests|bench|integration|tests+integration] [bench suite: quick|default|full] [extra bench args...]
 #
 # Files written (at most 8, flat, so a remote runner can bring them all back):
-#   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt
+#   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
 set -uo pipefail
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench] [suite] [bench args...]}
 STAGE=${2:-all}
@@ -33,7 +33,7 @@ tail -n 3 "$OUT/setup.log"
 [ $rc -eq 0 ] || { grep -n -i -E "error" "$OUT/setup.log" | head -40; exit $rc; }
 
 status=0
-if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
+if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration ]; then
   t0=$(date +%s)
   xdist=""
   $PY -c "import xdist" 2>/dev/null && xdist="-n 8"
@@ -52,6 +52,15 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   rc=$?
   echo "bench: rc=$rc in $(( $(date +%s) - t0 )) s"
   cat "$OUT/bench.txt" | tail -n 120
+  [ $rc -eq 0 ] || status=$rc
+fi
+if [ "$STAGE" = all ] || [ "$STAGE" = integration ] || [ "$STAGE" = tests+integration ]; then
+  t0=$(date +%s)
+  # dualk inside real models: host cost, training step, fuse(), autotuning costs, GPT-2 (bench/integration.py)
+  $PY bench/integration.py --json "$OUT/integration.json" > "$OUT/integration.txt" 2>&1
+  rc=$?
+  echo "integration: rc=$rc in $(( $(date +%s) - t0 )) s"
+  tail -n 150 "$OUT/integration.txt"
   [ $rc -eq 0 ] || status=$rc
 fi
 exit $status

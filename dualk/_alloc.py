@@ -16,6 +16,11 @@ def set_poison(enabled: bool) -> None:
     _poison = bool(enabled)
 
 
+def poisoning() -> bool:
+    """Whether fresh outputs are NaN-filled (paths that allocate in C++ step aside then)."""
+    return _poison
+
+
 def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
     if _poison:

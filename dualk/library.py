@@ -15,7 +15,9 @@ elementwise derivatives (sums over broadcast dims, masks, GELU/SiLU derivatives)
 own ATen backward functions, so they round exactly as PyTorch's autograd does.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: torch.library infers each op's schema from the
+# annotations, which must be real types (Optional[...] rather than "X | None" strings).
+from typing import Optional
 
 import torch
 
@@ -138,7 +140,7 @@ matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 def linear_gelu(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    bias: Optional[torch.Tensor],  # noqa: UP045 (schema inference on torch 2.11)
     approximate: str,
     backend: str,
 ) -> torch.Tensor:

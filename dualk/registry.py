@@ -234,6 +234,10 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
         mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
         mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
+        # Few tiles / long K / odd sizes, where cuBLAS's own heuristics shine (issue 14).
+        mm(4096, 1000, 4096, "4096x1000x4096", gpu_only=True, bench=True, bench_dtypes=BF16),
+        mm(3000, 2000, 5000, "3000x2000x5000", gpu_only=True, bench=True, bench_dtypes=BF16),
+        mm(128, 8192, 128, "128x8192x128", gpu_only=True, bench=True, bench_dtypes=BF16),
     )  # fmt: skip
 
 
@@ -269,9 +273,10 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         lg((0,), 16, 8, "empty"),
         lg((5,), 0, 8, "k0"),
         lg((64,), 64, 64, "square"),
-        lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=BF16),
-        lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=BF16),
+        lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=(*FP32, *BF16)),
+        lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=(*FP32, *BF16)),
         lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),
+        lg((1000,), 1000, 1000, "B1000_1000_1000", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
     )  # fmt: skip
 
 
@@ -332,6 +337,7 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
         mlp(2**16, (256, 256, 256, 10), "256_b65536", gpu_only=True),
         mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
         mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True, bench_dtypes=FP16),
+        mlp(2**18, (256, 256, 256, 64), "256x3_b2^18", gpu_only=True, bench=True, bench_dtypes=BF16),
     )  # fmt: skip
 
 

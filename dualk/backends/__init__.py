@@ -11,7 +11,7 @@ BACKENDS = ("cuda", "triton", "torch")
 
 def unavailable_reason(backend: str, device: torch.device) -> str | None:
     """None when `backend` can run on tensors of `device`, else a sentence saying why not."""
-    if backend == "torch":
+    if backend in ("torch", "auto"):  # "auto" always has torch to fall back on
         return None
     if backend == "cuda":
         from . import cuda

@@ -1,0 +1,377 @@
+# ruff: noqa: B023 (every lambda here is timed at once, inside the loop that defines it)
+"""dualk inside real models, measured on a GPU (issues 12 and 13). One run, peers in the same
+process; writes a JSON (device, versions, date) and prints readable tables.
+
+    python3 bench/integration.py --json OUT.json [--only host,train,fuse,auto,gpt2]
+
+- host:  host microseconds per call (no sync between calls) at launch-bound sizes: eager torch,
+         dualk eager (auto and each backend), torch.compile of the torch reference and of the
+         dualk call (the registered op inside a compiled graph).
+- train: one training step (forward + backward) of a 64-wide 5-layer fp16 MLP at batch 2^18:
+         dualk.nn.FusedMLP against the same weights in an eager nn.Sequential (goal >= 1.5x).
+- fuse:  inference through dualk.fuse(DNNModel) (the seed's 100-128-64-10 model) at batch 32
+         against the original module, wall clock per call without CUDA graphs (goal >= 3x).
+- auto:  autotuning costs: first call on an unseen shape class (tuning beyond compilation),
+         a new shape in a known class, and the host cost of a cache hit against a direct call
+         of the chosen backend.
+- gpt2:  a 4-layer 768-wide GPT-2 (built from a config, no download), batch 8x512 bf16, with its
+         MLP's Linear+GELU replaced by dualk.linear_gelu(backend="auto"); speed against the
+         unmodified model and logits against an fp32 copy (error within 2x the bf16 model's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dualk
+from dualk.bench import environment, time_host
+
+
+def _median_host_us(fn, calls=300, repeats=5) -> float:
+    return statistics.median(time_host(fn, calls) for _ in range(repeats))
+
+
+def _device_ms(fn, reps=30, warmup=5) -> float:
+    """Median milliseconds of fn() with CUDA events (whole step; no L2 flush: models reuse)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _wall_us(fn, calls=200, repeats=5) -> float:
+    """Median wall-clock microseconds per call, synchronising after each call (a user's view of
+    one inference request, without CUDA graphs)."""
+
+    def once():
+        fn()
+        torch.cuda.synchronize()
+
+    for _ in range(10):
+        once()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            once()
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(out)
+
+
+# ------------------------------------------------------------------------------------- host
+def host_costs() -> list[dict]:
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def r(*shape, dtype=torch.float32, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(dev)
+
+    a16, b16 = r(16), r(16)
+    x8 = r(8, 768, dtype=torch.bfloat16)
+    lin = torch.nn.Linear(768, 3072).to(dev, torch.bfloat16)
+    seed = torch.nn.Sequential(torch.nn.Linear(100, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64),
+                               torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(dev)  # fmt: skip
+    linears = [m for m in seed if isinstance(m, torch.nn.Linear)]
+    ws, bs = [m.weight for m in linears], [m.bias for m in linears]
+    x32 = r(32, 100)
+    m16a, m16b = r(16, 16), r(16, 16)
+    cases = {
+        "add n=16 fp32": (lambda: torch.add(a16, b16), lambda be: dualk.add(a16, b16, backend=be),
+                          lambda *t: torch.add(*t), lambda *t: dualk.add(*t), (a16, b16)),
+        "relu_scale n=16 fp32": (lambda: torch.relu(a16) * 2.0, lambda be: dualk.relu_scale(a16, 2.0, backend=be),
+                                 lambda t: torch.relu(t) * 2.0, lambda t: dualk.relu_scale(t, 2.0), (a16,)),
+        "matmul 16x16x16 fp32": (lambda: torch.matmul(m16a, m16b), lambda be: dualk.matmul(m16a, m16b, backend=be),
+                                 torch.matmul, dualk.matmul, (m16a, m16b)),
+        "linear_gelu B8 768->3072 bf16": (
+            lambda: F.gelu(F.linear(x8, lin.weight, lin.bias), approximate="tanh"),
+            lambda be: dualk.linear_gelu(x8, lin.weight, lin.bias, backend=be),
+            lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+            lambda x, w, b: dualk.linear_gelu(x, w, b), (x8, lin.weight, lin.bias)),
+        "fused_mlp seed B32 fp32": (
+            lambda: seed(x32), lambda be: dualk.fused_mlp(x32, ws, bs, backend=be),
+            lambda x: seed(x), lambda x: dualk.fused_mlp(x, ws, bs), (x32,)),
+    }  # fmt: skip
+    rows = []
+    with torch.no_grad():
+        for name, (eager, ours, ref_fn, ours_fn, args) in cases.items():
+            row = {"case": name, "torch eager": _median_host_us(eager)}
+            for be in ("auto", "cuda", "triton", "torch"):
+                try:
+                    row[f"dualk {be}"] = _median_host_us(lambda be=be: ours(be))
+                except Exception as exc:  # report, keep going
+                    row[f"dualk {be}"] = None
+                    row[f"dualk {be} error"] = f"{type(exc).__name__}: {exc}"[:200]
+            torch._dynamo.reset()
+            compiled_ref = torch.compile(ref_fn)
+            compiled_ours = torch.compile(ours_fn, fullgraph=True)
+            row["torch.compile torch"] = _median_host_us(lambda: compiled_ref(*args))
+            row["torch.compile dualk"] = _median_host_us(lambda: compiled_ours(*args))
+            row["dualk auto - torch eager"] = row["dualk auto"] - row["torch eager"]
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ train
+def training_step() -> dict:
+    from dualk.nn import FusedMLP
+
+    dev, dtype = torch.device("cuda"), torch.float16
+    widths = (64, 64, 64, 64, 64, 16)
+    torch.manual_seed(0)
+    fused = FusedMLP(widths, activation="relu", device=dev, dtype=dtype)
+    layers = []
+    for i, m in enumerate(fused.layers):
+        layers.append(m)
+        if i != len(fused.layers) - 1:
+            layers.append(torch.nn.ReLU())
+    # The same nn.Linear modules (same parameters) in an eager nn.Sequential.
+    seq = torch.nn.Sequential(*layers)
+    x = torch.randn(2**18, widths[0], device=dev, dtype=dtype)
+    target = torch.randn(2**18, widths[-1], device=dev, dtype=dtype)
+
+    def step(model):
+        def run():
+            for p in model.parameters():
+                p.grad = None
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            loss.backward()
+            return loss
+
+        return run
+
+    out = {"widths": widths, "batch": 2**18, "dtype": "float16"}
+    losses, grads = {}, {}
+    for name, model in (("eager nn.Sequential", seq), ("dualk.nn.FusedMLP", fused)):
+        loss = step(model)()
+        losses[name] = loss.item()
+        grads[name] = [p.grad.double().clone() for p in model.parameters()]
+        out[f"{name} ms"] = _device_ms(step(model))
+    out["loss eager"], out["loss dualk"] = (
+        losses["eager nn.Sequential"],
+        losses["dualk.nn.FusedMLP"],
+    )
+    diffs = [((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+             for a, b in zip(grads["dualk.nn.FusedMLP"], grads["eager nn.Sequential"])]  # fmt: skip
+    out["max rel grad diff"] = max(diffs)
+    out["speedup"] = out["eager nn.Sequential ms"] / out["dualk.nn.FusedMLP ms"]
+    out["goal"] = ">= 1.5x"
+    out["met"] = out["speedup"] >= 1.5
+    for be in ("cuda", "triton"):
+        fused.backend = be
+        try:
+            out[f"dualk.nn.FusedMLP backend={be} ms"] = _device_ms(step(fused))
+        except Exception as exc:
+            out[f"dualk.nn.FusedMLP backend={be} error"] = f"{type(exc).__name__}: {exc}"[:200]
+    fused.backend = "auto"
+    return out
+
+
+# ------------------------------------------------------------------------------------- fuse
+class DNNModel(torch.nn.Module):
+    """The seed article's model: 100-128-64-10 with ReLU, a hand-written forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer1 = torch.nn.Linear(100, 128)
+        self.relu1 = torch.nn.ReLU()
+        self.layer2 = torch.nn.Linear(128, 64)
+        self.relu2 = torch.nn.ReLU()
+        self.layer3 = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.relu1(self.layer1(x))
+        x = self.relu2(self.layer2(x))
+        return self.layer3(x)
+
+
+def fuse_inference() -> dict:
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = DNNModel().to(dev).eval()
+    fused = dualk.fuse(model)
+    x = torch.randn(32, 100, device=dev)
+    with torch.no_grad():
+        ref, out = model(x), fused(x)
+        err = (out - ref).abs().max().item()
+        original_us = _wall_us(lambda: model(x))
+        fused_us = _wall_us(lambda: fused(x))
+    return {"batch": 32, "original us": original_us, "fused us": fused_us,
+            "speedup": original_us / fused_us, "max abs diff": err, "goal": ">= 3x",
+            "met": original_us / fused_us >= 3.0, "report": str(getattr(fused, "dualk_fuse_report", ""))}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- auto
+def autotune_costs() -> dict:
+    from dualk import autotune
+
+    dev = torch.device("cuda")
+    out = {}
+    for label, make1, make2, call in (
+        ("linear_gelu bf16 K768 N3072",
+         lambda: (torch.randn(3000, 768, device=dev, dtype=torch.bfloat16), torch.nn.Linear(768, 3072).to(dev, torch.bfloat16)),
+         lambda: (torch.randn(2100, 768, device=dev, dtype=torch.bfloat16), None),
+         lambda x, lin, be: dualk.linear_gelu(x, lin.weight, lin.bias, backend=be)),
+        ("add fp32 n~2^20",
+         lambda: (torch.randn(2**20 - 3, device=dev), None),
+         lambda: (torch.randn(2**20 - 1000, device=dev), None),
+         lambda x, _, be: dualk.add(x, x, backend=be)),
+    ):  # fmt: skip
+        x1, lin = make1()
+        x2, _ = make2()
+        with torch.no_grad():
+            for be in ("cuda", "triton", "torch"):  # compile/build everything first
+                call(x1, lin, be)
+                call(x2, lin, be)
+            torch.cuda.synchronize()
+            autotune.clear_memory()
+            if hasattr(autotune, "clear_disk"):
+                autotune.clear_disk()
+            t0 = time.perf_counter()
+            call(x1, lin, "auto")
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            call(x2, lin, "auto")
+            torch.cuda.synchronize()
+            known_ms = (time.perf_counter() - t0) * 1e3
+            chosen = dualk.explain(
+                label.split()[0], *((x1, lin.weight, lin.bias) if lin is not None else (x1, x1))
+            ).backend
+            hit_us = _median_host_us(lambda: call(x2, lin, "auto"))
+            direct_us = _median_host_us(lambda: call(x2, lin, chosen))
+        out[label] = {"first call on unseen class ms (beyond compilation)": first_ms,
+                      "new shape in known class ms": known_ms, "chosen": chosen,
+                      "auto hit host us": hit_us, "direct host us": direct_us,
+                      "hit - direct us": hit_us - direct_us,
+                      "goals": "first <= 100 ms, known <= 5 ms, hit - direct <= 1 us"}  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------- gpt2
+def gpt2() -> dict:
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as exc:
+        return {"skipped": f"transformers not importable: {exc}"}
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=4, n_embd=768, n_head=12, n_positions=1024)
+    base = GPT2LMHeadModel(config).eval()
+    ref32 = base.to(dev)
+    ids = torch.randint(0, config.vocab_size, (8, 512), device=dev)
+    with torch.no_grad():
+        logits32 = ref32(ids).logits.double()
+    model = GPT2LMHeadModel(config).eval()
+    model.load_state_dict(base.state_dict())
+    model = model.to(dev, torch.bfloat16)
+
+    def forward_plain(mlp_self, hidden_states):
+        h = mlp_self.act(mlp_self.c_fc(hidden_states))
+        return mlp_self.dropout(mlp_self.c_proj(h))
+
+    def forward_dualk(mlp_self, hidden_states):
+        # GPT-2's Conv1D stores (in, out): its transpose is nn.Linear's (out, in) layout.
+        h = dualk.linear_gelu(hidden_states, mlp_self.c_fc.weight.t(), mlp_self.c_fc.bias,
+                              approximate="tanh", backend="auto")  # fmt: skip
+        return mlp_self.dropout(mlp_self.c_proj(h))
+
+    mlps = [blk.mlp for blk in model.transformer.h]
+    out = {"config": "GPT-2 n_layer=4 n_embd=768 batch 8x512 bf16"}
+    results = {}
+    with torch.no_grad():
+        for name, fwd in (("unmodified", forward_plain), ("dualk.linear_gelu auto", forward_dualk)):
+            for m in mlps:
+                m.forward = fwd.__get__(m)
+            logits = model(ids).logits
+            results[name] = (logits.double() - logits32).abs().max().item()
+            out[f"{name} ms"] = _device_ms(lambda: model(ids), reps=20)
+        for m in mlps:
+            m.forward = forward_dualk.__get__(m)
+        x = torch.randn(8 * 512, 768, device=dev, dtype=torch.bfloat16)
+        out["linear_gelu choice"] = str(
+            dualk.explain("linear_gelu", x, mlps[0].c_fc.weight.t(), mlps[0].c_fc.bias)
+        )
+    out["speedup"] = out["unmodified ms"] / out["dualk.linear_gelu auto ms"]
+    out["max |logit err| vs fp32: unmodified"] = results["unmodified"]
+    out["max |logit err| vs fp32: dualk"] = results["dualk.linear_gelu auto"]
+    out["logits ok (dualk err <= 2x unmodified err)"] = (
+        results["dualk.linear_gelu auto"] <= 2 * results["unmodified"]
+    )
+    out["goal"] = ">= 1.0x"
+    out["met"] = out["speedup"] >= 1.0 and out["logits ok (dualk err <= 2x unmodified err)"]
+    return out
+
+
+SECTIONS = {"host": host_costs, "train": training_step, "fuse": fuse_inference,
+            "auto": autotune_costs, "gpt2": gpt2}  # fmt: skip
+
+
+def _print(name, result) -> None:
+    print(f"\n== {name}")
+    if isinstance(result, list):
+        keys = list(result[0])
+        for row in result:
+            print("  " + row["case"])
+            for k in keys[1:]:
+                v = row.get(k)
+                print(f"    {k:28s} {v:8.2f}" if isinstance(v, float) else f"    {k:28s} {v}")
+        return
+    for k, v in result.items():
+        if isinstance(v, dict):
+            print(f"  {k}")
+            for k2, v2 in v.items():
+                print(f"    {k2:52s} {v2:.3f}" if isinstance(v2, float) else f"    {k2:52s} {v2}")
+        else:
+            print(
+                f"  {k:52s} {v:.3f}"
+                if isinstance(v, float) and not math.isnan(v)
+                else f"  {k:52s} {v}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: these measurements need one", file=sys.stderr)
+        return 2
+    report = {"environment": environment(), "sections": {}}
+    status = 0
+    for name in args.only.split(","):
+        t0 = time.perf_counter()
+        try:
+            result = SECTIONS[name]()
+        except Exception as exc:  # one broken section must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+            status = 1
+        report["sections"][name] = result
+        _print(f"{name} ({time.perf_counter() - t0:.0f} s)", result)
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""A data-parallel training step (DistributedDataParallel, one process per device) through
+dualk.nn.FusedMLP gives the same loss and gradients as the same model built from nn.Linear.
+
+On GPUs: NCCL, one process per GPU (needs >= 2 GPUs; skipped otherwise, with the reason). On the
+CPU: gloo with two processes, which checks the same integration (parameters registered with DDP,
+gradient hooks firing through dualk's autograd) with the torch backend."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WIDTHS = (24, 32, 32, 8)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _twins(device, dtype):
+    from dualk.nn import FusedMLP
+
+    torch.manual_seed(0)
+    fused = FusedMLP(WIDTHS, activation="gelu", approximate="tanh", device=device, dtype=dtype)
+    torch.manual_seed(0)
+    layers = []
+    for i, (fan_in, fan_out) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:])):
+        layers.append(torch.nn.Linear(fan_in, fan_out, device=device, dtype=dtype))
+        if i != len(WIDTHS) - 2:
+            layers.append(torch.nn.GELU(approximate="tanh"))
+    plain = torch.nn.Sequential(*layers)
+    # Same parameters: Sequential's Linear i is module 2 i (activations in between).
+    with torch.no_grad():
+        for i, lin in enumerate(fused.layers):
+            plain[2 * i].weight.copy_(lin.weight)
+            plain[2 * i].bias.copy_(lin.bias)
+    return fused, plain
+
+
+def _worker(rank: int, world: int, port: int, use_cuda: bool, backend: str, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
+                      TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # fmt: skip
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    try:
+        device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+        fused, plain = _twins(device, torch.float32)
+        fused.backend = backend
+        ddp_fused = torch.nn.parallel.DistributedDataParallel(fused)
+        ddp_plain = torch.nn.parallel.DistributedDataParallel(plain)
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+        x = torch.randn(64, WIDTHS[0], generator=gen).to(device)
+        y = torch.randn(64, WIDTHS[-1], generator=gen).to(device)
+        results = []
+        for model in (ddp_fused, ddp_plain):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            dist.all_reduce(loss.detach())
+            grads = [p.grad.detach().cpu() for p in model.parameters()]
+            results.append((loss.item(), grads))
+        queue.put((rank, results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world: int, use_cuda: bool, backend: str):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, use_cuda, backend, queue))
+             for r in range(world)]  # fmt: skip
+    for p in procs:
+        p.start()
+    out = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return out
+
+
+def _check(results) -> None:
+    for _, ((loss_f, grads_f), (loss_p, grads_p)) in results:
+        assert abs(loss_f - loss_p) <= 1e-5 * max(1.0, abs(loss_p))
+        for gf, gp in zip(grads_f, grads_p):
+            torch.testing.assert_close(gf, gp, rtol=1e-4, atol=1e-6)
+    # DDP averaged the gradients: every rank holds the same ones.
+    first = results[0][1][0][1]
+    for _, ((_, grads), _) in results[1:]:
+        for a, b in zip(first, grads):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_ddp_on_cpu_gloo():
+    _check(_run(2, use_cuda=False, backend="torch"))
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"DDP over NCCL needs >= 2 GPUs; this machine has {torch.cuda.device_count()}",
+)
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+def test_ddp_on_gpus_nccl(backend):
+    _check(_run(torch.cuda.device_count(), use_cuda=True, backend=backend))
