@@ -373,7 +373,8 @@ OPS: Mapping[str, OpSpec] = {
                ("cuda", "triton", "torch"), _relu_cases(), _relu_cost, "elementwise"),
         OpSpec("matmul", torch_ref.matmul, _impls("matmul"),
                ("torch", "triton", "cuda"), _mm_cases(), _mm_cost, "gemm"),
-        OpSpec("linear_gelu", torch_ref.linear_gelu, _impls("linear_gelu"),
+        OpSpec("linear_gelu", torch_ref.linear_gelu,
+               {**_impls("linear_gelu"), "torch": "torch_ref:linear_gelu_fastest"},
                ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
         # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
