@@ -98,7 +98,7 @@ def _availability_table(device: torch.device) -> list[str]:
 def info() -> None:
     """GPU, toolchain and versions; each backend's availability per operator, with reasons;
     build, tune and config locations."""
-    from . import config
+    from . import autotune, config
     from .backends import cuda as cuda_backend
     from .bench import environment
 
@@ -137,6 +137,7 @@ def info() -> None:
             f"{cuda_backend.cache_root() / 'cuda'}  (this build: {build_dir.name}, {built})",
         ),
         ("Triton cache", f"{_triton_cache_dir()}  (compiled kernels and autotune results)"),
+        ("autotune cache", f"{autotune.cache_dir()}  (`dualk cache show`)"),
         ("config file", f"{config_file}" + ("" if config_file.is_file() else "  (absent)")),
     ]
     click.echo("\nlocations:")
@@ -375,13 +376,15 @@ def _load(path: Path) -> Report:
     help="Which shape cases to time when no --shape is given.",
 )
 @click.option(
-    "--all-backends", is_flag=True, help="Time every GPU backend, cuda and triton (the default)."
+    "--all-backends",
+    is_flag=True,
+    help="Time every GPU backend (cuda, triton) and auto (the default).",
 )
 @click.option(
     "--backend",
     "backends",
     multiple=True,
-    type=click.Choice(["cuda", "triton", "torch"]),
+    type=click.Choice(["cuda", "triton", "torch", "auto"]),
     help="Time only these dualk backends (repeatable).",
 )
 @click.option(
@@ -450,7 +453,7 @@ def bench(
     if fail_if_slower is not None and compare_path is None:
         raise click.UsageError("--fail-if-slower needs --compare OLD.json")
     _check_shapes(ops, shapes)
-    backends = backends or ("cuda", "triton")
+    backends = backends or ("cuda", "triton", "auto")
     dtype_list = list(dict.fromkeys(DTYPE_NAMES[d] for d in dtypes)) or None
     if compare_path is not None:
         _load(compare_path)  # a bad file fails now, not after the run
@@ -584,3 +587,195 @@ def report_command(
         click.echo(f"wrote {markdown_path}")
     if compare_path is not None:
         _compare_and_gate(compare_path, report, fail_if_slower)
+
+
+# ---------------------------------------------------------------------------- tune / cache
+def _tune_items(
+    ops: Sequence[str], suite: str, shapes: Sequence[str], dtypes: Sequence[torch.dtype] | None
+) -> list[tuple[OpSpec, ShapeCase, torch.dtype]]:
+    items = []
+    for name in ops:
+        spec = OPS[name]
+        if shapes:
+            cases = [spec.case(s) for s in shapes]
+        else:
+            cases = [c for c in spec.cases if (c.quick if suite == "quick" else c.bench)]
+        items += [(spec, c, d) for c in cases for d in (dtypes or c.bench_dtypes)]
+    return items
+
+
+def _times_text(times: dict) -> str:
+    return ", ".join(f"{b} {t:.1f}" for b, t in sorted(times.items(), key=lambda kv: kv[1]))
+
+
+@main.command()
+@click.option(
+    "--op",
+    "ops",
+    multiple=True,
+    type=click.Choice(list(OPS)),
+    help="Operator (repeatable; default: all).",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="CASE",
+    help="Registry shape case name (repeatable; see `dualk bench --list`).",
+)
+@click.option(
+    "--dtype",
+    "dtypes",
+    multiple=True,
+    type=click.Choice(list(DTYPE_NAMES)),
+    help="Dtype (repeatable; default: each shape's own).",
+)
+@click.option(
+    "--suite",
+    type=click.Choice(["quick", "default"]),
+    default="default",
+    show_default=True,
+    help="Which shape cases to tune when no --shape is given.",
+)
+@click.option("--force", is_flag=True, help="Time shape classes already in the cache again.")
+def tune(
+    ops: tuple[str, ...], shapes: tuple[str, ...], dtypes: tuple[str, ...], suite: str, force: bool
+) -> None:
+    """Fill the autotune cache ahead of time: time every backend on the registry's shape cases
+    and record each shape class's winner (what backend="auto" would otherwise measure on first
+    use), with the Triton kernels' tuned configs. Needs a CUDA GPU."""
+    from . import autotune
+
+    ops = ops or tuple(OPS)
+    _check_shapes(ops, shapes)
+    dtype_list = list(dict.fromkeys(DTYPE_NAMES[d] for d in dtypes)) or None
+    items = _tune_items(ops, suite, shapes, dtype_list)
+    if not items:
+        click.echo("nothing to tune: no shape case matches")
+        return
+    if not _has_gpu():
+        click.echo(
+            f"No CUDA GPU found: cannot tune {len(items)} case(s). Autotuning times the backends "
+            'on a GPU; on CPU tensors backend="auto" always runs torch, so there is nothing to '
+            "record here.",
+            err=True,
+        )
+        sys.exit(1)
+    device = torch.device("cuda", torch.cuda.current_device())
+    body = []
+    with _progress("tuning") as progress:
+        for i, (spec, case, dtype) in enumerate(items):
+            progress(i, len(items), f"{spec.name} {case.name} {str(dtype)[6:]}")
+            sample = case.make(dtype, device, torch.Generator().manual_seed(0))
+            args = autotune.implementation_args(spec, sample.args, sample.kwargs)
+            try:
+                result = autotune.tune(spec, args, force=force)
+            except Exception as exc:  # report it in its row; the other cases still run
+                result = {"key": "-", "backend": "-", "source": f"error: {exc}"[:120]}
+            del sample, args
+            torch.cuda.empty_cache()
+            rejected = "; ".join(f"{b}: {r}"[:80] for b, r in result.get("rejected", {}).items())
+            body.append(
+                [
+                    f"{spec.name} {case.name} {str(dtype)[6:]}",
+                    result["key"],
+                    result["backend"],
+                    result["source"],
+                    _times_text(result.get("times_us", {})),
+                    rejected,
+                ]
+            )
+        progress(len(items), len(items), "done")
+    header = ("case", "key", "winner", "source", "times (us)", "not candidates")
+    for line in rep.align(header, body):
+        click.echo(line)
+    click.echo(f"\ncache file: {autotune.cache_file(device)}")
+
+
+@main.group()
+def cache() -> None:
+    """The autotune cache (and, with `clear --all`, the CUDA build cache)."""
+
+
+@cache.command("show")
+def cache_show() -> None:
+    """Where the autotune cache is, this machine's fingerprint, and every file's entries."""
+    from . import autotune
+
+    directory = autotune.cache_dir()
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if _has_gpu() else torch.device("cpu")
+    )
+    current = autotune.cache_file(device)
+    click.echo(f"autotune cache: {directory}")
+    click.echo(f"this machine ({device}): {current.name}")
+    fp = autotune.fingerprint(device)
+    click.echo("  fingerprint: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
+    paths = sorted(directory.iterdir()) if directory.is_dir() else []
+    files = [p for p in paths if p.suffix == ".json" and p.is_file()]
+    set_aside = [p for p in paths if ".corrupt-" in p.name]
+    if not files:
+        click.echo("no cache files yet")
+    for path in files:
+        click.echo(f"\n{path.name}" + ("  (this machine)" if path == current else ""))
+        try:
+            data = autotune.read_cache_file(path)
+        except (OSError, ValueError) as exc:
+            click.echo(f"  unreadable: {exc}")
+            continue
+        fp = data.get("fingerprint") or {}
+        click.echo("  fingerprint: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
+        entries = data["entries"]
+        body = [
+            [key, str(e.get("winner", "?")), _times_text(e.get("times_us", {}))]
+            for key, e in sorted(entries.get(autotune.BACKEND_SECTION, {}).items())
+            if isinstance(e, dict)
+        ]
+        if body:
+            click.echo(f"  backend winners ({len(body)}):")
+            for line in rep.align(("key", "winner", "times (us)"), body):
+                click.echo("    " + line)
+        for section, table in sorted(entries.items()):
+            if section == autotune.BACKEND_SECTION:
+                continue
+            body = []
+            for key, e in sorted(table.items()):
+                best = (e.get("timings_ms") or [[None]])[0][0] if isinstance(e, dict) else None
+                config = e.get("config") if isinstance(e, dict) else e
+                body.append([key, str(config), "-" if best is None else f"{best * 1e3:.1f}"])
+            click.echo(f"  {section} configs ({len(body)}):")
+            for line in rep.align(("class", "config", "us"), body, right=[2]):
+                click.echo("    " + line)
+    for path in set_aside:
+        click.echo(f"\nset aside (unusable): {path.name}")
+
+
+@cache.command("clear")
+@click.option("--all", "everything", is_flag=True, help="Also remove the CUDA build cache.")
+def cache_clear(everything: bool) -> None:
+    """Remove the autotune cache files (and with --all the CUDA builds); print what went."""
+    import shutil
+
+    from . import autotune
+    from .backends.cuda import cache_root
+
+    removed = []
+    directory = autotune.cache_dir()
+    if directory.is_dir():
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and (
+                path.suffix in (".json", ".lock", ".tmp") or ".corrupt-" in path.name
+            ):
+                path.unlink()
+                removed.append(path)
+    if everything:
+        builds = cache_root() / "cuda"
+        if builds.exists():
+            shutil.rmtree(builds)
+            removed.append(builds)
+    autotune.clear_memory()
+    for path in removed:
+        click.echo(f"removed {path}")
+    if not removed:
+        where = directory if not everything else f"{directory} or {cache_root() / 'cuda'}"
+        click.echo(f"nothing to remove in {where}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import config
+from . import autotune, config
 from .backends import BACKENDS, unavailable_reason
 from .errors import BackendUnavailableError, UnknownBackendError
 from .registry import OpSpec
@@ -109,27 +109,6 @@ def auto_candidates(
     return out
 
 
-class _FixedOrder:  # TEMPORARY until dualk/autotune.py lands
-    @staticmethod
-    def choose(spec, args):
-        like = args[0]
-        return next(n for n, r in auto_candidates(spec, like.device, like.dtype) if r is None)
-
-    @staticmethod
-    def explain(spec, args):
-        return {"backend": _FixedOrder.choose(spec, args), "source": "fixed order"}
-
-    @staticmethod
-    def clear_memory():
-        pass
-
-
-try:
-    from . import autotune
-except ImportError:
-    autotune = _FixedOrder
-
-
 def _first_tensor(args: tuple) -> torch.Tensor:
     return args[0]
 
@@ -155,9 +134,11 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     availability = dict(auto_candidates(spec, like.device, like.dtype))
     notes: list[str] = []
     if name == "auto":
-        info = autotune.explain(spec, args)
+        info = autotune.explain(spec, args, tune=False)  # explain runs no kernel
         chosen = info["backend"]
         source = f"auto, {info['source']}"
+        if info.get("pending"):
+            notes.append("this shape class is not tuned yet: the first call times the candidates")
         for cand, reason in info.get("rejected", {}).items():
             availability[cand] = reason
         if info.get("times_us"):

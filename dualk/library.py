@@ -226,17 +226,52 @@ def _fused_mlp_setup(ctx, inputs, output):
 
 
 def _fused_mlp_backward(ctx, grad):
-    from .mlp_backward import fused_mlp_backward
-
     saved = ctx.saved_tensors
     n = ctx.layers
-    x, weights = saved[0], list(saved[1 : 1 + n])
-    biases = _unpack_biases(n, saved[1 + n :], ctx.bias_mask)
+    x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
     grad_x, grad_w, grad_b = fused_mlp_backward(
-        x, weights, biases, ctx.activation, grad, ctx.backend, ctx.needs_input_grad[0]
-    )
-    present = [grad_b[i] for i in _bias_layers(n, ctx.bias_mask)]
-    return grad_x, grad_w, present, None, None, None
+        x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
+        ctx.needs_input_grad[0],
+    )  # fmt: skip
+    return (grad_x if ctx.needs_input_grad[0] else None), grad_w, grad_b, None, None, None
+
+
+# The backward is an op of its own, so that the choice between the fused Triton backward and
+# the layer chain is made when it runs (never while AOT autograd traces the backward graph) and
+# so that traced backward graphs see fake tensors only.
+@torch.library.custom_op(f"{LIB}::fused_mlp_backward", mutates_args=())
+def fused_mlp_backward(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    bias_mask: int,
+    activation: str,
+    grad: torch.Tensor,
+    backend: str,
+    need_x_grad: bool,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(grad_x (empty when not needed), grad of each weight, grad of each present bias)."""
+    from .mlp_backward import fused_mlp_backward as run
+
+    n = len(weights)
+    full = _unpack_biases(n, biases, bias_mask)
+    grad_x, grad_w, grad_b = run(x, list(weights), full, activation, grad, backend, need_x_grad)
+    if grad_x is None:
+        grad_x = x.new_empty((0,))
+    # Fresh tensors each (an op's outputs may not alias one another).
+    grad_w = [_own(g) for g in grad_w]
+    grad_b = [_own(grad_b[i]) for i in _bias_layers(n, bias_mask)]
+    return _fresh(grad_x), grad_w, grad_b
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    return t.clone() if t._base is not None else _fresh(t)
+
+
+@fused_mlp_backward.register_fake
+def _(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
+    grad_x = x.new_empty(x.shape) if need_x_grad else x.new_empty((0,))
+    return grad_x, [w.new_empty(w.shape) for w in weights], [b.new_empty(b.shape) for b in biases]
 
 
 fused_mlp.register_autograd(_fused_mlp_backward, setup_context=_fused_mlp_setup)

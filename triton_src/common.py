@@ -7,6 +7,7 @@ Activation ids use the numbering of ``cuda_src/launchers.h`` (``enum class Activ
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -252,3 +253,71 @@ def bench_configs(launch_with, configs, quantile=0.5):
         raise RuntimeError("no kernel configuration compiled for this device")
     timings.sort(key=lambda t: t[0])
     return timings
+
+
+# --- Tuned configs that outlive the process ---------------------------------------------------
+#
+# Each launcher keeps its choices in a module dict keyed by the exact call (the hot path). On a
+# miss, tuned_config asks a persistent store by problem class first (dualk.autotune's cache
+# file per GPU and software fingerprint), so a process never re-tunes a class tuned before, and a
+# new shape inside a known class costs no timing. Without dualk (triton_src imported alone) the
+# choices stay in memory.
+_config_store: list = []  # [store or None] once resolved
+
+
+def config_store():
+    """The persistent config store (dualk.autotune.TRITON_STORE), or None."""
+    if not _config_store:
+        store = None
+        try:
+            from dualk import autotune
+
+            store = autotune.triton_config_store()
+        except Exception:  # dualk not importable: memory only
+            store = None
+        _config_store.append(store)
+    return _config_store[0]
+
+
+def set_config_store(store) -> None:
+    """Replace the store (None: memory only); benchmarks and tests."""
+    _config_store[:] = [store]
+
+
+def _timing_forbidden() -> bool:
+    """CUDA-graph capture or torch.compile tracing: no timing (do_bench synchronizes)."""
+    try:
+        if torch.compiler.is_compiling():
+            return True
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def tuned_config(device, namespace, class_key, candidates, launch_with, allowed=None):
+    """(config, timings [(ms, config)] fastest first, keep) for one problem class: recalled from
+    the store when it holds a config in ``allowed`` (default: ``candidates``), else timed with
+    bench_configs and recorded. Under capture or tracing nothing is timed: the first candidate
+    (each list puts its best general choice first) with keep=False, so the caller does not cache
+    it and the next ordinary call tunes."""
+    store = config_store()
+    allowed = set(candidates) if allowed is None else allowed
+    if store is not None:
+        try:
+            timings = store.get(device, namespace, class_key)
+        except Exception:  # an unusable store never stops a launch
+            timings = None
+        if timings and timings[0][1] in allowed:
+            return timings[0][1], timings, True
+    if _timing_forbidden():
+        return candidates[0], [], False
+    timings = bench_configs(launch_with, candidates)
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.put(device, namespace, class_key, timings)
+    return timings[0][1], timings, True
+
+
+def pow2_bucket(n: int) -> int:
+    """n rounded up to a power of two (0 stays 0): the class of a batch-like size."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0

@@ -19,12 +19,12 @@ from .common import (
     KernelLauncher,
     activation_id,
     apply_activation,
-    bench_configs,
     dot_in_fp32,
     int_spec,
     interpreting,
     num_sms,
     ptr_spec,
+    tuned_config,
 )
 
 MAX_LAYERS = 8
@@ -35,7 +35,7 @@ MAX_PADDED_WIDTH = 256
 # persistent loop; leave room on a 228 KiB Hopper SM (227 KiB per block) for the input tile.
 MAX_RESIDENT_WEIGHT_BYTES = 160 * 1024
 
-_MLP_ACTIVATIONS = ("relu", "gelu", "silu", "none")
+_MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 
 
 def _padded(width: int) -> int:
@@ -313,12 +313,37 @@ def fused_mlp_configs() -> list[tuple]:
     ]
 
 
-def _candidate_configs(m: int, dtype: torch.dtype) -> list[tuple]:
-    """fp32: only BLOCK_M <= 32 (larger tiles spill heavily on the FMA path). Small batches:
+# Candidates per class (at most 5, so a class's first call compiles a bounded set), each a
+# subset of fused_mlp_configs() with its best general choice first (used untimed under capture).
+# Winners on an H200 (experiments/results/*-triton-tuning.txt): fp32 seed model (16, 4, 4);
+# 16-bit 64 wide at batch 2^20 (64, 4, 8) then (64, 4, 4), (128, 8, 2); 128 wide (128, 8, 3),
+# (128, 8, 1/2). Batches <= 64 are one tile: programs per SM do not matter there.
+# Wider than 128 (not measured): 64-row tiles or 128 rows with 8 warps keep the (BLOCK_M, 256)
+# fp32 accumulator within registers.
+_CLASS_CONFIGS = {
+    "fp32": ((16, 4, 4), (16, 8, 4), (32, 8, 4)),
+    "small_batch": ((16, 4, 4), (16, 8, 4), (32, 8, 4), (64, 4, 2), (64, 8, 2)),
+    "w64": ((64, 4, 8), (64, 4, 4), (128, 8, 2), (64, 4, 6), (128, 8, 3)),
+    "w128": ((128, 8, 3), (128, 8, 2), (128, 8, 1), (64, 4, 4), (64, 4, 2)),
+    "w256": ((64, 4, 2), (64, 4, 4), (64, 8, 2), (128, 8, 1), (128, 8, 2)),
+}
+
+
+def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[tuple]:
+    """fp32: only BLOCK_M <= 32 (larger tiles spill heavily on the FMA path). 16-bit: by the
+    widest layer (``widths``; None: every config), or the small-tile set for batches <= 64.
     BLOCK_M past the batch only pads; keep the tiles that do not exceed it."""
-    configs = fused_mlp_configs()
     if dtype == torch.float32:
-        configs = [c for c in configs if c[0] <= 32]
+        configs = list(_CLASS_CONFIGS["fp32"])
+    elif m <= 64:
+        configs = list(_CLASS_CONFIGS["small_batch"])
+    elif widths is None:
+        configs = fused_mlp_configs()
+    else:
+        widest = max(_padded(w) for w in widths)
+        configs = list(
+            _CLASS_CONFIGS["w64" if widest <= 64 else "w128" if widest <= 128 else "w256"]
+        )
     limit = max(16, triton.next_power_of_2(m))
     fitting = [c for c in configs if c[0] <= limit]
     return fitting or [min(configs, key=lambda c: c[0])]
@@ -413,12 +438,19 @@ def fused_mlp(
         tune_key = (x2d.device, plan_key, _m_bucket(M), spec)
         cfg = _best_config.get(tune_key)
         if cfg is None:
-            timings = bench_configs(
+            # The persistent class: the tuning key without the device (the cache file is per GPU).
+            class_key = "|".join(
+                str(v) for v in (widths, str(dtype)[6:], activation, bias_mask, _m_bucket(M),
+                                 *spec[1:])
+            )  # fmt: skip
+            cfg, timings, keep = tuned_config(
+                x2d.device, "fused_mlp", class_key, _candidate_configs(M, dtype, widths),
                 lambda cfg: _launch(cfg, spec, consts, x2d, out, ws, bs, pad, M, sxm, sxk, som),
-                _candidate_configs(M, dtype),
-            )
-            TUNING_LOG[tune_key] = timings
-            cfg = _best_config[tune_key] = timings[0][1]
+                set(fused_mlp_configs()),
+            )  # fmt: skip
+            if keep:
+                TUNING_LOG[tune_key] = timings
+                _best_config[tune_key] = cfg
     _launch(cfg, spec, consts, x2d, out, ws, bs, pad, M, sxm, sxk, som)
     return out
 

@@ -16,13 +16,14 @@ from .common import (
     ACT_NONE,
     KernelLauncher,
     apply_activation,
-    bench_configs,
     dot_in_fp32,
     grouped_tile,
     int_spec,
     interpreting,
     num_sms,
+    pow2_bucket,
     ptr_spec,
+    tuned_config,
 )
 from .gemm_tma import launch_tma, tma_configs
 
@@ -227,75 +228,103 @@ def gemm_persistent_kernel(
 
 # A config: (persistent, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_stages,
 # num_warps). Persistent configs launch min(tiles, SMs) programs of gemm_persistent_kernel.
+#
+# Candidates per (kind, problem class): at most 6 with the TMA configs, so a class's first call
+# compiles and times a bounded set (compiling all 16 + 3 TMA configs made a first linear_gelu take
+# 21 s on an H100). "large": at least one wave of 128x128 tiles; "small": fewer. Each list starts
+# with its best general choice (used untimed under CUDA-graph capture). Winners from the H200
+# tuning logs (experiments/results/*-triton-tuning.txt) are kept: tensor_core large 128x128 s3
+# w4 (linear_gelu 8192x768x3072 and 4096x4096x16384), 128x256 s3 w8 and its persistent twin
+# (matmul 4096^3; s4 tied s3 within 0.2% and is gone); small 64x64 and 32x64 (32x64x64).
+GEMM_CONFIGS: dict[tuple[str, str], tuple[tuple, ...]] = {
+    ("tensor_core", "large"): (
+        (False, 128, 128, 64, 8, 3, 4),
+        (False, 128, 256, 64, 8, 3, 8),
+        (True, 128, 256, 64, 8, 3, 8),
+    ),
+    ("tensor_core", "small"): (
+        (False, 64, 64, 64, 8, 4, 4),
+        (False, 32, 64, 64, 8, 5, 2),
+        (False, 64, 128, 64, 8, 4, 4),
+        (False, 128, 64, 64, 8, 4, 4),
+        (False, 64, 256, 64, 8, 4, 4),
+        (False, 128, 128, 64, 8, 3, 4),
+    ),
+    # tf32 halves BLOCK_SIZE_K so a stage holds as many bytes as a 16-bit one.
+    ("tf32", "large"): (
+        (False, 128, 128, 32, 8, 3, 4),
+        (False, 128, 256, 32, 8, 3, 8),
+        (True, 128, 256, 32, 8, 3, 8),
+        (False, 256, 128, 32, 8, 3, 8),
+    ),
+    ("tf32", "small"): (
+        (False, 64, 64, 32, 8, 4, 4),
+        (False, 64, 128, 32, 8, 4, 4),
+        (False, 128, 64, 32, 8, 4, 4),
+        (False, 64, 256, 32, 8, 4, 4),
+        (False, 128, 128, 32, 8, 3, 4),
+    ),
+    # CUDA-core FMA path: moderate tiles keep the per-thread accumulator (BM*BN / threads) at
+    # 32-64 registers; shallow BLOCK_SIZE_K keeps operand fragments small. tl.dot needs
+    # BLOCK_SIZE_K >= 16 (Triton 3.6 asserts it at compile time). 64x64 won 32x64x64.
+    ("fp32", "large"): (
+        (False, 128, 128, 32, 8, 3, 8),
+        (False, 128, 128, 16, 8, 3, 8),
+        (False, 128, 64, 32, 8, 3, 4),
+        (False, 64, 128, 32, 8, 3, 4),
+        (False, 256, 128, 16, 8, 3, 8),
+    ),
+    ("fp32", "small"): (
+        (False, 64, 64, 32, 8, 3, 4),
+        (False, 128, 64, 32, 8, 3, 4),
+        (False, 64, 128, 32, 8, 3, 4),
+        (False, 128, 128, 32, 8, 3, 8),
+    ),
+}
+
+
 def gemm_configs(kind: str) -> list[tuple]:
-    """Candidate configs for one GEMM shape; ``kind`` is "tensor_core" (fp16/bf16), "tf32" or
-    "fp32" (exact fp32: tl.dot on CUDA cores). Each new (shape, epilogue, dtype, layout) key
-    times them all once (common.bench_configs) and keeps the fastest.
+    """Every config of ``kind``: "tensor_core" (fp16/bf16), "tf32" or "fp32" (exact fp32: tl.dot
+    on CUDA cores). Any of them runs any problem; a stored choice must be one of them.
 
     tensor_core follows the shapes that suit Hopper's wgmma (128x256x64 with 8 warps, 3 stages:
-    48 KiB of smem a stage, 144 KiB in all); tf32 halves BLOCK_SIZE_K so a stage holds as many
-    bytes. Configs that do not fit a device's shared memory fail to compile and are dropped.
+    48 KiB of smem a stage, 144 KiB in all). Configs that do not fit a device's shared memory
+    fail to compile and are dropped.
     """
+    if not any(k == kind for k, _ in GEMM_CONFIGS):
+        raise ValueError(f"unknown GEMM config kind {kind!r}")
+    return list(
+        dict.fromkeys(c for (k, _), cfgs in GEMM_CONFIGS.items() if k == kind for c in cfgs)
+    )
 
-    def both(bm, bn, bk, stages, warps, group=8):
-        return [(False, bm, bn, bk, group, stages, warps), (True, bm, bn, bk, group, stages, warps)]
 
-    if kind == "tensor_core":
-        return [
-            *both(128, 256, 64, 3, 8),
-            *both(256, 128, 64, 3, 8),
-            (False, 128, 256, 64, 8, 4, 8),
-            *both(128, 128, 64, 4, 8),
-            *both(128, 128, 64, 3, 4),
-            *both(128, 128, 64, 4, 4),
-            (False, 64, 256, 64, 8, 4, 4),
-            (False, 128, 64, 64, 8, 4, 4),
-            (False, 64, 128, 64, 8, 4, 4),
-            (False, 64, 64, 64, 8, 4, 4),
-            (False, 32, 64, 64, 8, 5, 2),
-        ]
-    if kind == "tf32":
-        return [
-            *both(128, 256, 32, 3, 8),
-            (False, 256, 128, 32, 8, 3, 8),
-            *both(128, 128, 32, 4, 8),
-            (False, 128, 128, 32, 8, 3, 4),
-            (False, 64, 256, 32, 8, 4, 4),
-            (False, 128, 64, 32, 8, 4, 4),
-            (False, 64, 128, 32, 8, 4, 4),
-            (False, 64, 64, 32, 8, 4, 4),
-        ]
-    if kind == "fp32":
-        # CUDA-core FMA path: moderate tiles keep the per-thread accumulator (BM*BN / threads)
-        # at 32-64 registers; shallow BLOCK_SIZE_K keeps operand fragments small. tl.dot needs
-        # BLOCK_SIZE_K >= 16 (Triton 3.6 asserts it at compile time).
-        return [
-            (False, 128, 128, 16, 8, 3, 8),
-            (False, 128, 128, 32, 8, 3, 8),
-            (False, 128, 64, 32, 8, 3, 4),
-            (False, 64, 128, 32, 8, 3, 4),
-            (False, 64, 64, 32, 8, 3, 4),
-            (False, 256, 128, 16, 8, 3, 8),
-        ]
-    raise ValueError(f"unknown GEMM config kind {kind!r}")
+def problem_class(batch, M, N, device) -> str:
+    """ "large" from one wave of 128x128 output tiles on, else "small"."""
+    return (
+        "large" if batch * triton.cdiv(M, 128) * triton.cdiv(N, 128) >= num_sms(device) else "small"
+    )
 
 
 def _candidate_configs(kind, batch, M, N, device):
-    """gemm_configs(kind) less those that only pad a small problem: tiles wider than the
+    """The class's configs less those that only pad a small problem: tiles wider than the
     problem (rounded up to a power of two, at least 64), and persistent configs when there are
-    fewer tiles than SMs (each program then runs one tile anyway)."""
+    fewer tiles than SMs (each program then runs one tile anyway). A large problem that is thin
+    along M or N (no large tile fits) takes the small class's configs."""
     limit_m = max(64, triton.next_power_of_2(M))
     limit_n = max(64, triton.next_power_of_2(N))
     sms = num_sms(device)
     out = []
-    for cfg in gemm_configs(kind):
-        persistent, bm, bn = cfg[:3]
-        if bm > limit_m or bn > limit_n:
-            continue
-        if persistent and batch * triton.cdiv(M, bm) * triton.cdiv(N, bn) <= sms:
-            continue
-        out.append(cfg)
-    return out or [min(gemm_configs(kind), key=lambda c: c[1] * c[2])]
+    for cls in dict.fromkeys((problem_class(batch, M, N, device), "small")):
+        for cfg in GEMM_CONFIGS[(kind, cls)]:
+            persistent, bm, bn = cfg[:3]
+            if bm > limit_m or bn > limit_n:
+                continue
+            if persistent and batch * triton.cdiv(M, bm) * triton.cdiv(N, bn) <= sms:
+                continue
+            out.append(cfg)
+        if out:
+            return out
+    return [min(GEMM_CONFIGS[(kind, "small")], key=lambda c: c[1] * c[2])]
 
 
 # One interpreter config: small tiles keep the CPU interpreter fast, and a 32-wide tile still
@@ -344,11 +373,26 @@ def _gemm(
                     sc0, sc1, sc2, activation, fast_act, kind,
                 )  # fmt: skip
 
-            candidates = _candidate_configs(kind, batch, M, N, a.device)
-            candidates += tma_configs(a, b, c, batch, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2)
-            timings = bench_configs(launch_with, candidates)
-            TUNING_LOG[tune_key] = timings
-            cfg = _best_config[tune_key] = timings[0][1]
+            tma = tma_configs(a, b, c, batch, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2)
+            candidates = _candidate_configs(kind, batch, M, N, a.device) + list(tma)
+            # The persistent class: batch and M rounded up to powers of two; N, K, epilogue,
+            # dtype and layout exact (strides that scale with M, sa0 and sc0, left out).
+            class_key = "|".join(
+                str(v)
+                for v in (
+                    kind, str(dtype)[6:], pow2_bucket(batch), pow2_bucket(M), N, K, has_bias,
+                    activation, fast_act, int_spec(sa1), int_spec(sa2), sa0 == 0,
+                    int_spec(sb0), int_spec(sb1), int_spec(sb2), int_spec(sc1), int_spec(sc2),
+                    *spec[13:17],
+                )
+            )  # fmt: skip
+            allowed = set(gemm_configs(kind)) | set(tma)
+            cfg, timings, keep = tuned_config(
+                a.device, "matmul", class_key, candidates, launch_with, allowed
+            )
+            if keep:
+                TUNING_LOG[tune_key] = timings
+                _best_config[tune_key] = cfg
     _gemm_launch(
         cfg, spec, a, b, bias, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2,
         activation, fast_act, kind,

@@ -1,0 +1,807 @@
+"""The autotuned backend="auto": time the candidates once per shape class and device, remember the
+winner in memory and on disk.
+
+`choose(spec, args)` (called by the dispatcher for "auto", with the positional arguments exactly
+as `spec.implementation(name)(*args)` takes them) builds a key and looks it up in a dict; only a
+miss does more:
+
+1. Candidates: every backend that can run on the input's device (`dualk.backends
+   .unavailable_reason`), torch included; never Triton's CPU interpreter, so on CPU tensors the
+   only candidate is torch and nothing is timed or written.
+2. The on-disk cache (below): a winner recorded there by any earlier process is used as is.
+3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton compiles and
+   tunes its configs, the CUDA extension loads), then a few repetitions timed with CUDA events
+   within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates); the
+   median decides. A candidate that raises is skipped and recorded with its reason. Inputs are
+   never modified (each implementation allocates fresh outputs).
+4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
+   heuristic below decides, and its choice is not recorded as tuned (the next call outside
+   capture or tracing tunes).
+
+Heuristic (measured on H100 and H200): torch for add/relu_scale (the CUDA kernels match its
+bandwidth at large n but cost more host time at small n), matmul (cuBLAS wins most shapes) and
+linear_gelu (cuBLASLt wins small M and square shapes; Triton only ties at 8192x768->3072 bf16);
+for fused_mlp the CUDA fused kernel when every width is <= 128 and the batch is not empty
+(fp32 seed model at B32/B4096, 16-bit 64/128 wide at B=2^20), else torch (eager wins 256-wide
+16-bit).
+
+Key (shape class), per operator; the device (index in memory; name, compute capability and SM
+count through the cache file) and the dtype (fp32 with TF32 allowed is its own class for the
+matrix ops) are always part of it:
+  - add: numel of the larger input rounded up to a power of two (the output's numel unless both
+    inputs broadcast); broadcast (shapes differ) or not; dense (both contiguous) or strided.
+  - relu_scale: numel rounded up to a power of two; contiguous or strided.
+  - matmul: M and the batch rounded up to a power of two; K and N exact; 2-D/3-D operands; the
+    layout of each operand.
+  - linear_gelu: M (rows of x) rounded up to a power of two; K and N exact; bias or not;
+    `approximate`; the layouts of x and weight.
+  - fused_mlp: M rounded up to a power of two; every width exact; which layers have a bias;
+    the activation; the layout of x.
+Layouts: "c" contiguous, "r" unit stride along the last dim (sliced or padded rows), "s" other
+strides (transposed). Scalars (alpha, scale) are not part of the key: they do not change the cost.
+
+Disk: $DUALK_CACHE_DIR/autotune/ (default ~/.cache/dualk/autotune/), one JSON file per device
+and software fingerprint (GPU name, compute capability, SM count, driver and CUDA versions,
+torch, Triton, a hash of dualk's Python, Triton and CUDA sources): a new driver or an edited
+kernel starts a new file. Sections: "backend" (the winners, with the times per candidate) and
+"triton.<module>" (the Triton launchers' tuned configs, through triton_src.common.tuned_config).
+Writes are atomic (temporary file + os.replace) and merge with the file's current content under
+an advisory lock (fcntl.flock on <file>.lock), so concurrent processes lose nothing. A corrupt,
+truncated or wrong-version file is moved aside (<file>.corrupt-<time>) with one
+AutotuneCacheWarning and rebuilt; an unwritable directory gives one warning and the cache stays
+in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import backends
+from .registry import OpSpec
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: writes still merge, without the lock
+    fcntl = None
+
+SCHEMA = 1
+TUNE_BUDGET_MS = 60.0  # timing budget per key, split among the candidates
+MAX_REPS = 25
+BACKEND_SECTION = "backend"
+
+Timer = Callable[[Callable[[], object], str, float], float]
+
+
+class AutotuneCacheWarning(UserWarning):
+    """The autotune cache file was unusable (set aside and rebuilt) or cannot be written."""
+
+
+# ---------------------------------------------------------------------------- keys
+_F32 = torch.float32
+_shape_of = torch.Tensor.shape.__get__
+# torch.backends.cuda.matmul.allow_tf32 costs ~0.6 us (a module __getattr__); the getter it
+# calls costs ~0.07 us.
+_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or (
+    lambda: torch.backends.cuda.matmul.allow_tf32
+)
+
+
+def _layout(t: torch.Tensor) -> str:
+    if t.is_contiguous():
+        return "c"
+    return "r" if t.stride(-1) == 1 else "s"
+
+
+def _rows(x: torch.Tensor) -> int:
+    k = x.shape[-1]
+    if k:
+        return x.numel() // k
+    n = 1
+    for s in x.shape[:-1]:
+        n *= s
+    return n
+
+
+# Each key is (op, device index, dtype, tf32, *fields); FIELDS names the fields for the disk key.
+# Sizes that are bucketed are stored as exponents e (n <= 2^e; -1 for 0).
+def _key_add(args) -> tuple:
+    a = args[0]
+    b = args[1]
+    na = a.numel()
+    nb = b.numel()
+    n = na if na >= nb else nb
+    return (
+        "add", a.get_device(), a.dtype, False, (n - 1).bit_length() if n else -1,
+        na != nb or a.shape != b.shape,
+        "c" if a.is_contiguous() and b.is_contiguous() else "s",
+    )  # fmt: skip
+
+
+def _key_relu_scale(args) -> tuple:
+    x = args[0]
+    n = x.numel()
+    return (
+        "relu_scale", x.get_device(), x.dtype, False, (n - 1).bit_length() if n else -1,
+        "c" if x.is_contiguous() else "s",
+    )  # fmt: skip
+
+
+def _key_matmul(args) -> tuple:
+    a = args[0]
+    b = args[1]
+    sa = _shape_of(a)
+    sb = _shape_of(b)
+    da = len(sa)
+    db = len(sb)
+    batch = sa[0] if da == 3 else (sb[0] if db == 3 else 1)
+    m = sa[-2]
+    dtype = a.dtype
+    return (
+        "matmul", a.get_device(), dtype, dtype is _F32 and _tf32(), da * 10 + db,
+        (batch - 1).bit_length() if batch else -1, (m - 1).bit_length() if m else -1,
+        sa[-1], sb[-1], _layout(a) + _layout(b),
+    )  # fmt: skip
+
+
+def _key_linear_gelu(args) -> tuple:
+    x = args[0]
+    w = args[1]
+    m = _rows(x)
+    dtype = x.dtype
+    return (
+        "linear_gelu", x.get_device(), dtype, dtype is _F32 and _tf32(),
+        (m - 1).bit_length() if m else -1, x.shape[-1], w.shape[0], args[2] is not None,
+        args[3], _layout(x) + _layout(w),
+    )  # fmt: skip
+
+
+def _key_fused_mlp(args) -> tuple:
+    x = args[0]
+    m = _rows(x)
+    dtype = x.dtype
+    return (
+        "fused_mlp", x.get_device(), dtype, dtype is _F32 and _tf32(),
+        (m - 1).bit_length() if m else -1, tuple(map(_shape_of, args[1])),
+        tuple([b is not None for b in args[2]]), args[3], _layout(x),
+    )  # fmt: skip
+
+
+KEY_FUNCTIONS: dict[str, Callable[[tuple], tuple]] = {
+    "add": _key_add,
+    "relu_scale": _key_relu_scale,
+    "matmul": _key_matmul,
+    "linear_gelu": _key_linear_gelu,
+    "fused_mlp": _key_fused_mlp,
+}
+FIELDS = {
+    "add": ("n", "broadcast", "layout"),
+    "relu_scale": ("n", "layout"),
+    "matmul": ("dims", "batch", "m", "k", "n_exact", "layout"),
+    "linear_gelu": ("m", "k", "n_exact", "bias", "approximate", "layout"),
+    "fused_mlp": ("m", "widths", "biases", "activation", "layout"),
+}
+
+
+def _bucket(e: int) -> str:
+    if e < 0:
+        return "0"
+    return f"<={1 << e}" if e <= 16 else f"<=2^{e}"
+
+
+def _field_text(field: str, value: Any) -> str:
+    if field in ("n", "m", "batch"):
+        return f"{field}{_bucket(value)}"
+    if field == "broadcast":
+        return "broadcast" if value else "same-shape"
+    if field == "dims":
+        return f"{value // 10}d@{value % 10}d"
+    if field in ("k", "n_exact"):
+        return f"{field[0]}={value}"
+    if field == "bias":
+        return "bias" if value else "no-bias"
+    if field == "widths":
+        return "w=" + "-".join(str(v) for v in [value[0][1], *(s[0] for s in value)])
+    if field == "biases":
+        return "bias=" + "".join("1" if v else "0" for v in value)
+    if field == "layout":
+        return f"layout={value}"
+    return str(value)
+
+
+def key_string(key: tuple) -> str:
+    """The device-independent text of a key, as the cache file stores it, e.g.
+    "linear_gelu|bfloat16|m<=32|k=768|n=3072|bias|tanh|layout=cc"."""
+    op, _, dtype, tf32, *fields = key
+    parts = [op, str(dtype).removeprefix("torch.") + ("+tf32" if tf32 else "")]
+    parts += [_field_text(f, v) for f, v in zip(FIELDS[op], fields)]
+    return "|".join(parts)
+
+
+def make_key(spec: OpSpec, args: tuple) -> tuple:
+    return KEY_FUNCTIONS[spec.name](args)
+
+
+# ---------------------------------------------------------------------------- state
+_memory: dict[tuple, str] = {}  # key -> winner: the hit path
+_details: dict[tuple, dict] = {}  # key -> how the winner was decided (explain)
+_heuristics: dict[tuple, dict] = {}  # key -> the heuristic decision, while timing is blocked
+_lock = threading.RLock()
+_timer: Timer | None = None
+
+
+def choose(spec: OpSpec, args: tuple) -> str:
+    """The backend "auto" runs for `spec.implementation(name)(*args)`."""
+    key = KEY_FUNCTIONS[spec.name](args)
+    name = _memory.get(key)
+    if name is None:
+        name = _decide(spec, args, key, tune=True)["backend"]
+    return name
+
+
+def explain(spec: OpSpec, args: tuple, *, tune: bool = True) -> dict:
+    """How "auto" decides this call: {"op", "key", "device", "backend", "source", ...}.
+
+    source: "tuned" (timed in this process; "times_us" per candidate), "cache" (recorded in the
+    cache file by an earlier run; its "times_us"), "heuristic" ("rule", and "reason" why there is
+    no timing) or "only candidate". "rejected" maps each other backend to why it is not a
+    candidate (unavailable, or raised when tried). With tune=False a key that is not decided yet
+    is not timed: the answer is the heuristic's, with "pending": True."""
+    key = KEY_FUNCTIONS[spec.name](args)
+    with _lock:
+        if key in _memory:
+            return dict(_details[key])
+        return _decide(spec, args, key, tune=tune)
+
+
+def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
+    """Decide this call's class now, timing even with DUALK_AUTOTUNE=0 (for `dualk tune`); a
+    class already decided is kept unless `force`. Returns explain()'s dict."""
+    key = KEY_FUNCTIONS[spec.name](args)
+    with _lock:
+        if force:
+            _memory.pop(key, None)
+            _details.pop(key, None)
+        elif key in _memory:
+            return dict(_details[key])
+        return _decide(spec, args, key, tune=True, force=force, explicit=True)
+
+
+def clear_memory() -> None:
+    """Forget every in-memory decision and loaded cache file (tests)."""
+    with _lock:
+        _memory.clear()
+        _details.clear()
+        _heuristics.clear()
+        _stores.clear()
+        _warned.clear()
+
+
+def set_timer(timer: Timer | None) -> None:
+    """Replace the timer: `timer(run, backend, budget_ms) -> microseconds per call` (the median);
+    `run()` makes one call. None restores the CUDA-event timer. Tests pass a fake."""
+    global _timer
+    _timer = timer
+
+
+def candidate_reason(backend: str, device: torch.device) -> str | None:
+    """None when `backend` is a candidate for auto on `device`, else why not."""
+    if backend == "triton" and device.type == "cpu":
+        return "auto does not use Triton's CPU interpreter"
+    return backends.unavailable_reason(backend, device)
+
+
+def _device_of(args: tuple) -> torch.device:
+    return args[0].device
+
+
+def _timing_blocked() -> str | None:
+    """Why no timing may happen now (None when it may)."""
+    flag = os.environ.get("DUALK_AUTOTUNE", "").strip().lower()
+    if flag in ("0", "false", "no", "off"):
+        return "DUALK_AUTOTUNE=0"
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing"
+    try:
+        capturing = torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError):  # a CPU-only build
+        capturing = False
+    if capturing:
+        return "a CUDA graph is being captured"
+    return None
+
+
+def heuristic(spec: OpSpec, args: tuple, available: list[str]) -> tuple[str, str]:
+    """(backend, rule) without timing; see the module docstring."""
+    if spec.name == "fused_mlp" and "cuda" in available:
+        x, weights = args[0], args[1]
+        widths = [x.shape[-1], *(w.shape[0] for w in weights)]
+        if max(widths) <= 128 and _rows(x) > 0:
+            return "cuda", (
+                "fused_mlp with every width <= 128: the CUDA fused kernel (one launch) beats "
+                "eager torch on H100/H200"
+            )
+        return "torch", "fused_mlp wider than 128 or empty: eager torch (wins 256-wide 16-bit)"
+    rules = {
+        "matmul": "matmul: cuBLAS (torch) wins most shapes on H100/H200",
+        "linear_gelu": "linear_gelu: cuBLASLt (torch) wins small M and square shapes on H100/H200",
+        "fused_mlp": "fused_mlp without the CUDA backend: torch",
+    }
+    return "torch", rules.get(
+        spec.name,
+        f"{spec.name}: torch matches the dualk kernels' bandwidth at large n and costs less host "
+        "time at small n",
+    )
+
+
+def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool = False) -> dict:
+    with _lock:
+        if not force and key in _memory:
+            return dict(_details[key])
+        # Timing blocked (DUALK_AUTOTUNE=0 for the whole run): a decided heuristic is cheap.
+        cached = _heuristics.get(key)
+        if cached is not None and tune and not explicit:
+            blocked = _timing_blocked()
+            if blocked is not None:
+                return {**cached, "reason": f"not timed: {blocked}"}
+        device = _device_of(args)
+        rejected: dict[str, str] = {}
+        available = []
+        for name in spec.backends:
+            reason = candidate_reason(name, device)
+            if reason is None:
+                available.append(name)
+            else:
+                rejected[name] = reason
+        skey = key_string(key)
+        base = {"op": spec.name, "key": skey, "device": str(device), "rejected": rejected}
+        if len(available) <= 1:
+            only = available[0] if available else "torch"
+            return _remember(key, {**base, "backend": only, "source": "only candidate"})
+
+        store = _store_for(device)
+        entry = None if force else store.get(BACKEND_SECTION, skey)
+        if entry is not None and entry.get("winner") in available:
+            return _remember(
+                key,
+                {
+                    **base, "backend": entry["winner"], "source": "cache",
+                    "times_us": dict(entry.get("times_us", {})),
+                    "rejected": {**entry.get("rejected", {}), **rejected},
+                    "cache_file": str(store.path),
+                },
+            )  # fmt: skip
+
+        blocked = _timing_blocked()
+        if explicit and blocked == "DUALK_AUTOTUNE=0":
+            blocked = None
+        if blocked is not None or not tune:
+            cached = _heuristics.get(key)
+            if cached is None:
+                name, rule = heuristic(spec, args, available)
+                cached = {**base, "backend": name, "source": "heuristic", "rule": rule}
+                _heuristics[key] = cached
+            out = dict(cached)
+            if blocked is not None:
+                out["reason"] = f"not timed: {blocked}"
+            else:
+                out["pending"] = True
+                out["reason"] = f"not tuned yet: the first call times {', '.join(available)}"
+            return out
+
+        times, errors = _measure(spec, args, device, available)
+        rejected = {**rejected, **errors}
+        if not times:  # every candidate raised: the call itself will say why
+            winner = "torch"
+            return {**base, "backend": winner, "source": "heuristic", "rejected": rejected,
+                    "rule": "every candidate raised when tried"}  # fmt: skip
+        winner = min(times, key=times.get)
+        times_us = {name: round(t, 3) for name, t in times.items()}
+        store.put(
+            BACKEND_SECTION,
+            skey,
+            {
+                "winner": winner, "times_us": times_us, "rejected": errors,
+                "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds"),
+            },
+        )  # fmt: skip
+        _heuristics.pop(key, None)
+        return _remember(
+            key,
+            {**base, "backend": winner, "source": "tuned", "times_us": times_us,
+             "rejected": rejected, "cache_file": str(store.path)},
+        )  # fmt: skip
+
+
+def _remember(key: tuple, details: dict) -> dict:
+    _details[key] = details
+    _memory[key] = details["backend"]
+    return dict(details)
+
+
+def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str, str]]:
+    timer = _timer or cuda_event_timer
+    budget = TUNE_BUDGET_MS / len(available)
+    times: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        for name in available:
+            fn = spec.implementation(name)
+
+            def run(fn=fn):
+                return fn(*args)
+
+            try:
+                run()  # untimed: compiles, builds, tunes Triton configs
+                times[name] = float(timer(run, name, budget))
+            except Exception as exc:  # any failure only removes this candidate
+                errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
+    return times, errors
+
+
+def cuda_event_timer(run: Callable[[], object], backend: str, budget_ms: float) -> float:
+    """Median microseconds per call over a few calls timed with CUDA events on the current
+    stream: as many as fit `budget_ms` after one probe call (1 to MAX_REPS). Each call's window
+    includes its host time when the GPU waits on the host (small calls), so the choice reflects
+    what an eager loop sees."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    probe = start.elapsed_time(end)
+    reps = int(max(1, min(MAX_REPS, budget_ms / max(probe, 1e-3))))
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for s, e in events:
+        s.record()
+        run()
+        e.record()
+    events[-1][1].synchronize()
+    samples = [probe] + [s.elapsed_time(e) for s, e in events]
+    return statistics.median(samples) * 1e3
+
+
+# ---------------------------------------------------------------------------- fingerprint
+_source_hash: list[str] = []
+_device_fingerprints: dict[str, dict] = {}
+
+
+def source_files() -> list[Path]:
+    """dualk's Python files, the Triton sources and the CUDA sources (the dualk source hash)."""
+    from .backends import cuda
+
+    package = Path(__file__).resolve().parent
+    dirs = [package, package / "backends", cuda.source_dir()]
+    try:
+        from importlib.util import find_spec
+
+        found = find_spec("dualk.triton_src")
+        if found is not None and found.submodule_search_locations:
+            dirs.append(Path(next(iter(found.submodule_search_locations))))
+    except (ImportError, ValueError):
+        pass
+    dirs.append(package.parent / "triton_src")
+    files = {}
+    for d in dirs:
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp"):
+                    files[p.resolve()] = p
+    return sorted(files, key=lambda p: (p.parent.name, p.name))
+
+
+def source_hash() -> str:
+    """sha256 (16 hex digits) of the source files' names and contents, once per process."""
+    if not _source_hash:
+        h = hashlib.sha256()
+        for p in source_files():
+            h.update(f"{p.parent.name}/{p.name}\0".encode())
+            with contextlib.suppress(OSError):
+                h.update(p.read_bytes())
+        _source_hash.append(h.hexdigest()[:16])
+    return _source_hash[0]
+
+
+def _driver_version() -> str | None:
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() == 0:
+            try:
+                buf = ctypes.create_string_buffer(96)
+                if nvml.nvmlSystemGetDriverVersion(buf, 96) == 0:
+                    return buf.value.decode()
+            finally:
+                nvml.nvmlShutdown()
+    except (OSError, AttributeError):
+        pass
+    try:
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"cuda {version.value // 1000}.{version.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # not installed
+        return None
+
+
+def fingerprint(device: torch.device) -> dict:
+    """What a cache file's times are valid for, per torch device (cached per process)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    name = str(device)
+    fp = _device_fingerprints.get(name)
+    if fp is None:
+        if device.type == "cuda":
+            p = torch.cuda.get_device_properties(device)
+            fp = {
+                "device": p.name, "capability": f"{p.major}.{p.minor}",
+                "sms": p.multi_processor_count, "driver": _driver_version(),
+                "cuda": torch.version.cuda,
+            }  # fmt: skip
+        else:
+            fp = {"device": device.type, "machine": platform.machine()}
+        fp.update(
+            torch=torch.__version__, triton=_package_version("triton"), dualk_source=source_hash()
+        )
+        _device_fingerprints[name] = fp
+    return fp
+
+
+def cache_dir() -> Path:
+    """$DUALK_CACHE_DIR/autotune (default ~/.cache/dualk/autotune)."""
+    from .backends.cuda import cache_root
+
+    return cache_root() / "autotune"
+
+
+def cache_file(device: torch.device) -> Path:
+    fp = fingerprint(device)
+    digest = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
+    label = "".join(c if c.isalnum() else "-" for c in str(fp["device"]).lower()).strip("-")
+    if "capability" in fp:
+        label += f"-cc{fp['capability']}-{fp['sms']}sm"
+    return cache_dir() / f"{label}-{digest}.json"
+
+
+# ---------------------------------------------------------------------------- disk
+_stores: dict[tuple[Path, str], _Store] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(kind: str, path: Path, message: str) -> None:
+    if (kind, str(path)) not in _warned:
+        _warned.add((kind, str(path)))
+        warnings.warn(message, AutotuneCacheWarning, stacklevel=4)
+
+
+def _store_for(device: torch.device) -> _Store:
+    path = cache_file(device)
+    fp = fingerprint(device)
+    key = (path, json.dumps(fp, sort_keys=True))
+    store = _stores.get(key)
+    if store is None:
+        store = _stores[key] = _Store(path, fp)
+    return store
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (created); without fcntl, or where the file system
+    refuses locks, no lock (the merge still keeps other writers' entries most of the time)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class _Store:
+    """One cache file: its entries in memory, merged into the file on every write."""
+
+    def __init__(self, path: Path, fp: dict):
+        self.path = path
+        self.fingerprint = fp
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.loaded = False
+        self.writable = True
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def _parse(self, raw: bytes) -> tuple[dict | None, str | None]:
+        """(entries, None) for a valid file, else (None, what is wrong)."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            return None, f"not valid JSON ({exc})"
+        if not isinstance(data, dict):
+            return None, "not a JSON object"
+        if data.get("schema") != SCHEMA:
+            return None, f"schema {data.get('schema')!r}, this dualk reads {SCHEMA}"
+        if data.get("fingerprint") != self.fingerprint:
+            return None, "its fingerprint does not match its name"
+        entries = data.get("entries")
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+            return None, "'entries' is not a table of tables"
+        return entries, None
+
+    def _read(self, locked: bool) -> dict:
+        """The file's entries ({} when absent). A bad file is moved aside (under the lock) with
+        one warning."""
+        try:
+            raw = self.path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):  # absent (or the directory is a file)
+            return {}
+        except OSError as exc:
+            _warn_once("read", self.path, f"cannot read the autotune cache {self.path}: {exc}")
+            return {}
+        entries, problem = self._parse(raw)
+        if problem is None:
+            return entries
+        if not locked:  # confirm under the lock: another process may be replacing it
+            try:
+                with _locked(self.lock_path):
+                    return self._read(locked=True)
+            except OSError:
+                return {}
+        aside = self.path.with_name(
+            f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        )
+        try:
+            os.replace(self.path, aside)
+            where = f"moved it to {aside.name}"
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            where = f"could not move it aside ({exc})"
+        _warn_once(
+            "corrupt",
+            self.path,
+            f"dualk autotune cache {self.path} is unusable ({problem}); {where} and starting a "
+            "new one",
+        )
+        return {}
+
+    def _load(self) -> None:
+        if not self.loaded:
+            self.loaded = True
+            for section, table in self._read(locked=False).items():
+                self.entries.setdefault(section, {}).update(table)
+
+    def get(self, section: str, key: str) -> Any:
+        self._load()
+        return self.entries.get(section, {}).get(key)
+
+    def items(self) -> dict[str, dict[str, Any]]:
+        self._load()
+        return self.entries
+
+    def put(self, section: str, key: str, value: Any) -> None:
+        self._load()
+        self.entries.setdefault(section, {})[key] = value
+        if not self.writable:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(self.lock_path):
+                # Union of the file (what other processes wrote) and what this process knows.
+                merged = {sec: dict(table) for sec, table in self._read(locked=True).items()}
+                for sec, table in self.entries.items():
+                    target = merged.setdefault(sec, {})
+                    for k, v in table.items():
+                        target.setdefault(k, v)
+                merged[section][key] = value
+                self.entries = {sec: dict(table) for sec, table in merged.items()}
+                data = {"schema": SCHEMA, "fingerprint": self.fingerprint, "entries": merged}
+                tmp = self.path.with_name(
+                    f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+                )
+                try:
+                    with open(tmp, "w") as f:
+                        json.dump(data, f, indent=1, sort_keys=True)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path)
+                finally:
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
+        except OSError as exc:
+            self.writable = False
+            _warn_once(
+                "write",
+                self.path,
+                f"cannot write the autotune cache under {self.path.parent} ({exc}); tuning "
+                "results stay in memory for this process",
+            )
+
+
+def read_cache_file(path: Path) -> dict:
+    """A cache file's raw content (for `dualk cache show`); raises ValueError when unusable."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError("not a dualk autotune cache file")
+    return data
+
+
+# ---------------------------------------------------------------------------- Triton configs
+class TritonConfigStore:
+    """The Triton launchers' tuned configs (triton_src.common.tuned_config) in the same cache
+    files, section "triton.<namespace>": {class key: {"config": [...], "timings_ms": [[ms,
+    [...]], ...]}}."""
+
+    def get(self, device: torch.device, namespace: str, key: str) -> list | None:
+        with _lock:
+            value = _store_for(device).get(f"triton.{namespace}", key)
+        try:
+            timings = [(float(ms), tuple(cfg)) for ms, cfg in value["timings_ms"]]
+            best = tuple(value["config"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        if not timings or timings[0][1] != best:
+            return [(0.0, best)]
+        return timings
+
+    def put(self, device: torch.device, namespace: str, key: str, timings: list) -> None:
+        value = {
+            "config": list(timings[0][1]),
+            "timings_ms": [[round(float(ms), 5), list(cfg)] for ms, cfg in timings],
+        }
+        with _lock:
+            _store_for(device).put(f"triton.{namespace}", key, value)
+
+
+TRITON_STORE = TritonConfigStore()
+
+
+def triton_config_store() -> TritonConfigStore:
+    return TRITON_STORE
+
+
+# ---------------------------------------------------------------------------- CLI helpers
+def implementation_args(spec: OpSpec, args: tuple, kwargs: dict) -> tuple:
+    """A registry Sample's (args, kwargs) as the positional tuple the implementations take."""
+    import inspect
+
+    bound = inspect.signature(spec.reference).bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = []
+    for name, value in bound.arguments.items():
+        if name in ("alpha", "scale"):
+            value = float(value)
+        elif name in ("weights", "biases"):
+            value = list(value)
+        out.append(value)
+    return tuple(out)
