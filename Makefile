@@ -11,11 +11,11 @@ test:
 	$(PY) -m pytest -q
 
 lint:
-	ruff check dualk triton_src tests bench
-	ruff format --check dualk triton_src tests bench
+	ruff check dualk triton_src tests bench experiments
+	ruff format --check dualk triton_src tests bench experiments
 
 format:
-	ruff format dualk triton_src tests bench
+	ruff format dualk triton_src tests bench experiments
 
 build:
 	$(PY) -m dualk build
@@ -31,5 +31,5 @@ sass:
 	@mkdir -p build/sass
 	@for f in cuda_src/*.cu; do \
 	  nvcc -cubin -std=c++17 -O3 -Icuda_src -gencode=arch=compute_90a,code=sm_90a -o build/sass/$$(basename $$f .cu).cubin $$f && \
-	  cuobjdump --dump-sass build/sass/$$(basename $$f .cu).cubin > build/sass/$$(basename $$f .cu).sass; \
+	  cuobjdump --dump-sass build/sass/$$(basename $$f .cu).cubin > build/sass/$$(basename $$f .cu).sass || exit 1; \
 	done; ls -l build/sass

@@ -8,7 +8,7 @@ OUT=${1:?usage: gpu_explore.sh OUT [parts...]}
 shift
 PARTS=${*:-mlp simt sm90}
 mkdir -p "$OUT"
-F="-O3 -std=c++17 -Icuda_src -Ibench/standalone -gencode=arch=compute_90a,code=sm_90a -Xptxas -v"
+F="-O3 -std=c++17 -Icuda_src -Iexperiments -gencode=arch=compute_90a,code=sm_90a -Xptxas -v"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
 nvcc --version | tail -2 >> "$OUT/gpu.txt"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -16,19 +16,19 @@ t0=$(date +%s)
 if has mlp; then
   mkdir -p "$OUT/mlp"
   rm -f /tmp/mb_*  # a warm machine keeps the last call's binaries
-  shopt -s nullglob  # no bench/standalone/mlp_v_*.cu variants: only the base
+  shopt -s nullglob  # no experiments/mlp_v_*.cu variants: only the base
   # fused_mlp is four translation units; a variant mlp_v_NAME.cu stands in for cuda_src/fused_mlp.cu,
   # or for the file its first line names ("// replaces: cuda_src/fused_mlp_tf32.cu").
-  for src in cuda_src/fused_mlp.cu bench/standalone/mlp_v_*.cu; do
+  for src in cuda_src/fused_mlp.cu experiments/mlp_v_*.cu; do
     name=$(basename "$src" .cu | sed 's/^mlp_v_//; s/^fused_mlp$/base/')
     replaced=$(sed -n '1s|^// replaces: ||p' "$src"); replaced=${replaced:-cuda_src/fused_mlp.cu}
     units=$(ls cuda_src/fused_mlp*.cu | grep -v -x "$replaced")
-    (nvcc $F bench/standalone/mlp_bench.cu "$src" $units -o /tmp/mb_$name > "$OUT/mlp/ptxas_$name.txt" 2>&1 || echo "BUILD FAILED mlp $name") &
+    (nvcc $F experiments/mlp_bench.cu "$src" $units -o /tmp/mb_$name > "$OUT/mlp/ptxas_$name.txt" 2>&1 || echo "BUILD FAILED mlp $name") &
   done
 fi
-has simt && { mkdir -p "$OUT/simt"; (nvcc $F bench/standalone/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }
-has sm90 && { mkdir -p "$OUT/sm90"; (nvcc $F bench/standalone/gemm_sm90_bench.cu -lcublas -lcublasLt -o /tmp/sm90_bench > "$OUT/sm90/ptxas.txt" 2>&1 || echo "BUILD FAILED sm90") & }
-has rsv && { mkdir -p "$OUT/rsv"; (nvcc $F bench/standalone/relu_scale_variants.cu -o /tmp/rsv > "$OUT/rsv/ptxas.txt" 2>&1 || echo "BUILD FAILED rsv") & }
+has simt && { mkdir -p "$OUT/simt"; (nvcc $F experiments/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }
+has sm90 && { mkdir -p "$OUT/sm90"; (nvcc $F experiments/gemm_sm90_bench.cu -lcublas -lcublasLt -o /tmp/sm90_bench > "$OUT/sm90/ptxas.txt" 2>&1 || echo "BUILD FAILED sm90") & }
+has rsv && { mkdir -p "$OUT/rsv"; (nvcc $F experiments/relu_scale_variants.cu -o /tmp/rsv > "$OUT/rsv/ptxas.txt" 2>&1 || echo "BUILD FAILED rsv") & }
 wait
 echo "builds done in $(( $(date +%s) - t0 )) s"
 if has mlp; then
@@ -58,7 +58,7 @@ fi
 if has triton; then
   echo "==================== triton linear_gelu sweep"
   mkdir -p "$OUT/triton"
-  timeout 420 python3 bench/standalone/linear_gelu_sweep.py --out "$OUT/triton/sweep.json" > "$OUT/triton/run.txt" 2>&1; echo "exit $?"
+  timeout 420 python3 experiments/linear_gelu_sweep.py --out "$OUT/triton/sweep.json" > "$OUT/triton/run.txt" 2>&1; echo "exit $?"
   tail -60 "$OUT/triton/run.txt"
 fi
 echo "total $(( $(date +%s) - t0 )) s"

@@ -12,13 +12,13 @@ namespace dualk {
 namespace elementwise {
 
 // Threads per block and 16-byte vectors (or scalar elements) per thread: several independent
-// loads in flight per thread. A template parameter so bench/standalone/elementwise_bench.cu can
+// loads in flight per thread. A template parameter so experiments/elementwise_bench.cu can
 // time alternatives; the library uses DefaultShape.
 template <int kThreadsPerBlock, int kItemsPerThread> struct BlockShape {
   static constexpr int kThreads = kThreadsPerBlock;
   static constexpr int kVecsPerThread = kItemsPerThread;
 };
-// One 16-byte vector per thread measured best on an H200 (bench/standalone/elementwise_bench.cu,
+// One 16-byte vector per thread measured best on an H200 (experiments/elementwise_bench.cu,
 // relu_scale fp32 2^24: 35.8 us = the copy of the same bytes, vs 36.9 us at 4 vectors/thread).
 using DefaultShape = BlockShape<256, 1>;
 

@@ -28,6 +28,10 @@
 // (fp16/bf16: 64/128/256) and the activation.
 // This file: the planner, the launcher and the SIMT kernel; shared definitions in
 // fused_mlp_kernels.cuh.
+// Why it stays one file of ~600 lines: the planner sets the tile rows, weight pitches (dense or
+// padded) and k-slabs that the SIMT kernel's loops are written against, so the two change
+// together; the other kernels already have their own units, and the harness variants under
+// experiments/ (mlp_v_*.cu, mkstamp.py) replace this unit whole.
 #include <cstdio>
 
 #include "fused_mlp_kernels.cuh"
@@ -285,7 +289,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
         // every thread an item, else 2 x 4, 1 x 4, and 1 x 1 where 1 x 4 items would keep at
         // most 2 warps busy (the seed model at batch 32, 2-row tiles: 10.4 -> 9.9 us on an H200;
         // 1 x 1 for the 16-wide last layer of a 64-wide MLP at batch 64K cost 5%). (Measured
-        // against two alternatives, bench/standalone/NOTES-mlp.md: warp tiles of 4 x 8 items,
+        // against two alternatives, experiments/NOTES-mlp.md: warp tiles of 4 x 8 items,
         // and k ranges split over lanes; neither was faster.)
         const SimtPass q{src, dst, w, bias, out + row0 * out_w, h_pitch, w_pitch, col_groups,
                          p.tile_rows, rows, out_w, s0, s_end, final_slab, last,

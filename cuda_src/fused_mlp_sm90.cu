@@ -1,5 +1,8 @@
 // fused_mlp on Hopper (sm_90a): the padded, resident fp16/bf16 MLP (every width <= 64 or <= 128,
 // all layers' weights in shared memory) with wgmma.mma_async instead of mma.sync.
+// Why it stays one file of ~550 lines: it is one kernel (about 300 lines, the layer loop with its
+// descriptors and register fragments) plus its wgmma helpers and its small planner, and none of
+// them has another user.
 //
 // Its own translation unit; shared definitions (MlpKernelParams, store_warp_rows, stage_tile,
 // mma_row_pitch, KernelFn, pick_by_activation) in fused_mlp_kernels.cuh. fused_mlp.cu's planner

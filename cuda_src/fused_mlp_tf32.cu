@@ -17,7 +17,7 @@
 //     The tensor core is modelled as rounding its fp32 sums toward zero (published measurements
 //     of Volta..Ampere), so each k step of 8 starts from a zero accumulator and is added to the
 //     running sum with an ordinary FADD. A CPU model of the 100-128-64-10 seed model at batch
-//     4096 (bench/standalone/tf32x3_error_model.py) then puts the max error at 1.1e-7 (PyTorch
+//     4096 (experiments/tf32x3_error_model.py) then puts the max error at 1.1e-7 (PyTorch
 //     fp32: 1.2e-7; the rule allows 2x + 4 ulp, 4.8e-7), against 9e-7 when one mma accumulator
 //     runs through the whole k loop.
 //   * Activations of the 32-row tile live in shared memory already split (an hi and a lo buffer,

@@ -1,7 +1,9 @@
 // Hopper (sm_90a) GEMM: C[b] = act(A[b] @ B[b] + bias) with TMA loads, wgmma and a persistent,
-// warp-specialized CTA. Framework-free (no torch); the same GemmArgs as gemm.cuh's mma.sync path.
+// warp-specialized CTA. Framework-free (no torch); the same GemmArgs as gemm_mma.cuh's mma.sync
+// path.
 //
-// Per CTA (one per SM, persistent over output tiles, grouped tile order as gemm.cuh's tile_coord):
+// Per CTA (one per SM, persistent over output tiles, grouped tile order as gemm_common.cuh's
+// tile_coord):
 //   * warpgroup 0, the producer: after setmaxnreg.dec to 40 registers, one thread walks the CTA's
 //     tiles and k tiles and issues cp.async.bulk.tensor loads (128-byte swizzle, TMA zero-fills
 //     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
@@ -11,9 +13,9 @@
 //     tile and the whole kBlockN width; per k tile of 64 it issues 4 (k16) x kMSub wgmma m64nNk16
 //     with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
 //     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
-//     from registers: + bias, activation in fp32 (apply_activation, the math of gemm.cuh's
-//     epilogue), down-cast, bounds-checked stores. The producer meanwhile fills the ring with the
-//     next tile, so loads overlap the epilogue.
+//     from registers: + bias, activation in fp32 (apply_activation, the math of the portable
+//     kernels' epilogue), down-cast, bounds-checked stores. The producer meanwhile fills the ring
+//     with the next tile, so loads overlap the epilogue.
 // The ring position (stage, phase) runs on across tiles in both roles, so it never resets.
 //
 // B layouts: k-major (b_k_major, W (n, k) row-major: "TN") is loaded as rows of 64 k, like A;
@@ -33,6 +35,10 @@
 // cudaGetDriverEntryPointByVersion (no libcuda link), and passed as __grid_constant__ params.
 // Device code exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile
 // an empty kernel body, and can_run() is false on any device but compute capability 9.0.
+// run_gemm_best (gemm_select.cuh) calls launch() where can_run() holds.
+// Why it stays one file of ~500 lines: one kernel (producer and consumer roles share the ring,
+// the barriers and the descriptors) and its host side (tensor maps, config choice), with no other
+// user; the other GEMM family members are in gemm_mma.cuh, gemm_simt*.cuh.
 #pragma once
 
 #include <algorithm>
@@ -41,7 +47,6 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "gemm.cuh"
 
 namespace dualk {
 namespace gemm_sm90 {
@@ -500,20 +505,4 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
 }
 
 }  // namespace gemm_sm90
-
-// The GEMM family's entry point: the Hopper kernel where it can run (16-bit, sm_90a build on a
-// 9.0 device, TMA-compatible strides), else the portable kernels of gemm.cuh (which also own
-// the k == 0 and empty cases).
-template <Activation kAct, bool kHasBias>
-cudaError_t run_gemm_best(const GemmArgs& args, cudaStream_t stream) {
-  const bool nonempty = args.batch > 0 && args.m > 0 && args.n > 0 && args.k > 0 &&
-                        args.a != nullptr && args.b != nullptr && args.c != nullptr;
-  if (nonempty && args.dtype != DType::kFloat32 && gemm_sm90::can_run(args)) {
-    return args.dtype == DType::kFloat16
-               ? gemm_sm90::launch<__half, kAct, kHasBias>(args, stream)
-               : gemm_sm90::launch<__nv_bfloat16, kAct, kHasBias>(args, stream);
-  }
-  return gemm::run_gemm<kAct, kHasBias>(args, stream);
-}
-
 }  // namespace dualk

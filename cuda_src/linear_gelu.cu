@@ -1,7 +1,7 @@
 // linear_gelu: C[b] = gelu(A[b] @ B[b] + bias) with B = W^T of an nn.Linear weight W (n, k).
-// The kernels live in gemm_sm90.cuh (Hopper) and gemm.cuh (portable); this file compiles the
+// The kernels live in the gemm_*.cuh family (gemm.cuh lists them); this file compiles the
 // gelu (tanh and erf) x bias / no-bias instantiations.
-#include "gemm_sm90.cuh"  // includes gemm.cuh
+#include "gemm.cuh"
 
 namespace dualk {
 

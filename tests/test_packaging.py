@@ -23,6 +23,7 @@ def test_wheel_carries_kernel_sources(tmp_path):
     for src in sorted((ROOT / "triton_src").glob("*.py")):
         assert f"dualk/triton_src/{src.name}" in names, f"{src.name} missing from the wheel"
     assert any(n.endswith("entry_points.txt") for n in names)
+    assert "dualk/py.typed" in names, "the PEP 561 marker is missing from the wheel"
 
 
 def test_triton_modules_import_from_outside_the_checkout(tmp_path):

@@ -14,7 +14,7 @@ NUM_WARPS = 4
 
 def block_size(element_size: int) -> int:
     # 4 KiB of each operand per program, 4 warps: one or two 16-byte vectors per thread. Measured
-    # best among 1K-16K elements x 4-16 warps on an H200 (bench/standalone/elementwise_triton.py:
+    # best among 1K-16K elements x 4-16 warps on an H200 (experiments/elementwise_triton.py:
     # relu_scale fp32 2^28 508.5 us = copy speed, vs 527.8 us at 4096 x 8 warps).
     return 4096 // element_size
 

@@ -6,7 +6,7 @@ epilogue runs; TMA zero-fills the K / M / N tails and clips the stores, so there
 It joins the tuner's candidates in triton_src/matmul.py only where it can run (sm_90+, 16-byte
 aligned unit-stride rows, one batch) and only for large problems, where the host cost of three
 descriptors per call is hidden behind the kernel. Measured on an H200
-(bench/standalone/NOTES-triton-linear-gelu.md): 0.99-1.05x cuBLAS at 4096^3 (bf16 / fp16), and
+(experiments/NOTES-triton-linear-gelu.md): 0.99-1.05x cuBLAS at 4096^3 (bf16 / fp16), and
 1.03x cuBLASLt's fused gelu epilogue at 8192 x 768 x 3072 with two programs per SM.
 """
 
