@@ -57,7 +57,7 @@ fi
 if [ "$STAGE" = all ] || [ "$STAGE" = integration ] || [ "$STAGE" = tests+integration ]; then
   t0=$(date +%s)
   # dualk inside real models: host cost, training step, fuse(), autotuning costs, GPT-2 (bench/integration.py)
-  $PY bench/integration.py --json "$OUT/integration.json" > "$OUT/integration.txt" 2>&1
+  $PY bench/integration.py --json "$OUT/integration.json" ${INTEGRATION_ONLY:+--only $INTEGRATION_ONLY} > "$OUT/integration.txt" 2>&1
   rc=$?
   echo "integration: rc=$rc in $(( $(date +%s) - t0 )) s"
   tail -n 150 "$OUT/integration.txt"
