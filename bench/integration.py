@@ -129,6 +129,58 @@ def host_costs() -> list[dict]:
     return rows
 
 
+def host_breakdown() -> dict:
+    """Where the host time of a small eager call goes: each layer of dualk.add and
+    dualk.fused_mlp (seed model, B32) timed alone, plus a cProfile of the auto route."""
+    import cProfile
+    import io
+    import pstats
+
+    from dualk import autotune, dispatch, ops
+    from dualk.backends import cuda as cuda_backend
+    from dualk.registry import OPS
+
+    dev = torch.device("cuda")
+    a, b = torch.randn(16, device=dev), torch.randn(16, device=dev)
+    ext = cuda_backend.extension()
+    dualk.add(a, b)
+    seed = [torch.nn.Linear(100, 128), torch.nn.Linear(128, 64), torch.nn.Linear(64, 10)]
+    ws = [m.to(dev).weight.detach() for m in seed]
+    bs = [m.bias.detach() for m in seed]
+    x = torch.randn(32, 100, device=dev)
+    dualk.fused_mlp(x, ws, bs)
+    spec_add, spec_mlp = OPS["add"], OPS["fused_mlp"]
+    parts = {
+        "torch.add": lambda: torch.add(a, b),
+        "torch.empty_like": lambda: torch.empty_like(a),
+        "ext.add_dense": lambda: ext.add_dense(a, b, 1.0),
+        "backends.cuda.add": lambda: cuda_backend.add(a, b, 1.0),
+        "ops._run_add cuda": lambda: ops._run_add(a, b, 1.0, "cuda"),
+        "dualk.add cuda": lambda: dualk.add(a, b, backend="cuda"),
+        "dualk.add auto": lambda: dualk.add(a, b),
+        "ops._direct": lambda: ops._direct(a, b),
+        "ops._check_add": lambda: ops._check_add(a, b, 1.0),
+        "dispatch.requested": lambda: dispatch.requested(spec_add, "auto"),
+        "autotune.choose add": lambda: autotune.choose(spec_add, (a, b, 1.0)),
+        "backends.cuda.fused_mlp": lambda: cuda_backend.fused_mlp(x, ws, bs, "relu"),
+        "ops._check_mlp": lambda: ops._check_mlp(x, ws, bs, "relu"),
+        "autotune.choose fused_mlp": lambda: autotune.choose(spec_mlp, (x, ws, bs, "relu")),
+        "dualk.fused_mlp cuda": lambda: dualk.fused_mlp(x, ws, bs, backend="cuda"),
+        "dualk.fused_mlp auto": lambda: dualk.fused_mlp(x, ws, bs),
+    }
+    out = {name: _median_host_us(fn, calls=2000) for name, fn in parts.items()}
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20000):
+        dualk.add(a, b)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+    out["cProfile dualk.add auto x20000"] = text.getvalue()[-3000:]
+    return out
+
+
 # ------------------------------------------------------------------------------------ train
 def training_step() -> dict:
     from dualk.nn import FusedMLP
@@ -320,7 +372,7 @@ def gpt2() -> dict:
     return out
 
 
-SECTIONS = {"host": host_costs, "train": training_step, "fuse": fuse_inference,
+SECTIONS = {"host": host_costs, "hostprof": host_breakdown, "train": training_step, "fuse": fuse_inference,
             "auto": autotune_costs, "gpt2": gpt2}  # fmt: skip
 
 

@@ -38,6 +38,7 @@ _ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP = (
 MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 
+_FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _PLAIN = (torch.Tensor, Parameter)
@@ -83,8 +84,19 @@ def add(
 
 
 def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
-    _check_add(a, b, alpha)
-    args = (a, b, float(alpha))
+    # The common call passes one test (same dtype, a supported one, same CUDA device, same
+    # shape, a float alpha); anything else gets the full checks and their messages.
+    dtype = a.dtype
+    if not (
+        dtype is b.dtype
+        and dtype in _FLOAT_DTYPES
+        and type(alpha) is float
+        and a.shape == b.shape
+        and a.device == b.device
+    ):
+        _check_add(a, b, alpha)
+        alpha = float(alpha)
+    args = (a, b, alpha)
     return _ADD.implementation(dispatch.choose(_ADD, backend, args))(*args)
 
 
@@ -112,8 +124,10 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
 
 
 def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
-    _check_relu_scale(x, scale)
-    args = (x, float(scale))
+    if not (x.dtype in _FLOAT_DTYPES and type(scale) is float):
+        _check_relu_scale(x, scale)
+        scale = float(scale)
+    args = (x, scale)
     return _RELU_SCALE.implementation(dispatch.choose(_RELU_SCALE, backend, args))(*args)
 
 

@@ -82,6 +82,11 @@ class OpSpec:
     def env_var(self) -> str:
         return f"DUALK_BACKEND_{self.name.upper()}"
 
+    @functools.cached_property
+    def env_key(self) -> bytes:
+        """env_var as os.environ's POSIX bytes key (dualk.dispatch looks it up directly)."""
+        return self.env_var.encode()
+
     @property
     def backends(self) -> tuple[str, ...]:
         return tuple(self.implementations)

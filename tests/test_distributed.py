@@ -49,26 +49,34 @@ def _worker(rank: int, world: int, port: int, use_cuda: bool, backend: str, queu
                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # fmt: skip
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
     try:
-        device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
-        if use_cuda:
-            torch.cuda.set_device(device)
-        fused, plain = _twins(device, torch.float32)
-        fused.backend = backend
-        ddp_fused = torch.nn.parallel.DistributedDataParallel(fused)
-        ddp_plain = torch.nn.parallel.DistributedDataParallel(plain)
-        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
-        x = torch.randn(64, WIDTHS[0], generator=gen).to(device)
-        y = torch.randn(64, WIDTHS[-1], generator=gen).to(device)
-        results = []
-        for model in (ddp_fused, ddp_plain):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            dist.all_reduce(loss.detach())
-            grads = [p.grad.detach().cpu() for p in model.parameters()]
-            results.append((loss.item(), grads))
-        queue.put((rank, results))
+        queue.put((rank, _step(rank, use_cuda, backend)))
+    except Exception as exc:  # the parent reports it instead of waiting for a result
+        import traceback
+
+        queue.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         dist.destroy_process_group()
+
+
+def _step(rank: int, use_cuda: bool, backend: str):
+    device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    fused, plain = _twins(device, torch.float32)
+    fused.backend = backend
+    ddp_fused = torch.nn.parallel.DistributedDataParallel(fused)
+    ddp_plain = torch.nn.parallel.DistributedDataParallel(plain)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    x = torch.randn(64, WIDTHS[0], generator=gen).to(device)
+    y = torch.randn(64, WIDTHS[-1], generator=gen).to(device)
+    results = []
+    for model in (ddp_fused, ddp_plain):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        dist.all_reduce(loss.detach())
+        grads = [p.grad.detach().cpu() for p in model.parameters()]
+        results.append((loss.item(), grads))
+    return results
 
 
 def _run(world: int, use_cuda: bool, backend: str):
@@ -79,7 +87,9 @@ def _run(world: int, use_cuda: bool, backend: str):
              for r in range(world)]  # fmt: skip
     for p in procs:
         p.start()
-    out = [queue.get(timeout=300) for _ in procs]
+    out = [queue.get(timeout=120) for _ in procs]
+    errors = [r for _, r in out if isinstance(r, str)]
+    assert not errors, errors[0]
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
