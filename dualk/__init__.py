@@ -35,6 +35,7 @@ __all__ = [
     "fused_mlp",
     "linear_gelu",
     "matmul",
+    "library",
     "ops",
     "relu_scale",
     "set_default_backend",

@@ -86,14 +86,17 @@ def add(
 def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
     # The common call passes one test (same dtype, a supported one, same CUDA device, same
     # shape, a float alpha); anything else gets the full checks and their messages.
-    dtype = a.dtype
-    if not (
-        dtype is b.dtype
-        and dtype in _FLOAT_DTYPES
-        and type(alpha) is float
-        and a.shape == b.shape
-        and a.device == b.device
-    ):
+    try:
+        common = (
+            a.dtype is b.dtype
+            and a.dtype in _FLOAT_DTYPES
+            and type(alpha) is float
+            and a.shape == b.shape
+            and a.device == b.device
+        )
+    except AttributeError:  # not tensors: the full checks say so
+        common = False
+    if not common:
         _check_add(a, b, alpha)
         alpha = float(alpha)
     args = (a, b, alpha)
@@ -124,7 +127,7 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
 
 
 def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
-    if not (x.dtype in _FLOAT_DTYPES and type(scale) is float):
+    if not (isinstance(x, torch.Tensor) and x.dtype in _FLOAT_DTYPES and type(scale) is float):
         _check_relu_scale(x, scale)
         scale = float(scale)
     args = (x, scale)
