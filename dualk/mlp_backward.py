@@ -15,6 +15,8 @@ backward does not need them.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import ops
@@ -63,15 +65,29 @@ def fused_mlp_backward(x, weights, biases, activation, grad, backend: str, need_
     name, _ = _resolved(backend)
     x2d, g2d = as_rows(x), as_rows(grad)
     kernel = _fused_kernel(x, weights, name)
+    result = None
     if kernel is not None:
-        grad_x, grad_w, grad_b = kernel(x2d, weights, biases, activation, g2d, need_x_grad)
-    else:
-        grad_x, grad_w, grad_b = _layer_chain(
-            x2d, weights, biases, activation, g2d, name, need_x_grad
-        )
+        try:
+            result = kernel(x2d, weights, biases, activation, g2d, need_x_grad)
+        except RuntimeError as exc:  # e.g. no config of the fused kernel compiles here
+            if name == "triton":
+                raise
+            _warn_once(f"the fused Triton backward failed ({exc}); using the layer chain")
+    if result is None:
+        result = _layer_chain(x2d, weights, biases, activation, g2d, name, need_x_grad)
+    grad_x, grad_w, grad_b = result
     if grad_x is not None:
         grad_x = grad_x.reshape(x.shape)
     return grad_x, grad_w, grad_b
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(f"dualk.fused_mlp backward: {message}", RuntimeWarning, stacklevel=3)
 
 
 def _resolved(backend: str) -> tuple[str, str]:
