@@ -1,7 +1,7 @@
 """dualk: PyTorch operators with two hand-written GPU backends (CUDA C++ and Triton) behind one
 dispatcher. Start with `dualk.ops`, `dualk.explain` and `dualk.use_backend`."""
 
-from . import library, ops  # library registers torch.ops.dualk.<op>
+from . import library, nn, ops  # library registers torch.ops.dualk.<op>
 from .dispatch import set_default_backend, use_backend
 from .errors import (
     BackendUnavailableError,
@@ -14,6 +14,7 @@ from .errors import (
     ShapeError,
     UnknownBackendError,
 )
+from .fuse import FuseReport, fuse
 from .ops import add, explain, fused_mlp, linear_gelu, matmul, relu_scale
 from .registry import OPS
 
@@ -32,10 +33,13 @@ __all__ = [
     "UnknownBackendError",
     "add",
     "explain",
+    "fuse",
+    "FuseReport",
     "fused_mlp",
     "linear_gelu",
     "matmul",
     "library",
+    "nn",
     "ops",
     "relu_scale",
     "set_default_backend",

@@ -74,7 +74,8 @@ def _step(rank: int, use_cuda: bool, backend: str):
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         dist.all_reduce(loss.detach())
-        grads = [p.grad.detach().cpu() for p in model.parameters()]
+        # Plain lists: tensors through a queue need their sender alive when they are read.
+        grads = [p.grad.detach().cpu().tolist() for p in model.parameters()]
         results.append((loss.item(), grads))
     return results
 
@@ -97,6 +98,10 @@ def _run(world: int, use_cuda: bool, backend: str):
 
 
 def _check(results) -> None:
+    results = [
+        (rank, [(loss, [torch.tensor(g) for g in grads]) for loss, grads in pair])
+        for rank, pair in results
+    ]
     for _, ((loss_f, grads_f), (loss_p, grads_p)) in results:
         assert abs(loss_f - loss_p) <= 1e-5 * max(1.0, abs(loss_p))
         for gf, gp in zip(grads_f, grads_p):
