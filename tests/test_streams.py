@@ -113,3 +113,26 @@ def test_dense_entry_without_poisoning(op, dtype):
         _alloc.set_poison(True)
     verdict = judge(spec, sample, out)
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"needs a second GPU; this machine has {torch.cuda.device_count()}",
+)
+@pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
+@pytest.mark.parametrize("op,case_name", CASES)
+def test_second_device(op, case_name, backend):
+    """Tensors on cuda:1 while cuda:0 is current: the kernel runs on the tensors' device, under
+    its guard and on its current stream, and the current device is left as it was."""
+    device = torch.device("cuda:1")
+    if backend != "auto" and unavailable_reason(backend, device) is not None:
+        pytest.skip(unavailable_reason(backend, device))
+    spec = OPS[op]
+    dtype = torch.float32 if op == "fused_mlp" else torch.float16
+    sample = spec.case(case_name).make(dtype, device, torch.Generator().manual_seed(5))
+    torch.cuda.set_device(0)
+    out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend=backend)
+    torch.cuda.synchronize(device)
+    assert out.device == device and torch.cuda.current_device() == 0
+    verdict = judge(spec, sample, out)
+    assert verdict.ok, f"{op}/{backend} on cuda:1: {verdict.message}"
