@@ -232,6 +232,28 @@ def training_step() -> dict:
             out[f"dualk.nn.FusedMLP backend={be} ms"] = _device_ms(step(fused))
         except Exception as exc:
             out[f"dualk.nn.FusedMLP backend={be} error"] = f"{type(exc).__name__}: {exc}"[:200]
+    # Where a step's time goes: forward alone (no grad) and the backward op alone, per backend.
+    with torch.no_grad():
+        for be in ("auto", "cuda", "triton"):
+            fused.backend = be
+            out[f"forward only backend={be} ms"] = _device_ms(lambda: fused(x))
+        out["forward only eager ms"] = _device_ms(lambda: seq(x))
+    ws = [m.weight.detach() for m in fused.layers]
+    bs = [m.bias.detach() for m in fused.layers]
+    g = torch.randn(2**18, widths[-1], device=dev, dtype=dtype)
+    from dualk.library import fused_mlp_backward as bwd_op
+
+    for be in ("auto", "triton", "torch"):
+        try:
+            out[f"backward op backend={be} ms"] = _device_ms(
+                lambda be=be: bwd_op(x, ws, bs, 0b11111, "relu", g, be, True)
+            )
+        except Exception as exc:
+            out[f"backward op backend={be} error"] = f"{type(exc).__name__}: {exc}"[:200]
+    from dualk.triton_src import fused_mlp_backward as kernel
+
+    out["fused backward tuning"] = {str(k[2:3]): [(round(ms, 4), c) for ms, c in v[:6]]
+                                    for k, v in kernel.TUNING_LOG.items()}  # fmt: skip
     fused.backend = "auto"
     return out
 

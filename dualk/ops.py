@@ -280,29 +280,35 @@ def _check_mlp(x, weights, biases, activation) -> None:
         validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     validate.tensor("fused_mlp", "x", x)
     validate.ndim_at_least("fused_mlp", "x", x, 1)
-    dtype, device, width = x.dtype, x.device, x.shape[-1]
+    dtype, width = x.dtype, x.shape[-1]
+    # get_device() (an int) instead of .device (a new object per call): -1 on every non-CUDA
+    # device, so off the GPU the exact devices are compared below.
+    index = x.get_device()
     tensor = torch.Tensor
     for i, (w, b) in enumerate(zip(weights, biases)):
         # One cheap test per layer on the hot path; the detailed checks only explain a failure.
         if not (
             isinstance(w, tensor)
-            and w.dim() == 2
-            and w.shape[1] == width
             and w.dtype is dtype
-            and w.device == device
+            and w.get_device() == index
+            and len(ws := w.shape) == 2
+            and ws[1] == width
             and (
                 b is None
                 or (
                     isinstance(b, tensor)
-                    and b.dim() == 1
-                    and b.shape[0] == w.shape[0]
                     and b.dtype is dtype
-                    and b.device == device
+                    and b.get_device() == index
+                    and len(bs := b.shape) == 1
+                    and bs[0] == ws[0]
                 )
             )
         ):
             _explain_bad_layer(x, i, width, w, b)
-        width = w.shape[0]
+        width = ws[0]
+    if index < 0:
+        for i, (w, b) in enumerate(zip(weights, biases)):
+            validate.same_pair("fused_mlp", ("x", x), (f"weights[{i}]", w), (f"biases[{i}]", b))
 
 
 def _explain_bad_layer(x, i, width, w, b) -> None:
