@@ -181,6 +181,62 @@ def host_breakdown() -> dict:
     return out
 
 
+def step_profile() -> dict:
+    """Profiles of one training step (auto) of the `train` MLP and of the seed model's fused
+    inference call: cProfile (host, Python) and torch.profiler (CUDA time per kernel)."""
+    import cProfile
+    import io
+    import pstats
+
+    from dualk.backends import cuda as cuda_backend
+    from dualk.nn import FusedMLP
+
+    dev, dtype = torch.device("cuda"), torch.float16
+    torch.manual_seed(0)
+    fused = FusedMLP((64, 64, 64, 64, 64, 16), device=dev, dtype=dtype)
+    x = torch.randn(2**18, 64, device=dev, dtype=dtype)
+    target = torch.randn(2**18, 16, device=dev, dtype=dtype)
+
+    def step():
+        for p in fused.parameters():
+            p.grad = None
+        torch.nn.functional.mse_loss(fused(x), target).backward()
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    out = {}
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumtime").print_stats(25)
+    out["cProfile 20 training steps (cumtime)"] = text.getvalue()[-5000:]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as p:  # fmt: skip
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    out["torch.profiler 3 steps"] = p.key_averages().table(sort_by="cuda_time_total", row_limit=18)
+    # Seed model inference: the launcher alone against the Python layers above it.
+    seed = [torch.nn.Linear(100, 128), torch.nn.Linear(128, 64), torch.nn.Linear(64, 10)]
+    ws = [m.to(dev).weight.detach() for m in seed]
+    bs = [m.bias.detach() for m in seed]
+    xs = torch.randn(32, 100, device=dev)
+    o = torch.empty(32, 10, device=dev)
+    ext = cuda_backend.extension()
+    out["seed ext.fused_mlp launcher us"] = _median_host_us(lambda: ext.fused_mlp(xs, ws, bs, o, 1))
+    out["seed backends.cuda.fused_mlp us"] = _median_host_us(
+        lambda: cuda_backend.fused_mlp(xs, ws, bs, "relu")
+    )
+    out["seed dualk.fused_mlp auto us"] = _median_host_us(lambda: dualk.fused_mlp(xs, ws, bs))
+    out["torch.empty(32,10) us"] = _median_host_us(lambda: torch.empty(32, 10, device=dev))
+    return out
+
+
 # ------------------------------------------------------------------------------------ train
 def training_step() -> dict:
     from dualk.nn import FusedMLP
@@ -394,7 +450,7 @@ def gpt2() -> dict:
     return out
 
 
-SECTIONS = {"host": host_costs, "hostprof": host_breakdown, "train": training_step, "fuse": fuse_inference,
+SECTIONS = {"host": host_costs, "hostprof": host_breakdown, "profile": step_profile, "train": training_step, "fuse": fuse_inference,
             "auto": autotune_costs, "gpt2": gpt2}  # fmt: skip
 
 
