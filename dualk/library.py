@@ -33,9 +33,13 @@ def _fresh(out: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------- add
+def run_add(a, b, alpha, backend):
+    return _fresh(ops._run_add(a, b, alpha, backend))
+
+
 @torch.library.custom_op(f"{LIB}::add", mutates_args=())
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float, backend: str) -> torch.Tensor:
-    return _fresh(ops._run_add(a, b, alpha, backend))
+    return run_add(a, b, alpha, backend)
 
 
 @add.register_fake
@@ -66,9 +70,13 @@ add.register_autograd(_add_backward, setup_context=_add_setup)
 
 
 # ---------------------------------------------------------------------------------- relu_scale
+def run_relu_scale(x, scale, backend):
+    return _fresh(ops._run_relu_scale(x, scale, backend))
+
+
 @torch.library.custom_op(f"{LIB}::relu_scale", mutates_args=())
 def relu_scale(x: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
-    return _fresh(ops._run_relu_scale(x, scale, backend))
+    return run_relu_scale(x, scale, backend)
 
 
 @relu_scale.register_fake
@@ -93,9 +101,13 @@ relu_scale.register_autograd(_relu_scale_backward, setup_context=_relu_scale_set
 
 
 # -------------------------------------------------------------------------------------- matmul
+def run_matmul(a, b, backend):
+    return _fresh(ops._run_matmul(a, b, backend))
+
+
 @torch.library.custom_op(f"{LIB}::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
-    return _fresh(ops._run_matmul(a, b, backend))
+    return run_matmul(a, b, backend)
 
 
 @matmul.register_fake
@@ -136,6 +148,10 @@ matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 # --------------------------------------------------------------------------------- linear_gelu
+def run_linear_gelu(x, weight, bias, approximate, backend):
+    return _fresh(ops._run_linear_gelu(x, weight, bias, approximate, backend))
+
+
 @torch.library.custom_op(f"{LIB}::linear_gelu", mutates_args=())
 def linear_gelu(
     x: torch.Tensor,
@@ -144,7 +160,7 @@ def linear_gelu(
     approximate: str,
     backend: str,
 ) -> torch.Tensor:
-    return _fresh(ops._run_linear_gelu(x, weight, bias, approximate, backend))
+    return run_linear_gelu(x, weight, bias, approximate, backend)
 
 
 @linear_gelu.register_fake
@@ -198,6 +214,11 @@ def _unpack_biases(layers: int, biases, bias_mask: int) -> list:
     return full
 
 
+def run_fused_mlp(x, weights, biases, bias_mask, activation, backend):
+    full = _unpack_biases(len(weights), biases, bias_mask)
+    return _fresh(ops._run_fused_mlp(x, list(weights), full, activation, backend))
+
+
 @torch.library.custom_op(f"{LIB}::fused_mlp", mutates_args=())
 def fused_mlp(
     x: torch.Tensor,
@@ -207,8 +228,7 @@ def fused_mlp(
     activation: str,
     backend: str,
 ) -> torch.Tensor:
-    full = _unpack_biases(len(weights), biases, bias_mask)
-    return _fresh(ops._run_fused_mlp(x, list(weights), full, activation, backend))
+    return run_fused_mlp(x, weights, biases, bias_mask, activation, backend)
 
 
 @fused_mlp.register_fake
@@ -229,7 +249,10 @@ def _fused_mlp_backward(ctx, grad):
     saved = ctx.saved_tensors
     n = ctx.layers
     x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
-    grad_x, grad_w, grad_b = fused_mlp_backward(
+    # The eager route (dualk/eager_autograd.py) calls the implementation itself; traced
+    # backwards need the registered op.
+    backward = run_fused_mlp_backward if getattr(ctx, "direct", False) else fused_mlp_backward
+    grad_x, grad_w, grad_b = backward(
         x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
         ctx.needs_input_grad[0],
     )  # fmt: skip
@@ -239,17 +262,7 @@ def _fused_mlp_backward(ctx, grad):
 # The backward is an op of its own, so that the choice between the fused Triton backward and
 # the layer chain is made when it runs (never while AOT autograd traces the backward graph) and
 # so that traced backward graphs see fake tensors only.
-@torch.library.custom_op(f"{LIB}::fused_mlp_backward", mutates_args=())
-def fused_mlp_backward(
-    x: torch.Tensor,
-    weights: list[torch.Tensor],
-    biases: list[torch.Tensor],
-    bias_mask: int,
-    activation: str,
-    grad: torch.Tensor,
-    backend: str,
-    need_x_grad: bool,
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def run_fused_mlp_backward(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
     """(grad_x (empty when not needed), grad of each weight, grad of each present bias)."""
     from .mlp_backward import fused_mlp_backward as run
 
@@ -262,6 +275,23 @@ def fused_mlp_backward(
     grad_w = [_own(g) for g in grad_w]
     grad_b = [_own(grad_b[i]) for i in _bias_layers(n, bias_mask)]
     return _fresh(grad_x), grad_w, grad_b
+
+
+@torch.library.custom_op(f"{LIB}::fused_mlp_backward", mutates_args=())
+def fused_mlp_backward(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor],
+    bias_mask: int,
+    activation: str,
+    grad: torch.Tensor,
+    backend: str,
+    need_x_grad: bool,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(grad_x (empty when not needed), grad of each weight, grad of each present bias)."""
+    return run_fused_mlp_backward(
+        x, weights, biases, bias_mask, activation, grad, backend, need_x_grad
+    )
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:

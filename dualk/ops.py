@@ -44,6 +44,18 @@ _is_grad_enabled = torch.is_grad_enabled
 _PLAIN = (torch.Tensor, Parameter)
 
 
+def _recorded(*tensors) -> bool:
+    """The call needs autograd and may take the eager autograd.Function route (not tracing,
+    plain tensors or parameters only): dualk/eager_autograd.py."""
+    if _is_compiling():
+        return False
+    for t in tensors:
+        cls = type(t)
+        if cls is not torch.Tensor and cls is not Parameter and isinstance(t, torch.Tensor):
+            return False
+    return _is_grad_enabled()
+
+
 def _direct(*tensors) -> bool:
     """True when the call can skip PyTorch's dispatcher: not tracing, every tensor a plain
     torch.Tensor or nn.Parameter (fake tensors and other subclasses go through the custom op),
@@ -66,6 +78,20 @@ def _direct(*tensors) -> bool:
 _dualk = torch.ops.dualk  # the registered ops (dualk/library.py registers them on import)
 
 
+class _LazyModule:
+    """dualk.eager_autograd, imported on first use (it imports dualk.library, which imports
+    this module)."""
+
+    def __getattr__(self, name):
+        from . import eager_autograd as module
+
+        globals()["eager_autograd"] = module
+        return getattr(module, name)
+
+
+eager_autograd = _LazyModule()
+
+
 def _library_pack_biases(biases) -> tuple[list, int]:
     """fused_mlp's biases as the registered op takes them (dualk/library.py pack_biases)."""
     present = [b for b in biases if b is not None]
@@ -80,7 +106,10 @@ def add(
     (float32, float16, bfloat16) on one device. Computed in fp32, rounded once."""
     if _direct(a, b):
         return _run_add(a, b, alpha, backend)
-    return _dualk.add(a, b, validate.real_number("add", "alpha", alpha), backend)
+    alpha = validate.real_number("add", "alpha", alpha)
+    if _recorded(a, b):
+        return eager_autograd.apply("add", a, b, alpha, backend)
+    return _dualk.add(a, b, alpha, backend)
 
 
 def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
@@ -123,7 +152,10 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
     """`relu(x) * scale` in one pass; `scale` is a Python number. NaN stays NaN (as torch.relu)."""
     if _direct(x):
         return _run_relu_scale(x, scale, backend)
-    return _dualk.relu_scale(x, validate.real_number("relu_scale", "scale", scale), backend)
+    scale = validate.real_number("relu_scale", "scale", scale)
+    if _recorded(x):
+        return eager_autograd.apply("relu_scale", x, scale, backend)
+    return _dualk.relu_scale(x, scale, backend)
 
 
 def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
@@ -146,6 +178,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     when torch.backends.cuda.matmul.allow_tf32 allows it."""
     if _direct(a, b):
         return _run_matmul(a, b, backend)
+    if _recorded(a, b):
+        return eager_autograd.apply("matmul", a, b, backend)
     return _dualk.matmul(a, b, backend)
 
 
@@ -189,6 +223,8 @@ def linear_gelu(
     if _direct(x, weight, bias):
         return _run_linear_gelu(x, weight, bias, approximate, backend)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
+    if _recorded(x, weight, bias):
+        return eager_autograd.apply("linear_gelu", x, weight, bias, approximate, backend)
     return _dualk.linear_gelu(x, weight, bias, approximate, backend)
 
 
@@ -241,6 +277,8 @@ def fused_mlp(
         return _run_fused_mlp(x, weights, biases, activation, backend)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     present, mask = _library_pack_biases(biases)
+    if _recorded(x, *weights, *biases):
+        return eager_autograd.apply("fused_mlp", x, weights, present, mask, activation, backend)
     return _dualk.fused_mlp(x, weights, present, mask, activation, backend)
 
 

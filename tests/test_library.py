@@ -314,3 +314,23 @@ def test_readme_examples_run():
     assert namespace["y"].shape[-1] == 10 and namespace["y"].grad_fn is not None
     assert namespace["fused"].dualk_fuse_report.fused[0].kind == "FusedMLP"
     assert namespace["model"][0].weight.grad is not None  # the loss reached model's parameters
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_eager_autograd_route_equals_registered_op(op, backend):
+    """Calls that autograd records take dualk/eager_autograd.py in eager mode (cheaper than the
+    registered op's autograd wrapper): same output and same gradients, bit for bit."""
+    _skip_unavailable(backend)
+    sample = _samples(op, torch.float32)[0]
+    eager_args = _as_parameters(sample.args)
+    op_args = _as_parameters(sample.args)
+    out = getattr(dualk, op)(*eager_args, **sample.kwargs, backend=backend)
+    assert "dualk" not in type(out.grad_fn).__name__.lower()  # the Function, not the op
+    ref = getattr(torch.ops.dualk, op)(*_op_args(op, Sample(op_args, sample.kwargs, "")), backend)
+    assert torch.equal(out, ref)
+    weight = torch.randn(out.shape, generator=_gen(op, "route")).to(DEVICE)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    for a, b in zip(_leaves(eager_args), _leaves(op_args)):
+        assert torch.equal(a.grad, b.grad)
