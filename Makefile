@@ -2,7 +2,7 @@
 PY ?= python3
 OUT ?= gpu-out
 
-.PHONY: install test lint format bench gpu sass build
+.PHONY: install test lint format bench gpu sass build sanitize
 
 install:
 	$(PY) -m pip install -c constraints.txt -e ".[dev]"
@@ -25,6 +25,11 @@ bench:
 
 gpu:
 	bash bench/gpu_check.sh $(OUT) all default --compile
+
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the CUDA backend's GPU tests;
+# logs and summary.txt in OUT (bench/sanitize.sh).
+sanitize:
+	bash bench/sanitize.sh $(OUT)
 
 # SASS of every kernel file for sm_90a (look for HMMA / LDG.E.128 / LDL spills).
 sass:

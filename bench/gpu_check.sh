@@ -14,6 +14,7 @@ shift $(( $# < 3 ? $# : 3 ))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export DUALK_CACHE_DIR=${DUALK_CACHE_DIR:-/tmp/dualk-cache}
+export DUALK_HYPOTHESIS_PROFILE=${DUALK_HYPOTHESIS_PROFILE:-gpu}  # tests/conftest.py: more fuzz examples on the GPU
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 PY=${PYTHON:-python3}
 

@@ -308,10 +308,62 @@ def training_step() -> dict:
             out[f"backward op backend={be} error"] = f"{type(exc).__name__}: {exc}"[:200]
     from dualk.triton_src import fused_mlp_backward as kernel
 
+    out["host us per piece (no sync; 20 calls)"] = _training_host_breakdown(
+        fused, seq, step, x, target, ws, bs, g, kernel
+    )
     out["fused backward tuning"] = {str(k[2:3]): [(round(ms, 4), c) for ms, c in v[:6]]
                                     for k, v in kernel.TUNING_LOG.items()}  # fmt: skip
     fused.backend = "auto"
     return out
+
+
+def _host_us(fn, calls=20, prepare=None) -> float:
+    """Median over 5 repeats of host microseconds per fn(item) call, items from prepare() made
+    beforehand, no synchronisation inside (20 calls: the launch queue never fills)."""
+    times = []
+    for _ in range(5):
+        items = prepare(calls) if prepare else [None] * calls
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _training_host_breakdown(fused, seq, step, x, target, ws, bs, g, kernel) -> dict:
+    """Where a training step's host time goes (a step is host-bound when this exceeds its
+    GPU time): whole steps, forward with autograd recording, backward() alone, and the layers
+    of the fused backward below autograd."""
+    from dualk import library, mlp_backward
+
+    mse = torch.nn.functional.mse_loss
+    fused.backend = "auto"
+    out = {
+        "step eager nn.Sequential": _host_us(lambda _: step(seq)()),
+        "step dualk.nn.FusedMLP": _host_us(lambda _: step(fused)()),
+        "forward eager (grad on)": _host_us(lambda _: seq(x)),
+        "forward dualk (grad on)": _host_us(lambda _: fused(x)),
+    }
+    for name, model in (("eager", seq), ("dualk", fused)):
+        out[f"loss.backward() {name}"] = _host_us(
+            lambda loss: loss.backward(),
+            prepare=lambda n, m=model: [mse(m(x), target) for _ in range(n)],
+        )
+    x2d = x
+    out["library.run_fused_mlp_backward (direct)"] = _host_us(
+        lambda _: library.run_fused_mlp_backward(
+            x, ws, bs, 0b11111, "relu", g, "auto", True, own_outputs=False
+        )
+    )
+    out["mlp_backward.fused_mlp_backward"] = _host_us(
+        lambda _: mlp_backward.fused_mlp_backward(x, ws, bs, "relu", g, "auto", True)
+    )
+    out["triton fused_mlp_backward launcher"] = _host_us(
+        lambda _: kernel.fused_mlp_backward(x2d, ws, bs, "relu", g, True)
+    )
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------- fuse
@@ -343,9 +395,26 @@ def fuse_inference() -> dict:
         err = (out - ref).abs().max().item()
         original_us = _wall_us(lambda: model(x))
         fused_us = _wall_us(lambda: fused(x))
+        # Where the fused call's wall time goes, layer by layer down to the C++ launcher.
+        from dualk.backends import cuda as cuda_backend
+
+        inner = [m for m in fused.modules() if isinstance(m, dualk.nn.FusedMLP)]
+        ws = [m.weight for m in (model.layer1, model.layer2, model.layer3)]
+        bs = [m.bias for m in (model.layer1, model.layer2, model.layer3)]
+        o = torch.empty(32, 10, device=dev)
+        ext = cuda_backend.extension()
+        layers = {
+            "FusedMLP module": (lambda: inner[0](x)) if inner else None,
+            "dualk.fused_mlp auto": lambda: dualk.fused_mlp(x, ws, bs),
+            "backends.cuda.fused_mlp": lambda: cuda_backend.fused_mlp(x, ws, bs, "relu"),
+            "ext.fused_mlp launcher (output given)": lambda: ext.fused_mlp(x, ws, bs, o, 1),
+            "torch.cuda.synchronize alone": lambda: None,
+        }
+        breakdown = {k: round(_wall_us(f), 1) for k, f in layers.items() if f is not None}
     return {"batch": 32, "original us": original_us, "fused us": fused_us,
             "speedup": original_us / fused_us, "max abs diff": err, "goal": ">= 3x",
-            "met": original_us / fused_us >= 3.0, "report": str(getattr(fused, "dualk_fuse_report", ""))}  # fmt: skip
+            "met": original_us / fused_us >= 3.0, "wall us per layer": breakdown,
+            "report": str(getattr(fused, "dualk_fuse_report", ""))}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- auto

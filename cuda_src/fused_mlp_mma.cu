@@ -163,10 +163,17 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             if (hidden) {
+              // Columns past a hidden layer's width must be exactly 0 for the next layer: with an
+              // inf input their zero weights give inf * 0 = NaN. acc[.][j][e] is column
+              // chunk*32 + 8j + quad_col + (e & 1); `room` is how many columns from 8j + quad_col on
+              // are real (as in the padded kernel below).
+              const int room = p.widths[layer + 1] - chunk * 32 - quad_col;
 #pragma unroll
               for (int j = 0; j < 4; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mt][j][e] = apply_activation<kAct>(acc[mt][j][e]);
+                for (int e = 0; e < 4; ++e)
+                  acc[mt][j][e] =
+                      j * 8 + (e & 1) < room ? apply_activation<kAct>(acc[mt][j][e]) : 0.0f;
             }
 #pragma unroll
             for (int q = 0; q < 2; ++q) {

@@ -5,6 +5,7 @@ from . import library, nn, ops  # library registers torch.ops.dualk.<op>
 from .dispatch import set_default_backend, use_backend
 from .errors import (
     BackendUnavailableError,
+    BackendWarning,
     ConfigError,
     DeviceMismatchError,
     DtypeError,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "OPS",
     "BackendUnavailableError",
+    "BackendWarning",
     "ConfigError",
     "DeviceMismatchError",
     "DtypeError",

@@ -1,6 +1,9 @@
 """The autotuned backend="auto": time the candidates once per shape class and device, remember the
 winner in memory and on disk.
 
+Why one file of ~800 lines: the key, the timer, the heuristic and the disk cache below are one
+decision path that must stay cheap and traceable; the CLI's table and plotting live elsewhere.
+
 `choose(spec, args)` (called by the dispatcher for "auto", with the positional arguments exactly
 as `spec.implementation(name)(*args)` takes them) builds a key and looks it up in a dict; only a
 miss does more:

@@ -39,3 +39,8 @@ class DtypeError(InvalidTypeError):
 
 class ConfigError(DualkError, ValueError):
     """A config file (DUALK_CONFIG or the default path) that cannot be used; names the file."""
+
+
+class BackendWarning(UserWarning):
+    """A backend cannot be used in this process (e.g. the CUDA extension failed to build), so
+    backend="auto" runs the others; given once, with the reason (and the build log's path)."""

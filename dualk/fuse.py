@@ -5,121 +5,209 @@ The model is traced with torch.fx. A chain is Linear -> act -> Linear -> ... -> 
 every value between two Linears has exactly one user (an intermediate used anywhere else, a
 branch, ends the chain there), every activation is the same (nn.ReLU / nn.GELU / nn.SiLU modules,
 or torch.relu, F.relu, F.gelu(approximate=...), F.silu, Tensor.relu calls; or none at all), and
-the Linears share one dtype and device. A chain of >= 2 Linears becomes a `dualk.nn.FusedMLP`,
-a single Linear followed by GELU a `dualk.nn.LinearGELU`. The fused modules hold the model's own
-nn.Linear modules (the same nn.Parameter objects), and the original submodules stay where they
-were, so optimizers, `state_dict()` keys and checkpoints of the original model keep working.
+the Linears share one dtype (float32, float16 or bfloat16) and device. A chain of >= 2 Linears
+becomes a `dualk.nn.FusedMLP` (split into pieces of at most 8 layers, what one fused kernel
+holds), a single Linear followed by GELU a `dualk.nn.LinearGELU`. Linears and activations that
+are subclasses with their own forward, or have hooks, are not fused.
+
+The fused modules use the model's own nn.Linear modules (the same nn.Parameter objects), and
+every original submodule stays registered where it was: optimizers over `model.parameters()`,
+`state_dict()` keys and checkpoints of the original model keep working with the fused one.
 What cannot be fused is left untouched and listed in the report with the reason.
 
-When tracing fails (data-dependent control flow), each child module is fused on its own
-instead, and the report says so.
+When the model cannot be traced (data-dependent control flow), its children are fused instead:
+an nn.Sequential runs its fused chains inside its own forward (still an nn.Sequential: indexing,
+len, state_dict unchanged), another child module traced on its own runs the fused graph as its
+forward, and an untraceable child is searched in turn. The report says so.
+
+As with any torch.fx trace, Python decisions in `forward` (`if self.training:`, shapes read as
+ints) are fixed at trace time.
+
+Why one file of ~550 lines: finding chains, building the replacement modules and the fallback
+for untraceable models share the chain record and the report; split, each part would need the
+other's internals.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .nn import FusedMLP, LinearGELU, module_activation
+from . import ops
+from .dispatch import check_name
+from .errors import InvalidArgumentError, InvalidTypeError
+from .nn import (
+    FusedMLP,
+    LinearGELU,
+    hooks_of,
+    kernel_activation,
+    linear_problem,
+    module_activation,
+)
 
-_FUNCTION_ACTIVATIONS = {
-    torch.relu: "relu",
-    F.relu: "relu",
-    torch.nn.functional.relu: "relu",
-    F.silu: "silu",
-    F.gelu: "gelu",
-}
+# torch.nn.functional.relu is F.relu; Tensor.relu() is a call_method node, handled apart.
+_FUNCTION_ACTIVATIONS = {torch.relu: "relu", F.relu: "relu", F.silu: "silu", F.gelu: "gelu"}
+MAX_FUSED_LAYERS = 8  # fused_mlp's kernels (Triton and CUDA) hold 1 to 8 layers
+_NONE = ("none", "tanh")
+
+Activation = tuple[str, str]  # (activation, approximate) as dualk.nn.FusedMLP takes them
 
 
 @dataclass
 class FusedChain:
-    name: str  # the new submodule's name
+    """One fused chain: the new module, what it replaced and what it computes."""
+
+    name: str  # the new module's name (in the fused GraphModule, or in a child's fused graph)
     kind: str  # "FusedMLP" or "LinearGELU"
-    nodes: list[str]  # the graph nodes it replaced, in order
+    nodes: list[str]  # what it replaced, in order: module names, or the fx node names of calls
+    modules: list[str]  # the qualified names of its nn.Linear modules
     widths: list[int]
-    activation: str
+    activation: str  # "relu", "gelu(tanh)", "gelu(none)", "silu" or "none"
+    backend: str = "auto"
+
+
+class Skipped(NamedTuple):
+    """A candidate left unfused: where (module or fx node name) and why."""
+
+    where: str
+    reason: str
 
 
 @dataclass
 class FuseReport:
+    """What `dualk.fuse` did: `fused` chains, `skipped` candidates with reasons, `notes`
+    (tracing fallbacks, split chains); `traced` is False when the model itself could not be
+    traced with torch.fx and its children were fused instead. `str(report)` reads as text."""
+
+    model: str = ""
+    traced: bool = True
     fused: list[FusedChain] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (node or module, reason)
+    skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"dualk.fuse: {len(self.fused)} chain(s) fused"]
+        how = "traced with torch.fx" if self.traced else "not traceable: children fused"
+        lines = [
+            f"dualk.fuse({self.model}): {how}; {len(self.fused)} chain(s) fused, "
+            f"{len(self.skipped)} candidate(s) not fused"
+        ]
         for c in self.fused:
             lines.append(
-                f"  {c.name}: {c.kind} widths={c.widths} activation={c.activation} "
-                f"<- {' -> '.join(c.nodes)}"
+                f"  fused {c.name}: {c.kind} widths={c.widths} activation={c.activation} "
+                f"backend={c.backend!r}"
             )
-        for where, why in self.skipped:
-            lines.append(f"  not fused: {where}: {why}")
+            lines.append(f"      <- {' -> '.join(c.nodes)}")
+        for s in self.skipped:
+            lines.append(f"  not fused: {s.where}: {s.reason}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def fuse(
-    model: nn.Module, *, backend: str = "auto", min_layers: int = 1, inplace: bool = False
-) -> nn.Module:
+    model: nn.Module,
+    *,
+    backend: str = "auto",
+    min_layers: int = 1,
+    inplace: bool = False,
+    report: bool = False,
+) -> nn.Module | tuple[nn.Module, FuseReport]:
     """A module computing what `model` computes, whose Linear/activation chains run as dualk
-    fused modules sharing `model`'s parameters (the same nn.Parameter objects: train either one,
-    save either one's state_dict). `model` itself is not modified unless `inplace` (which only
-    matters when tracing fails and children are fused one by one). The report is the returned
-    module's `dualk_fuse_report` attribute (`print(...)` it).
+    fused modules (`dualk.nn.FusedMLP`, `dualk.nn.LinearGELU`) on `backend`.
 
-    min_layers: the fewest Linears a FusedMLP chain needs (single Linear + GELU chains always
-    become LinearGELU)."""
-    report = FuseReport()
-    source = model if inplace else _tree_copy(model)
-    try:
-        gm = fx.symbolic_trace(source)
-    except Exception as exc:  # data-dependent control flow and the like
-        report.notes.append(
-            f"torch.fx could not trace {type(model).__name__} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:120]}); fused its children one by one instead"
+    Returns the rewritten torch.fx GraphModule; for a model fx cannot trace, a copy of the model
+    whose children are fused (see the module docstring). The result shares `model`'s
+    parameters and buffers (the same objects: train either one, save either one's state_dict,
+    same keys) but not its module objects, so `model` is left as it was; with `inplace=True`
+    the result uses `model`'s own submodules (and an untraceable `model` is modified and
+    returned). The report (`FuseReport`) is the result's `dualk_fuse_report` attribute, and
+    with `report=True` the return value is `(module, report)`.
+
+    min_layers: chains of fewer nn.Linear modules are left alone (1: a single Linear + GELU
+    becomes a LinearGELU; 2: only FusedMLPs).
+    Inputs and outputs are those of `model` (fused chains take float32, float16, bfloat16)."""
+    if not isinstance(model, nn.Module):
+        raise InvalidTypeError(f"dualk.fuse: expected an nn.Module, got {type(model).__name__}")
+    check_name(backend, "dualk.fuse(backend=)")
+    if isinstance(min_layers, bool) or not isinstance(min_layers, int) or min_layers < 1:
+        raise InvalidArgumentError(
+            f"dualk.fuse: min_layers must be an int >= 1, got {min_layers!r}"
         )
-        _fuse_children(source, backend, min_layers, report)
-        source.dualk_fuse_report = report
-        return source
-    _fuse_graph(gm, backend, min_layers, report)
-    gm.dualk_fuse_report = report
-    return gm
+    rep = FuseReport(model=type(model).__name__)
+    ctx = _Context(backend, min_layers, rep)
+    source = model if inplace else _copy_sharing_tensors(model)
+    try:
+        gm = _trace(source)
+    except Exception as exc:  # data-dependent control flow and the like
+        rep.traced = False
+        rep.notes.append(
+            f"torch.fx could not trace {type(model).__name__} ({_first_line(exc)}); "
+            "fused its children instead"
+        )
+        _fuse_untraceable(source, ctx, "")
+        result = source
+    else:
+        _fuse_graph(gm, ctx, "")
+        result = gm
+    result.dualk_fuse_report = rep
+    return (result, rep) if report else result
 
 
-def _fuse_children(module: nn.Module, backend, min_layers, report: FuseReport) -> None:
-    for name, child in list(module.named_children()):
-        try:
-            gm = fx.symbolic_trace(child)
-        except Exception:
-            _fuse_children(child, backend, min_layers, report)
-            continue
-        before = len(report.fused)
-        _fuse_graph(gm, backend, min_layers, report, prefix=f"{name}.")
-        if len(report.fused) > before:
-            setattr(module, name, gm)
+# -------------------------------------------------------------------------------- tracing
+class _Tracer(fx.Tracer):
+    """fx's tracer, with dualk's modules as leaves (fuse() of a fused model works) and dualk's
+    public ops recorded as calls when a forward calls them by a global name."""
+
+    def __init__(self, all_leaves: bool = False):
+        funcs = (ops.add, ops.relu_scale, ops.matmul, ops.linear_gelu, ops.fused_mlp)
+        super().__init__(autowrap_functions=funcs)
+        self.all_leaves = all_leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if self.all_leaves:
+            return True
+        return isinstance(m, (FusedMLP, LinearGELU)) or super().is_leaf_module(m, qualname)
 
 
-def _activation_of(gm: fx.GraphModule, node: fx.Node) -> tuple[str, str] | None:
-    """(activation, approximate) when `node` is a fusable activation of one input."""
-    if node.op == "call_module":
-        return module_activation(gm.get_submodule(node.target))
-    if node.op == "call_function" and node.target in _FUNCTION_ACTIVATIONS:
-        kind = _FUNCTION_ACTIVATIONS[node.target]
-        extra = {k: v for k, v in node.kwargs.items() if k not in ("approximate", "inplace")}
-        if len(node.args) != 1 or extra:
-            return None
-        return (kind, node.kwargs.get("approximate", "none") if kind == "gelu" else "tanh")
-    if node.op == "call_method" and node.target == "relu" and len(node.args) == 1:
-        return ("relu", "tanh")
-    return None
+def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
+    tracer = _Tracer(all_leaves)
+    graph = tracer.trace(root)
+    return fx.GraphModule(tracer.root, graph, type(root).__name__)
 
 
-def _linear_of(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
+
+
+@dataclass
+class _Context:
+    backend: str
+    min_layers: int
+    report: FuseReport
+
+    def skip(self, where: str, reason: str) -> None:
+        entry = Skipped(where, reason)
+        if entry not in self.report.skipped:  # a chain walked again from a later start
+            self.report.skipped.append(entry)
+
+
+# ------------------------------------------------------------------------ finding chains
+@dataclass
+class _Chain:
+    nodes: list[fx.Node]  # Linear, act, Linear, ..., Linear (+ GELU for a LinearGELU)
+    linear_at: list[int]  # index in `nodes` of each Linear
+    linears: list[nn.Linear]
+    activation: Activation | None = None  # between the Linears, or the LinearGELU's GELU
+    trailing_gelu: bool = False
+
+
+def _linear_module(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
     if node.op == "call_module":
         m = gm.get_submodule(node.target)
         if isinstance(m, nn.Linear):
@@ -127,139 +215,325 @@ def _linear_of(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
     return None
 
 
-def _single_user(node: fx.Node) -> fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
-def _fuse_graph(gm, backend, min_layers, report: FuseReport, prefix: str = "") -> None:
-    consumed: set[fx.Node] = set()
-    chains = []
-    for node in list(gm.graph.nodes):
-        if node in consumed or _linear_of(gm, node) is None:
-            continue
-        nodes, linears, acts = [node], [_linear_of(gm, node)], []
-        cur = node
-        while True:
-            nxt = _single_user(cur)
-            if nxt is None:
-                if len(cur.users) > 1 and len(linears) >= 1:
-                    report.skipped.append(
-                        (
-                            f"{prefix}{cur.name}",
-                            "its output has several users (a branch): the chain stops here",
-                        )
-                    )
-                break
-            act = _activation_of(gm, nxt)
-            if act is not None:
-                after = _single_user(nxt)
-                lin = _linear_of(gm, after) if after is not None else None
-                if lin is None or after in consumed:
-                    if after is None and len(nxt.users) > 1:
-                        report.skipped.append(
-                            (
-                                f"{prefix}{nxt.name}",
-                                f"its output has {len(nxt.users)} users (a branch): the chain stops before it",
-                            )
-                        )
-                    if act[0] == "gelu" and len(linears) == 1:
-                        acts.append(act)
-                        nodes.append(nxt)  # Linear + GELU: a LinearGELU
-                    break
-                if acts and act != acts[-1]:
-                    report.skipped.append(
-                        (
-                            f"{prefix}{nxt.name}",
-                            f"activation {act} differs from {acts[-1]} earlier in the chain",
-                        )
-                    )
-                    break
-                nodes += [nxt, after]
-                linears.append(lin)
-                acts.append(act)
-                cur = after
-                continue
-            lin = _linear_of(gm, nxt)
-            if lin is not None and nxt not in consumed and (not acts or acts[-1][0] == "none"):
-                nodes.append(nxt)
-                linears.append(lin)
-                acts.append(("none", "tanh"))
-                cur = nxt
-                continue
-            break
-        reason = _unfusable(linears, acts, min_layers)
-        if reason is not None:
-            if len(linears) > 1 or acts:
-                report.skipped.append((f"{prefix}{node.name}", reason))
-            continue
-        consumed.update(nodes)
-        chains.append((nodes, linears, acts))
-    for k, (nodes, linears, acts) in enumerate(chains):
-        _replace(gm, k, nodes, linears, acts, backend, report, prefix)
-    gm.graph.lint()
-    gm.recompile()
-
-
-def _unfusable(linears, acts, min_layers) -> str | None:
-    layer_acts = acts[: len(linears) - 1]
-    if len(linears) == 1:
-        if acts and acts[0][0] == "gelu":
-            return None
-        return "a single Linear without a following GELU (nothing to fuse)"
-    if len(linears) < min_layers:
-        return f"{len(linears)} Linear(s) < min_layers={min_layers}"
-    if len(set(layer_acts)) > 1:
-        return f"mixed activations {layer_acts}"
-    params = [p for lin in linears for p in lin.parameters()]
-    if len({(p.dtype, p.device) for p in params}) > 1:
-        return "the Linears do not share one dtype and device"
+def _call_problem(node: fx.Node, src: fx.Node | None) -> str | None:
+    if len(node.args) != 1 or node.kwargs or (src is not None and node.args[0] is not src):
+        return "called with arguments other than one input"
     return None
 
 
-def _replace(gm, k, nodes, linears, acts, backend, report, prefix) -> None:
-    first, last = nodes[0], nodes[-1]
-    if len(linears) == 1:
-        name, kind = f"dualk_linear_gelu_{k}", "LinearGELU"
-        module = LinearGELU.from_linear(linears[0], approximate=acts[0][1], backend=backend)
-        activation = f"gelu({acts[0][1]})"
+def _activation_of(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> Activation | None:
+    """(activation, approximate) when `node` applies a fusable activation to `src` alone."""
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        act = module_activation(m)
+        if act is None or hooks_of(m) or _call_problem(node, src):
+            return None
+        return act
+    if node.op == "call_function" and node.target in _FUNCTION_ACTIVATIONS:
+        kind = _FUNCTION_ACTIVATIONS[node.target]
+        args, kwargs = list(node.args), dict(node.kwargs)
+        kwargs.pop("inplace", None)  # in place or not: src has no other user
+        approximate = "tanh"
+        if kind == "gelu":
+            approximate = kwargs.pop("approximate", args[1] if len(args) == 2 else "none")
+            args = args[:1]
+        if len(args) != 1 or args[0] is not src or kwargs or approximate not in ("tanh", "none"):
+            return None
+        return (kind, approximate)
+    if node.op == "call_method" and node.target == "relu" and node.args == (src,):
+        return ("relu", "tanh") if not node.kwargs else None
+    return None
+
+
+def _label(node: fx.Node, prefix: str) -> str:
+    return prefix + str(node.target) if node.op == "call_module" else prefix + node.name
+
+
+def _describe(act: Activation) -> str:
+    return f"gelu({act[1]})" if act[0] == "gelu" else act[0]
+
+
+def _walk(gm, start: fx.Node, lin0: nn.Linear, consumed, ctx: _Context, prefix) -> _Chain:
+    """The longest chain starting at the Linear `start` (greedy, forward through single users)."""
+    chain = _Chain([start], [0], [lin0])
+    key0 = _dtype_device(lin0)
+    branch = "its output has {} users (a branch or a reused value): no chain runs past it"
+    cur = start
+    while True:
+        users = list(cur.users)
+        if len(users) != 1:
+            if len(users) > 1:
+                ctx.skip(_label(cur, prefix), branch.format(len(users)))
+            return chain
+        nxt = users[0]
+        act = _activation_of(gm, nxt, cur)
+        if act is None:
+            after, between = nxt, _NONE  # Linear -> Linear with nothing between
+        else:
+            after_users = list(nxt.users)
+            after = after_users[0] if len(after_users) == 1 else None
+            between = act
+            if len(after_users) > 1:
+                ctx.skip(_label(nxt, prefix), branch.format(len(after_users)))
+        lin = None if after is None or after in consumed else _linear_module(gm, after)
+        if lin is not None and (_call_problem(after, nxt if act else cur) or _linear_reject(lin)):
+            lin = None  # reported when that Linear is visited as the start of a chain
+        if lin is not None:
+            problem = None
+            if _dtype_device(lin) != key0:
+                problem = (
+                    f"{_dtype_device(lin)} differs from the chain's {key0} (the Linears must "
+                    "share one dtype and device)"
+                )
+            elif chain.activation not in (None, between):
+                problem = (
+                    f"activation {_describe(between)} differs from "
+                    f"{_describe(chain.activation)} earlier in the chain"
+                )
+            if problem is not None:
+                where = _label(after if act is None else nxt, prefix)
+                ctx.skip(where, f"the chain from {_label(start, prefix)} stops: {problem}")
+                lin = None
+        if lin is None:
+            if act is not None and act[0] == "gelu" and len(chain.linears) == 1:
+                chain.nodes.append(nxt)
+                chain.activation, chain.trailing_gelu = act, True
+            return chain
+        if act is not None:
+            chain.nodes.append(nxt)
+        chain.linear_at.append(len(chain.nodes))
+        chain.nodes.append(after)
+        chain.linears.append(lin)
+        chain.activation = between
+        cur = after
+
+
+def _dtype_device(lin: nn.Linear) -> str:
+    return f"{lin.weight.dtype} on {lin.weight.device}"
+
+
+def _linear_reject(lin: nn.Linear) -> str | None:
+    problem = linear_problem(lin)
+    w, b = lin.weight, lin.bias
+    if problem is None and b is not None and (b.dtype, b.device) != (w.dtype, w.device):
+        problem = "its weight and bias differ in dtype or device"
+    return problem
+
+
+def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]:
+    consumed: set[fx.Node] = set()
+    chains = []
+    for node in gm.graph.nodes:
+        if node in consumed:
+            continue
+        lin = _linear_module(gm, node)
+        if lin is None:
+            continue
+        problem = _call_problem(node, None) or _linear_reject(lin)
+        if problem is not None:
+            ctx.skip(_label(node, prefix), problem)
+            continue
+        chain = _walk(gm, node, lin, consumed, ctx, prefix)
+        n = len(chain.linears)
+        if n == 1 and not chain.trailing_gelu:
+            continue  # a lone Linear: nothing to fuse
+        if n < ctx.min_layers:
+            reason = f"a chain of {n} Linear(s), fewer than min_layers={ctx.min_layers}"
+            ctx.skip(_label(node, prefix), reason)
+            continue
+        consumed.update(chain.nodes)
+        chains.append(chain)
+    return chains
+
+
+# ------------------------------------------------------------------------------ rewriting
+def _fuse_graph(gm: fx.GraphModule, ctx: _Context, prefix: str) -> bool:
+    """Replace every chain in `gm` by a fused module; True when something was fused."""
+    chains = _find_chains(gm, ctx, prefix)
+    for chain in chains:
+        for piece in _split(chain, ctx, prefix):
+            _replace(gm, piece, ctx, prefix)
+    if chains:
+        gm.graph.lint()
+        gm.recompile()
+    return bool(chains)
+
+
+def _split(chain: _Chain, ctx: _Context, prefix: str) -> list[_Chain]:
+    """Chains longer than one kernel holds, as balanced pieces; the activation node between two
+    pieces stays in the graph on its own."""
+    n = len(chain.linears)
+    if n <= MAX_FUSED_LAYERS:
+        return [chain]
+    parts = math.ceil(n / MAX_FUSED_LAYERS)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    pieces = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        first, last = chain.linear_at[lo], chain.linear_at[hi - 1]
+        at = [i - first for i in chain.linear_at[lo:hi]]
+        pieces.append(
+            _Chain(chain.nodes[first : last + 1], at, chain.linears[lo:hi], chain.activation)
+        )
+    ctx.report.notes.append(
+        f"the chain from {_label(chain.nodes[0], prefix)} has {n} Linears, more than one fused "
+        f"kernel holds ({MAX_FUSED_LAYERS}): {parts} FusedMLPs, the activation between them "
+        "runs on its own"
+    )
+    return pieces
+
+
+def _unique_name(gm: nn.Module, base: str) -> str:
+    k = 0
+    while hasattr(gm, f"{base}_{k}"):
+        k += 1
+    return f"{base}_{k}"
+
+
+def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> None:
+    first, last = chain.nodes[0], chain.nodes[-1]
+    act = chain.activation or _NONE
+    if len(chain.linears) == 1:
+        kind, name = "LinearGELU", _unique_name(gm, "dualk_linear_gelu")
+        module: nn.Module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
     else:
-        activation, approximate = acts[0]
-        name, kind = f"dualk_fused_mlp_{k}", "FusedMLP"
-        module = _SharedFusedMLP(linears, activation, approximate, backend)
-        activation = activation + (f"({approximate})" if activation == "gelu" else "")
+        kind, name = "FusedMLP", _unique_name(gm, "dualk_fused_mlp")
+        module = _SharedFusedMLP(chain.linears, act[0], act[1], ctx.backend)
+    linears = [chain.nodes[i] for i in chain.linear_at]
+    module.shared_names = [str(n.target) for n in linears]
     gm.add_submodule(name, module)
     with gm.graph.inserting_after(last):
         new = gm.graph.call_module(name, args=(first.args[0],))
     last.replace_all_uses_with(new)
-    for node in reversed(nodes):
+    for node in reversed(chain.nodes):
         gm.graph.erase_node(node)
-    widths = [linears[0].in_features, *(lin.out_features for lin in linears)]
-    report.fused.append(
-        FusedChain(f"{prefix}{name}", kind, [n.name for n in nodes], widths, activation)
+    widths = [chain.linears[0].in_features, *(lin.out_features for lin in chain.linears)]
+    ctx.report.fused.append(
+        FusedChain(
+            prefix + name,
+            kind,
+            [_label(n, prefix) for n in chain.nodes],
+            [prefix + str(n.target) for n in linears],
+            widths,
+            _describe(act),
+            ctx.backend,
+        )
     )
 
 
 class _SharedFusedMLP(FusedMLP):
-    """A FusedMLP over Linears that stay registered where the model had them: it holds them
-    in a plain tuple, so the fused model's state_dict() keeps exactly the original keys."""
+    """A FusedMLP over Linears that stay registered where the model has them: it holds them in
+    a plain tuple, so the fused model's state_dict() keeps exactly the original keys."""
 
     def __init__(self, linears, activation, approximate, backend):
         nn.Module.__init__(self)
-        from .nn import kernel_activation
-
-        self.kernel_activation = kernel_activation(activation, approximate)
-        self.activation, self.approximate, self.backend = activation, approximate, backend
+        self._set_options(activation, approximate, backend, "dualk.fuse")
         object.__setattr__(self, "_shared", tuple(linears))
+        self.shared_names = [""] * len(linears)  # set by _replace: the Linears' module names
 
     @property
     def layers(self):  # type: ignore[override]
         return self._shared
 
+    def _get_name(self) -> str:
+        return "FusedMLP"
 
-def _tree_copy(module: nn.Module) -> nn.Module:
-    """A copy of the module tree whose modules are new objects but whose parameters and
-    buffers are the original ones (so children can be swapped without touching `module`)."""
-    clone = copy.copy(module)
-    clone._modules = {name: _tree_copy(child) for name, child in module._modules.items()}
-    return clone
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, layers={', '.join(self.shared_names)} (shared)"
+
+
+class _SharedLinearGELU(LinearGELU):
+    """A LinearGELU over a Linear that stays registered where the model has it (no second
+    registration of its parameters, so state_dict() keeps the original keys)."""
+
+    def __init__(self, linear: nn.Linear, approximate: str, backend: str):
+        nn.Module.__init__(self)
+        kernel_activation("gelu", approximate)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.approximate, self.backend = approximate, check_name(backend, "dualk.fuse(backend=)")
+        object.__setattr__(self, "_shared", (linear,))
+        self.shared_names = [""]
+
+    @property
+    def weight(self):  # type: ignore[override]
+        return self._shared[0].weight
+
+    @property
+    def bias(self):  # type: ignore[override]
+        return self._shared[0].bias
+
+    def _get_name(self) -> str:
+        return "LinearGELU"
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, linear={self.shared_names[0]} (shared)"
+
+
+# ------------------------------------------------------------------------ untraceable models
+class _FusedForward:
+    """The forward of a module whose body runs as a fused GraphModule (the fallback for
+    untraceable models: the module object, its attributes, hooks and state_dict stay as they
+    are). If the module's children change afterwards (append, replace), the class's own
+    forward runs instead. A plain object, not a function, so deepcopy and pickle follow it."""
+
+    def __init__(self, owner: nn.Module, graph: fx.GraphModule):
+        self.owner, self.graph = owner, graph
+        self.children = tuple(owner._modules.values())
+
+    def __call__(self, *args, **kwargs):
+        owner = self.owner
+        current = tuple(owner._modules.values())
+        if len(current) == len(self.children) and all(
+            a is b for a, b in zip(current, self.children)
+        ):
+            return self.graph(*args, **kwargs)
+        return type(owner).forward(owner, *args, **kwargs)
+
+
+def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:
+    """Fuse inside `module`, which torch.fx cannot trace as a whole."""
+    if type(module).forward is nn.Sequential.forward:
+        # A Sequential's data flow is its order: trace it with every child as a leaf.
+        _fuse_in_place(module, _trace(module, all_leaves=True), ctx, path)
+    for name, child in module.named_children():
+        if isinstance(child, (nn.Linear, FusedMLP, LinearGELU)) or module_activation(child):
+            continue
+        _fuse_child(child, ctx, f"{path}{name}")
+
+
+def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
+    if type(child).forward is not nn.Sequential.forward:
+        try:
+            gm = _trace(child)
+        except Exception as exc:
+            ctx.report.notes.append(
+                f"{path} ({type(child).__name__}) is not traceable either ({_first_line(exc)}): "
+                "searched its children"
+            )
+        else:
+            _fuse_in_place(child, gm, ctx, path)
+            return
+    _fuse_untraceable(child, ctx, f"{path}.")
+
+
+def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: str) -> None:
+    prefix = path if not path or path.endswith(".") else f"{path}."
+    if _fuse_graph(gm, ctx, prefix):
+        # An instance attribute: nn.Module.__call__ (hooks included) runs it as the forward.
+        object.__setattr__(module, "forward", _FusedForward(module, gm))
+        ctx.report.notes.append(
+            f"{prefix.rstrip('.') or type(module).__name__} ({type(module).__name__}) keeps its "
+            "modules and state_dict; its forward runs the fused graph"
+        )
+
+
+def _copy_sharing_tensors(model: nn.Module) -> nn.Module:
+    """A deep copy of the module tree whose parameters and buffers are the original objects."""
+    memo = {id(t): t for _, t in model.named_parameters(remove_duplicate=False)}
+    memo.update({id(t): t for _, t in model.named_buffers(remove_duplicate=False)})
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"dualk.fuse: could not copy {type(model).__name__} ({_first_line(exc)}); "
+            "fuse(model, inplace=True) fuses it without a copy"
+        ) from exc

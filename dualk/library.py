@@ -251,19 +251,25 @@ def _fused_mlp_backward(ctx, grad):
     x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
     # The eager route (dualk/eager_autograd.py) calls the implementation itself; traced
     # backwards need the registered op.
-    backward = run_fused_mlp_backward if getattr(ctx, "direct", False) else fused_mlp_backward
-    grad_x, grad_w, grad_b = backward(
-        x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
-        ctx.needs_input_grad[0],
-    )  # fmt: skip
+    args = (x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
+            ctx.needs_input_grad[0])  # fmt: skip
+    if getattr(ctx, "direct", False):
+        # Autograd takes the gradients as they come: views of one buffer need no copies.
+        grad_x, grad_w, grad_b = run_fused_mlp_backward(*args, own_outputs=False)
+    else:
+        grad_x, grad_w, grad_b = fused_mlp_backward(*args)
     return (grad_x if ctx.needs_input_grad[0] else None), grad_w, grad_b, None, None, None
 
 
 # The backward is an op of its own, so that the choice between the fused Triton backward and
 # the layer chain is made when it runs (never while AOT autograd traces the backward graph) and
 # so that traced backward graphs see fake tensors only.
-def run_fused_mlp_backward(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
-    """(grad_x (empty when not needed), grad of each weight, grad of each present bias)."""
+def run_fused_mlp_backward(
+    x, weights, biases, bias_mask, activation, grad, backend, need_x_grad, own_outputs=True
+):
+    """(grad_x (empty when not needed), grad of each weight, grad of each present bias).
+    own_outputs: copy gradients that are views (of the fused kernel's one output buffer) into
+    tensors of their own, as a registered op's outputs must be."""
     from .mlp_backward import fused_mlp_backward as run
 
     n = len(weights)
@@ -271,9 +277,10 @@ def run_fused_mlp_backward(x, weights, biases, bias_mask, activation, grad, back
     grad_x, grad_w, grad_b = run(x, list(weights), full, activation, grad, backend, need_x_grad)
     if grad_x is None:
         grad_x = x.new_empty((0,))
-    # Fresh tensors each (an op's outputs may not alias one another).
-    grad_w = [_own(g) for g in grad_w]
-    grad_b = [_own(grad_b[i]) for i in _bias_layers(n, bias_mask)]
+    grad_b = [grad_b[i] for i in _bias_layers(n, bias_mask)]
+    if own_outputs:  # an op's outputs may not alias one another
+        grad_w = [_own(g) for g in grad_w]
+        grad_b = [_own(g) for g in grad_b]
     return _fresh(grad_x), grad_w, grad_b
 
 

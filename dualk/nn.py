@@ -4,43 +4,94 @@
   state_dict keys ("weight", "bias") exactly as nn.Linear's.
 - `FusedMLP`: a whole Linear/activation stack in one launch (`dualk.fused_mlp`); its layers are
   plain nn.Linear modules in `self.layers` (keys "layers.0.weight", ...), so init, optimizers,
-  DDP and checkpoints treat it as the nn.Linear stack it is.
+  DDP and checkpoints treat it as the nn.Linear stack it is. A state_dict saved from the
+  equivalent nn.Sequential ("0.weight", "2.weight", ...) loads with
+  `FusedMLP.load_sequential_state_dict` (explicitly: `load_state_dict` itself takes only this
+  module's own keys); `to_sequential().state_dict()` writes one.
 
 Both keep autograd (the ops' registered backward) and take `backend=` like every dualk op.
 """
 
 from __future__ import annotations
 
+import numbers
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from . import ops
-from .errors import InvalidArgumentError
+from .dispatch import check_name
+from .errors import InvalidArgumentError, InvalidTypeError
+from .validate import FLOAT_DTYPES
 
 GELU_APPROXIMATIONS = ("tanh", "none")
 MODULE_ACTIVATIONS = ("relu", "gelu", "silu", "none")
+_ACTIVATION_TYPES = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu"}
 
 
 def kernel_activation(activation: str, approximate: str = "tanh") -> str:
-    """fused_mlp's activation name for a module-level (activation, approximate) pair."""
+    """fused_mlp's activation name for a module-level (activation, approximate) pair:
+    ("gelu", "tanh") -> "gelu_tanh", ("gelu", "none") -> "gelu_erf", others unchanged."""
     if activation not in MODULE_ACTIVATIONS:
         raise InvalidArgumentError(
             f"dualk.nn: activation must be one of {MODULE_ACTIVATIONS}, got {activation!r}"
         )
+    if approximate not in GELU_APPROXIMATIONS:
+        raise InvalidArgumentError(
+            f"dualk.nn: approximate must be 'tanh' or 'none' (as nn.GELU), got {approximate!r}"
+        )
     if activation == "gelu":
-        if approximate not in GELU_APPROXIMATIONS:
-            raise InvalidArgumentError(
-                f"dualk.nn: approximate must be 'tanh' or 'none' (as nn.GELU), got {approximate!r}"
-            )
         return "gelu_tanh" if approximate == "tanh" else "gelu_erf"
     return activation
 
 
+def module_activation(m: nn.Module) -> tuple[str, str] | None:
+    """(activation, approximate) of an activation module dualk can fuse (nn.ReLU, nn.GELU,
+    nn.SiLU, not a subclass with its own forward), else None."""
+    for cls, name in _ACTIVATION_TYPES.items():
+        if isinstance(m, cls) and type(m).forward is cls.forward:
+            return (name, m.approximate if name == "gelu" else "tanh")
+    return None
+
+
+def activation_module(activation: str, approximate: str = "tanh") -> nn.Module:
+    """The torch.nn module of a module-level activation name."""
+    if activation == "gelu":
+        return nn.GELU(approximate=approximate)
+    return {"relu": nn.ReLU, "silu": nn.SiLU, "none": nn.Identity}[activation]()
+
+
+def linear_problem(m: nn.Linear, check_dtype: bool = True) -> str | None:
+    """Why running this nn.Linear inside a fused kernel would change what the model computes or
+    fail where the model runs (None when it would not)."""
+    if type(m).forward is not nn.Linear.forward:
+        return f"{type(m).__name__} overrides nn.Linear.forward"
+    if hooks_of(m):
+        return f"it has {hooks_of(m)} (a fused kernel would skip them)"
+    dtype = m.weight.dtype
+    if check_dtype and dtype not in FLOAT_DTYPES:
+        return f"its weight is {dtype}; dualk's kernels take float32, float16 and bfloat16"
+    return None
+
+
+def hooks_of(m: nn.Module) -> str:
+    """'forward hooks, ...' for the per-module hooks a fused kernel would bypass ('' if none)."""
+    kinds = {
+        "forward hooks": "_forward_hooks",
+        "forward pre-hooks": "_forward_pre_hooks",
+        "backward hooks": "_backward_hooks",
+        "backward pre-hooks": "_backward_pre_hooks",
+    }
+    return ", ".join(k for k, attr in kinds.items() if getattr(m, attr, None))
+
+
 class LinearGELU(nn.Module):
-    """`gelu(x @ weight.T + bias)` in one kernel. x (..., in_features) -> (..., out_features);
-    float32, float16 or bfloat16. `approximate` as nn.GELU ("tanh" or "none")."""
+    """`gelu(x @ weight.T + bias)` in one kernel. x (..., in_features) -> (..., out_features),
+    float32, float16 or bfloat16 (the parameters' dtype). `approximate` as nn.GELU ("tanh" or
+    "none"). Parameters `weight` (out_features, in_features) and `bias` (out_features,) or None,
+    initialised and named as nn.Linear's."""
 
     def __init__(
         self,
@@ -54,23 +105,32 @@ class LinearGELU(nn.Module):
     ):
         super().__init__()
         kernel_activation("gelu", approximate)
+        _check_bias_flag("LinearGELU", bias)
+        # nn.Linear's own constructor: the same init and the same random draws.
         lin = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight, self.bias = lin.weight, lin.bias
-        self.approximate, self.backend = approximate, backend
+        self.approximate, self.backend = approximate, check_name(backend, "LinearGELU(backend=)")
 
     @classmethod
     def from_linear(
         cls, linear: nn.Linear, approximate: str = "tanh", backend: str = "auto"
     ) -> LinearGELU:
-        """A LinearGELU sharing `linear`'s parameters (the same nn.Parameter objects)."""
+        """A LinearGELU over `linear`'s parameters (the same nn.Parameter objects, not copies):
+        `LinearGELU.from_linear(lin)(x) == gelu(lin(x))`."""
+        _check_linears("LinearGELU.from_linear", [linear])
         kernel_activation("gelu", approximate)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight, module.bias = linear.weight, linear.bias
-        module.approximate, module.backend = approximate, backend
+        module.approximate = approximate
+        module.backend = check_name(backend, "LinearGELU.from_linear(backend=)")
         return module
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialisation."""
+        nn.Linear.reset_parameters(self)  # type: ignore[arg-type]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear_gelu(
@@ -86,36 +146,56 @@ class LinearGELU(nn.Module):
 
 
 class FusedMLP(nn.Module):
-    """`L_n(act(... act(L_1(x))))` in one kernel launch. `widths` = (in, hidden..., out), 1 to 8
-    layers in one kernel (wider MLPs run as a per-layer chain, see dualk.explain); activation
-    "relu" | "gelu" (with `approximate` "tanh" | "none", as nn.GELU) | "silu" | "none", after
-    every layer but the last. x (..., widths[0]) -> (..., widths[-1])."""
+    """`L_n(act(... act(L_1(x))))` in one kernel launch. `widths` = (in, hidden..., out): 1 to 8
+    layers run in one kernel (more, or wider than the kernels hold, run as a per-layer chain:
+    see dualk.explain). activation "relu" | "gelu" (with `approximate` "tanh" | "none", as
+    nn.GELU) | "silu" | "none", after every layer but the last. x (..., widths[0]) ->
+    (..., widths[-1]), float32, float16 or bfloat16 (the parameters' dtype).
+
+    `layers` is an nn.ModuleList of plain nn.Linear (nn.Linear's init; state_dict keys
+    "layers.<i>.weight" / "layers.<i>.bias")."""
 
     def __init__(
         self,
         widths: Sequence[int],
         activation: str = "relu",
-        approximate: str = "tanh",
         bias: bool = True,
         backend: str = "auto",
         device=None,
         dtype=None,
+        *,
+        approximate: str = "tanh",
     ):
         super().__init__()
-        widths = [int(w) for w in widths]
-        if len(widths) < 2:
+        try:
+            widths = [w.item() if isinstance(w, torch.Tensor) else w for w in widths]
+        except TypeError:
+            raise InvalidTypeError(
+                f"dualk.nn.FusedMLP: widths must be a sequence of ints, got {type(widths).__name__}"
+            ) from None
+        if len(widths) < 2 or any(
+            isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < 1 for w in widths
+        ):
             raise InvalidArgumentError(
-                f"dualk.nn.FusedMLP: widths must list at least (in, out), got {widths}"
+                f"dualk.nn.FusedMLP: widths must be (in, hidden..., out), at least two positive "
+                f"ints, got {list(widths)}"
             )
-        self.kernel_activation = kernel_activation(activation, approximate)
-        self.activation, self.approximate, self.backend = activation, approximate, backend
+        widths = [int(w) for w in widths]
+        _check_bias_flag("FusedMLP", bias)
+        self._set_options(activation, approximate, backend, "FusedMLP")
         self.layers = nn.ModuleList(
             nn.Linear(i, o, bias=bias, device=device, dtype=dtype)
             for i, o in zip(widths[:-1], widths[1:])
         )
 
+    def _set_options(self, activation, approximate, backend, where) -> None:
+        self.kernel_activation = kernel_activation(activation, approximate)
+        self.activation, self.approximate = activation, approximate
+        self.backend = check_name(backend, f"{where}(backend=)")
+
     @property
     def widths(self) -> list[int]:
+        """(in, hidden..., out) of the current layers."""
         return [self.layers[0].in_features, *(lin.out_features for lin in self.layers)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,55 +213,90 @@ class FusedMLP(nn.Module):
         cls,
         linears: Sequence[nn.Linear],
         activation: str = "relu",
-        approximate: str = "tanh",
         backend: str = "auto",
+        *,
+        approximate: str = "tanh",
     ) -> FusedMLP:
-        """A FusedMLP whose layers ARE these nn.Linear modules (parameters shared)."""
+        """A FusedMLP whose layers ARE these nn.Linear modules (parameters shared, not
+        copied). They must chain (out_features of one = in_features of the next) and share one
+        dtype and device."""
+        linears = list(linears)
+        _check_linears("FusedMLP.from_linears", linears)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module.kernel_activation = kernel_activation(activation, approximate)
-        module.activation, module.approximate, module.backend = activation, approximate, backend
+        module._set_options(activation, approximate, backend, "FusedMLP.from_linears")
         module.layers = nn.ModuleList(linears)
-        _check_chain("FusedMLP.from_linears", list(linears))
         return module
 
     @classmethod
     def from_sequential(cls, seq: nn.Sequential, backend: str = "auto") -> FusedMLP:
-        """From nn.Sequential(Linear, act, Linear, act, ..., Linear), sharing its parameters.
-        Activations: nn.ReLU, nn.GELU(approximate=...), nn.SiLU, or none between Linears (all
-        the same); nn.Identity and nn.Dropout in eval mode are skipped."""
-        linears, acts = [], []
-        pending = None
+        """From nn.Sequential(Linear, act, Linear, act, ..., Linear), sharing its nn.Linear
+        modules (and so its parameters). Activations: nn.ReLU, nn.GELU(approximate=...),
+        nn.SiLU, all the same; nn.Identity (and nn.Dropout with p=0) count as nothing, and two
+        Linears with nothing between make activation "none". Anything else raises ValueError
+        naming the module."""
+        where = "dualk.nn.FusedMLP.from_sequential"
+        if not isinstance(seq, nn.Sequential):
+            raise InvalidTypeError(f"{where}: expected an nn.Sequential, got {type(seq).__name__}")
+        linears: list[nn.Linear] = []
+        # (where, activation) between consecutive Linears
+        acts: list[tuple[str, tuple[str, str]]] = []
+        pending: tuple[str, tuple[str, str]] | None = None
+        last_linear = ""
         for name, m in seq.named_children():
             if isinstance(m, nn.Linear):
                 if linears:
-                    acts.append(pending or ("none", "tanh"))
+                    prev = linears[-1]
+                    if prev.out_features != m.in_features:
+                        raise InvalidArgumentError(
+                            f"{where}: module {name!r} ({m}) takes {m.in_features} features but "
+                            f"module {last_linear!r} gives {prev.out_features}"
+                        )
+                    none = (f"nothing between {last_linear!r} and {name!r}", ("none", "tanh"))
+                    acts.append(pending or none)
+                    if acts[-1][1] != acts[0][1]:
+                        raise InvalidArgumentError(
+                            f"{where}: all activations must be the same: {acts[-1][0]} "
+                            f"({_describe(acts[-1][1])}) differs from {acts[0][0]} "
+                            f"({_describe(acts[0][1])})"
+                        )
+                problem = linear_problem(m, check_dtype=False)
+                if problem is not None:
+                    raise InvalidArgumentError(f"{where}: module {name!r}: {problem}")
                 linears.append(m)
-                pending = None
+                last_linear, pending = name, None
                 continue
-            if isinstance(m, nn.Identity) or (isinstance(m, nn.Dropout) and not m.training):
+            if type(m) is nn.Identity or (type(m) is nn.Dropout and m.p == 0):
                 continue
             act = module_activation(m)
-            if act is None or not linears or pending is not None:
+            if act is None:
                 raise InvalidArgumentError(
-                    f"dualk.nn.FusedMLP.from_sequential: module {name!r} ({type(m).__name__}) "
-                    "does not fit Linear, activation, Linear, ..., Linear"
+                    f"{where}: module {name!r} ({type(m).__name__}) is not nn.Linear, nn.ReLU, "
+                    "nn.GELU, nn.SiLU or nn.Identity"
                 )
-            pending = act
-        if not linears or pending is not None:
+            if hooks_of(m):
+                raise InvalidArgumentError(
+                    f"{where}: module {name!r} has {hooks_of(m)} (a fused kernel would skip them)"
+                )
+            if not linears or pending is not None:
+                raise InvalidArgumentError(
+                    f"{where}: module {name!r} ({type(m).__name__}) must sit between two "
+                    "nn.Linear modules (Linear, activation, Linear, ..., Linear)"
+                )
+            pending = (f"module {name!r}", act)
+        if not linears:
+            raise InvalidArgumentError(f"{where}: the Sequential has no nn.Linear")
+        if pending is not None:
             raise InvalidArgumentError(
-                "dualk.nn.FusedMLP.from_sequential: the Sequential must start and end with "
-                "nn.Linear (a trailing activation is not part of fused_mlp)"
+                f"{where}: {pending[0]} follows the last nn.Linear; fused_mlp applies "
+                "no activation after its last layer (fuse the Sequential without it)"
             )
-        if len(set(acts)) > 1:
-            raise InvalidArgumentError(
-                f"dualk.nn.FusedMLP.from_sequential: all activations must be the same, got {acts}"
-            )
-        activation, approximate = acts[0] if acts else ("none", "tanh")
-        return cls.from_linears(linears, activation, approximate, backend)
+        activation, approximate = acts[0][1] if acts else ("none", "tanh")
+        return cls.from_linears(linears, activation, backend, approximate=approximate)
 
     def to_sequential(self) -> nn.Sequential:
-        """The equivalent nn.Sequential, sharing this module's parameters."""
+        """The equivalent nn.Sequential(Linear, act, ..., Linear), sharing this module's
+        nn.Linear modules; its state_dict has the Sequential's keys ("0.weight", "2.weight")."""
         modules: list[nn.Module] = []
         for i, lin in enumerate(self.layers):
             if i:
@@ -189,44 +304,78 @@ class FusedMLP(nn.Module):
             modules.append(lin)
         return nn.Sequential(*modules)
 
-    def load_sequential_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict=True):
-        """Load a state_dict saved from the equivalent nn.Sequential (keys "0.weight",
-        "2.weight", ...: Linears at the even positions between activations)."""
-        return self.to_sequential().load_state_dict(state_dict, strict=strict)
+    def load_sequential_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], strict: bool = True, assign: bool = False
+    ):
+        """Load a state_dict saved from the equivalent nn.Sequential: keys "<i>.weight" and
+        "<i>.bias" where the i holding a weight, in increasing order, are this module's layers
+        ("0.", "2.", "4." with activations between; any other numbering of the Linears works
+        too). Returns load_state_dict's (missing_keys, unexpected_keys), in this module's
+        names. Tensors are copied into the parameters (unless `assign`)."""
+        numbered: dict[int, dict[str, torch.Tensor]] = {}
+        other: dict[str, torch.Tensor] = {}
+        for key, value in state_dict.items():
+            m = re.fullmatch(r"(\d+)\.(.+)", key)
+            if m is None:
+                other[key] = value  # load_state_dict reports it as unexpected
+            else:
+                numbered.setdefault(int(m.group(1)), {})[m.group(2)] = value
+        linear_ids = sorted(i for i, entries in numbered.items() if "weight" in entries)
+        if len(linear_ids) != len(self.layers):
+            raise InvalidArgumentError(
+                f"dualk.nn.FusedMLP.load_sequential_state_dict: the state_dict holds "
+                f"{len(linear_ids)} Linear weight(s) (at {linear_ids}), this module has "
+                f"{len(self.layers)} layers"
+            )
+        remapped = {f"layers.{k}.{rest}": v
+                    for k, i in enumerate(linear_ids) for rest, v in numbered[i].items()}  # fmt: skip
+        for i in sorted(set(numbered) - set(linear_ids)):  # e.g. an activation with a buffer
+            other.update({f"{i}.{rest}": v for rest, v in numbered[i].items()})
+        return self.load_state_dict({**remapped, **other}, strict=strict, assign=assign)
 
     def extra_repr(self) -> str:
-        act = self.activation + (
-            f"(approximate={self.approximate!r})" if self.activation == "gelu" else ""
+        return (
+            f"widths={self.widths}, activation={_describe((self.activation, self.approximate))}"
+            f", backend={self.backend!r}"
         )
-        return f"widths={self.widths}, activation={act}, backend={self.backend!r}"
 
 
-def module_activation(m: nn.Module) -> tuple[str, str] | None:
-    """(activation, approximate) of an activation module dualk fuses, else None."""
-    if isinstance(m, nn.ReLU):
-        return ("relu", "tanh")
-    if isinstance(m, nn.GELU):
-        return ("gelu", m.approximate)
-    if isinstance(m, nn.SiLU):
-        return ("silu", "tanh")
-    return None
+def _check_bias_flag(where: str, bias) -> None:
+    # A string here is most likely an `approximate` passed by position.
+    if not isinstance(bias, bool):
+        raise InvalidTypeError(
+            f"dualk.nn.{where}: bias must be True or False, got {bias!r} (approximate= is a "
+            "keyword argument)"
+        )
 
 
-def activation_module(activation: str, approximate: str = "tanh") -> nn.Module:
-    return {
-        "relu": nn.ReLU,
-        "gelu": lambda: nn.GELU(approximate=approximate),
-        "silu": nn.SiLU,
-        "none": nn.Identity,
-    }[activation]()
+def _describe(act: tuple[str, str]) -> str:
+    return f"gelu(approximate={act[1]!r})" if act[0] == "gelu" else act[0]
 
 
-def _check_chain(where: str, linears: list[nn.Linear]) -> None:
+def _check_linears(where: str, linears: list[nn.Linear]) -> None:
     if not linears:
         raise InvalidArgumentError(f"dualk.nn.{where}: no nn.Linear layers")
+    for i, lin in enumerate(linears):
+        if not isinstance(lin, nn.Linear):
+            raise InvalidTypeError(
+                f"dualk.nn.{where}: layer {i} must be an nn.Linear, got {type(lin).__name__}"
+            )
+        problem = linear_problem(lin, check_dtype=False)
+        if problem is not None:
+            raise InvalidArgumentError(f"dualk.nn.{where}: layer {i}: {problem}")
     for i, (a, b) in enumerate(zip(linears[:-1], linears[1:])):
         if a.out_features != b.in_features:
             raise InvalidArgumentError(
                 f"dualk.nn.{where}: layer {i} gives {a.out_features} features but layer {i + 1} "
                 f"takes {b.in_features}"
             )
+    first = linears[0].weight
+    for i, lin in enumerate(linears):
+        for name, p in lin.named_parameters():
+            if p.dtype != first.dtype or p.device != first.device:
+                raise InvalidArgumentError(
+                    f"dualk.nn.{where}: layer {i}'s {name} is {p.dtype} on {p.device}, layer 0's "
+                    f"weight {first.dtype} on {first.device}: the layers must share one dtype "
+                    "and device"
+                )

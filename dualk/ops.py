@@ -284,20 +284,26 @@ def fused_mlp(
 
 def _mlp_lists(weights, biases) -> tuple[list, list]:
     """weights and biases as lists (any sequence, not a tensor or a one-shot iterator)."""
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
         raise InvalidTypeError(
             "dualk.fused_mlp: 'weights' must be a non-empty list (or tuple) of 2-dim tensors, "
             f"got {type(weights).__name__}"
         )
+    if not weights:  # the right type with the wrong count of layers: a ValueError
+        raise InvalidArgumentError(
+            "dualk.fused_mlp: 'weights' must be a non-empty list (or tuple) of 2-dim tensors, "
+            "got an empty one"
+        )
     if biases is None:
         biases = [None] * len(weights)
-    if (
-        isinstance(biases, torch.Tensor)
-        or not isinstance(biases, Sequence)
-        or len(biases) != len(weights)
-    ):
-        got = f"{len(biases)} entries" if isinstance(biases, Sequence) else type(biases).__name__
+    if isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence):
         raise InvalidTypeError(
+            f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
+            f"({len(weights)} layers), or None; got {type(biases).__name__}"
+        )
+    if len(biases) != len(weights):
+        got = f"{len(biases)} entries"
+        raise InvalidArgumentError(
             f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
             f"({len(weights)} layers), or None; got {got}"
         )

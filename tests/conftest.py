@@ -18,6 +18,25 @@ dualk._alloc.set_poison(True)
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
+# Hypothesis profiles (tests/test_fuzz.py): "ci" by default, "gpu" with
+# DUALK_HYPOTHESIS_PROFILE=gpu (bench/gpu_check.sh's GPU run). No example database: the runs are
+# derandomized in CI, and failures print a reproduction blob.
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is in the "test" extra; test_fuzz.py skips without it
+    pass
+else:
+    _slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile(
+        "ci", max_examples=200, deadline=None, derandomize=True, database=None,
+        print_blob=True, suppress_health_check=_slow,
+    )  # fmt: skip
+    settings.register_profile(  # DUALK_HYPOTHESIS_EXAMPLES overrides the count
+        "gpu", max_examples=int(os.environ.get("DUALK_HYPOTHESIS_EXAMPLES", "400")), deadline=None,
+        database=None, print_blob=True, suppress_health_check=_slow,
+    )  # fmt: skip
+    settings.load_profile(os.environ.get("DUALK_HYPOTHESIS_PROFILE", "ci"))
+
 
 @pytest.fixture
 def device() -> torch.device:

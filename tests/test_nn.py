@@ -1,21 +1,23 @@
-"""dualk.nn modules and dualk.fuse on real nn.Module models: outputs against the float64
-reference of the unfused model, parameters shared (not copied), state_dict compatibility both
-ways, gradients reaching the original parameters, and fuse()'s report."""
+"""dualk.nn modules (FusedMLP, LinearGELU) against the nn.Linear models they stand for: outputs
+and gradients against the float64 reference of the unfused model, nn.Linear's init and
+state_dict keys, state_dicts both ways, parameters shared (not copied) by from_sequential /
+from_linear, errors naming the offending module, torch.compile without graph breaks."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import DEVICE
 from torch import nn
 
-import dualk
 from dualk.backends import unavailable_reason
-from dualk.fuse import fuse
 from dualk.nn import FusedMLP, LinearGELU
 
 BACKENDS = ("torch", "triton", "cuda")
+ACTIVATIONS = [("relu", "tanh"), ("gelu", "tanh"), ("gelu", "none"), ("silu", "tanh"),
+               ("none", "tanh")]  # fmt: skip
 
 
 def _skip(backend):
@@ -24,235 +26,303 @@ def _skip(backend):
         pytest.skip(reason)
 
 
-def _close_to_float64(model: nn.Module, out: torch.Tensor, x: torch.Tensor) -> None:
-    """out within 2x the float32 model's own error against the float64 model (+4 ulps)."""
-    ref32 = model(x).double()
-    with torch.no_grad():
-        ref64 = _double_copy(model)(x.double())
-    err = (out.double() - ref64).abs().max().item()
-    torch_err = (ref32 - ref64).abs().max().item()
-    floor = 4 * torch.finfo(torch.float32).eps * ref64.abs().max().item()
-    assert err <= 2 * torch_err + floor, f"error {err:.3g} vs PyTorch's {torch_err:.3g}"
+def assert_close_to_float64(what, out, ref, ref64):
+    """`out` (dualk) within 2x the error of `ref` (PyTorch in the same dtype) against the
+    float64 reference, plus 4 ulps of the dtype at the reference's largest magnitude."""
+    ref64 = ref64.double()
+    err = (out.double() - ref64).abs().max().item() if out.numel() else 0.0
+    torch_err = (ref.double() - ref64).abs().max().item() if ref.numel() else 0.0
+    floor = 4 * torch.finfo(out.dtype).eps * (ref64.abs().max().item() if ref64.numel() else 0)
+    assert err <= 2 * torch_err + floor, (
+        f"{what}: error {err:.3g} vs PyTorch's {torch_err:.3g} (+{floor:.3g})"
+    )
 
 
-def _double_copy(model):
-    import copy
+def check_against_unfused(fused: nn.Module, unfused: nn.Module, x: torch.Tensor) -> None:
+    """fused(x) and its gradients (to x and to every parameter of `unfused`, which `fused`
+    shares) against `unfused` in x's dtype and in float64."""
+    params = list(unfused.parameters())
+    g = torch.Generator().manual_seed(7)
+    x = x.detach().requires_grad_()
+    for p in params:
+        p.grad = None
+    out = fused(x)
+    assert out.grad_fn is not None
+    gout = torch.randn(out.shape, generator=g).to(out.dtype).to(out.device)
+    out.backward(gout)
+    assert all(p.grad is not None for p in params), "a parameter got no gradient"
+    got = [x.grad, *(p.grad for p in params)]
 
-    return copy.deepcopy(model).double()
+    ref = unfused(x)
+    want = torch.autograd.grad(ref, [x, *params], gout)
+    model64 = copy.deepcopy(unfused).double()
+    x64 = x.detach().double().requires_grad_()
+    ref64 = model64(x64)
+    want64 = torch.autograd.grad(ref64, [x64, *model64.parameters()], gout.double())
 
-
-class DNNModel(nn.Module):
-    """The seed article's model: a hand-written forward over named layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Linear(100, 128)
-        self.relu1 = nn.ReLU()
-        self.layer2 = nn.Linear(128, 64)
-        self.relu2 = nn.ReLU()
-        self.layer3 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = self.relu1(self.layer1(x))
-        x = self.relu2(self.layer2(x))
-        return self.layer3(x)
-
-
-class Branchy(nn.Module):
-    """`h` feeds two Linears: no chain may run across it."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 16)
-        self.c, self.d = nn.Linear(16, 4), nn.Linear(16, 4)
-
-    def forward(self, x):
-        h = F.relu(self.a(x))
-        return self.c(F.gelu(self.b(h), approximate="tanh")) + self.d(h)
+    assert_close_to_float64("output", out, ref, ref64)
+    names = ["x", *(n for n, _ in unfused.named_parameters())]
+    for name, a, b, c in zip(names, got, want, want64):
+        assert_close_to_float64(f"grad of {name}", a, b, c)
 
 
-class Functional(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.c(F.silu(self.b(F.silu(self.a(x)))))
-
-
-class Mixed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.c(torch.relu(self.b(F.silu(self.a(x)))))
-
-
+# ------------------------------------------------------------------------------- FusedMLP
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "activation,approximate",
-    [("relu", "tanh"), ("gelu", "tanh"), ("gelu", "none"), ("silu", "tanh"), ("none", "tanh")],
-)
-def test_fused_mlp_module_matches_its_sequential(backend, activation, approximate):  # fmt: skip
+@pytest.mark.parametrize("activation,approximate", ACTIVATIONS)
+def test_fused_mlp_matches_its_sequential(backend, activation, approximate):
     _skip(backend)
     torch.manual_seed(0)
-    mlp = FusedMLP((24, 40, 16, 8), activation, approximate, backend=backend).to(DEVICE)
+    mlp = FusedMLP((24, 40, 16, 8), activation, backend=backend, approximate=approximate)
+    mlp = mlp.to(DEVICE)
     seq = mlp.to_sequential()
     assert all(p is q for p, q in zip(mlp.parameters(), seq.parameters()))
-    x = torch.randn(19, 24, device=DEVICE)
-    out = mlp(x)
-    assert out.grad_fn is not None
-    _close_to_float64(seq, out, x)
-    out.square().sum().backward()
-    grads = [p.grad.clone() for p in mlp.parameters()]
-    mlp.zero_grad()
-    seq(x).square().sum().backward()
-    for g, p in zip(grads, seq.parameters()):
-        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
-
-
-def test_fused_mlp_state_dict_is_an_nn_linear_stack():
-    mlp = FusedMLP((12, 20, 6), "gelu", "none")
-    assert sorted(mlp.state_dict()) == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]  # fmt: skip
-    seq = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 6))
-    mlp.load_sequential_state_dict(seq.state_dict())
-    x = torch.randn(3, 12)
-    torch.testing.assert_close(mlp(x), seq(x), rtol=0, atol=0)
-    twin = FusedMLP((12, 20, 6), "gelu", "none")
-    twin.load_state_dict(mlp.state_dict())
-    torch.testing.assert_close(twin(x), seq(x), rtol=0, atol=0)
-    assert "widths=[12, 20, 6]" in repr(mlp) and "gelu(approximate='none')" in repr(mlp)
-
-
-def test_from_sequential_shares_parameters_and_rejects_what_does_not_fit():
-    seq = nn.Sequential(nn.Linear(6, 10), nn.SiLU(), nn.Linear(10, 3))
-    mlp = FusedMLP.from_sequential(seq)
-    assert mlp.layers[0].weight is seq[0].weight and mlp.activation == "silu"
-    x = torch.randn(4, 6)
-    torch.testing.assert_close(mlp(x), seq(x), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="Tanh"):
-        FusedMLP.from_sequential(nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)))
-    with pytest.raises(ValueError, match="all activations must be the same"):
-        FusedMLP.from_sequential(
-            nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6), nn.SiLU(), nn.Linear(6, 2))
-        )
-    with pytest.raises(ValueError, match="trailing activation"):
-        FusedMLP.from_sequential(nn.Sequential(nn.Linear(6, 6), nn.ReLU()))
-    with pytest.raises(ValueError, match="layer 0 gives 10 features but layer 1 takes 7"):
-        FusedMLP.from_linears([nn.Linear(6, 10), nn.Linear(7, 2)])
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_linear_gelu_module(backend):
-    _skip(backend)
-    torch.manual_seed(1)
-    lin = nn.Linear(20, 12).to(DEVICE)
-    mod = LinearGELU.from_linear(lin, approximate="none", backend=backend)
-    assert mod.weight is lin.weight and sorted(mod.state_dict()) == ["bias", "weight"]
-    x = torch.randn(2, 5, 20, device=DEVICE)
-    out = mod(x)
-    _close_to_float64(nn.Sequential(lin, nn.GELU()), out, x)
-    out.sum().backward()
-    assert lin.weight.grad is not None and lin.bias.grad is not None
-    fresh = LinearGELU(20, 12, bias=False)
-    assert fresh.bias is None and fresh.weight.shape == (12, 20)
+    check_against_unfused(mlp, seq, torch.randn(19, 24, device=DEVICE))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_fuse_seed_dnn_model(backend):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_mlp_half_precision(backend, dtype):
+    _skip(backend)
+    torch.manual_seed(1)
+    mlp = FusedMLP((16, 32, 8), "gelu", backend=backend, device=DEVICE, dtype=dtype)
+    assert mlp.layers[0].weight.dtype == dtype
+    check_against_unfused(
+        mlp, mlp.to_sequential(), torch.randn(2, 5, 16, device=DEVICE, dtype=dtype)
+    )
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_fused_mlp_without_bias_and_one_layer(backend):
     _skip(backend)
     torch.manual_seed(2)
-    model = DNNModel().to(DEVICE)
-    fused = fuse(model, backend=backend)
-    report = fused.dualk_fuse_report
-    assert [c.kind for c in report.fused] == ["FusedMLP"]
-    assert report.fused[0].widths == [100, 128, 64, 10]
-    assert report.fused[0].nodes == ["layer1", "relu1", "layer2", "relu2", "layer3"]
-    assert sorted(fused.state_dict()) == sorted(model.state_dict())
-    x = torch.randn(32, 100, device=DEVICE)
-    out = fused(x)
-    _close_to_float64(model, out, x)
-    # Training the fused model trains the original's parameters.
-    out.sum().backward()
-    assert model.layer1.weight.grad is not None
-    # A state_dict saved from the fused model loads into a fresh DNNModel.
-    fresh = DNNModel().to(DEVICE)
-    fresh.load_state_dict(fused.state_dict())
-    torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
-    assert "layer1 -> relu1" in str(report)
+    mlp = FusedMLP((12, 20, 6), "silu", bias=False, backend=backend, device=DEVICE)
+    assert all(lin.bias is None for lin in mlp.layers)
+    assert sorted(mlp.state_dict()) == ["layers.0.weight", "layers.1.weight"]
+    check_against_unfused(mlp, mlp.to_sequential(), torch.randn(7, 12, device=DEVICE))
+    one = FusedMLP((12, 5), backend=backend, device=DEVICE)
+    check_against_unfused(one, one.to_sequential(), torch.randn(3, 12, device=DEVICE))
 
 
-def test_fuse_sequential_functional_and_branches():
+def test_fused_mlp_initialises_like_nn_linear():
     torch.manual_seed(3)
-    seq = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8))
-    f = fuse(seq)
-    assert f.dualk_fuse_report.fused[0].activation == "gelu(tanh)"
-    x = torch.randn(5, 16)
-    torch.testing.assert_close(f(x), seq(x), rtol=0, atol=0)
-
-    fm = Functional()
-    f = fuse(fm)
-    assert f.dualk_fuse_report.fused[0].nodes == ["a", "silu", "b", "silu_1", "c"]
-    x8 = torch.randn(7, 8)
-    torch.testing.assert_close(f(x8), fm(x8), rtol=0, atol=0)
-
-    br = Branchy()
-    f = fuse(br)
-    rep = f.dualk_fuse_report
-    assert [c.nodes for c in rep.fused] == [["b", "gelu", "c"]]  # a's output is used twice
-    assert any("users" in why for _, why in rep.skipped)
-    torch.testing.assert_close(f(x8), br(x8), rtol=0, atol=0)
-
-    mixed = Mixed()
-    f = fuse(mixed)
-    # a -> silu -> b fuses; relu differs, so c stays a plain Linear after it.
-    assert [c.nodes for c in f.dualk_fuse_report.fused] == [["a", "silu", "b"]]
-    assert any("differs" in why for _, why in f.dualk_fuse_report.skipped)
-    torch.testing.assert_close(f(x8), mixed(x8), rtol=0, atol=0)
+    mlp = FusedMLP((10, 30, 20, 4), "relu")
+    torch.manual_seed(3)
+    linears = [nn.Linear(10, 30), nn.Linear(30, 20), nn.Linear(20, 4)]
+    for lin, ref in zip(mlp.layers, linears):
+        assert type(lin) is nn.Linear
+        assert torch.equal(lin.weight, ref.weight) and torch.equal(lin.bias, ref.bias)
+    assert isinstance(mlp.layers, nn.ModuleList)
+    assert sorted(mlp.state_dict()) == sorted(
+        f"layers.{i}.{k}" for i in range(3) for k in ("weight", "bias")
+    )
+    assert mlp.widths == [10, 30, 20, 4]
 
 
-def test_fuse_single_linear_gelu_and_untraceable_models():
-    class OneLayer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 12)
+def test_fused_mlp_state_dict_both_ways():
+    torch.manual_seed(4)
+    seq = nn.Sequential(nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 9), nn.GELU(), nn.Linear(9, 6))
+    mlp = FusedMLP((12, 20, 9, 6), "gelu", approximate="none", backend="torch")
+    missing, unexpected = mlp.load_sequential_state_dict(seq.state_dict())
+    assert missing == [] and unexpected == []
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(mlp(x), seq(x), rtol=0, atol=0)
+    # ... and back: the FusedMLP's own keys, and the Sequential layout through to_sequential().
+    twin = FusedMLP((12, 20, 9, 6), "gelu", approximate="none", backend="torch")
+    twin.load_state_dict(mlp.state_dict())
+    torch.testing.assert_close(twin(x), seq(x), rtol=0, atol=0)
+    fresh = nn.Sequential(
+        nn.Linear(12, 20), nn.GELU(), nn.Linear(20, 9), nn.GELU(), nn.Linear(9, 6)
+    )
+    fresh.load_state_dict(mlp.to_sequential().state_dict())
+    torch.testing.assert_close(fresh(x), seq(x), rtol=0, atol=0)
+    # Other numberings of the Linears (an Identity or a Dropout between) load too.
+    odd = nn.Sequential(nn.Linear(12, 20), nn.Identity(), nn.GELU(), nn.Linear(20, 9), nn.GELU(),
+                        nn.Linear(9, 6))  # fmt: skip
+    mlp.load_sequential_state_dict(odd.state_dict())
+    torch.testing.assert_close(mlp(x), FusedMLP.from_sequential(odd, backend="torch")(x))
+    with pytest.raises(ValueError, match="holds 2 Linear weight"):
+        mlp.load_sequential_state_dict(
+            nn.Sequential(nn.Linear(12, 20), nn.Linear(20, 6)).state_dict()
+        )
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        mlp.load_sequential_state_dict({**seq.state_dict(), "extra": torch.zeros(1)})
+    _, unexpected = mlp.load_sequential_state_dict(
+        {**seq.state_dict(), "extra": torch.zeros(1)}, strict=False
+    )
+    assert unexpected == ["extra"]
 
-        def forward(self, x):
-            return F.gelu(self.fc(x))
 
-    m = OneLayer()
-    f = fuse(m)
-    assert f.dualk_fuse_report.fused[0].kind == "LinearGELU"
-    x = torch.randn(3, 8)
-    torch.testing.assert_close(f(x), m(x), rtol=0, atol=0)
+def test_from_sequential_shares_parameters():
+    torch.manual_seed(5)
+    seq = nn.Sequential(nn.Linear(6, 10), nn.SiLU(), nn.Linear(10, 8), nn.SiLU(), nn.Linear(8, 3))
+    mlp = FusedMLP.from_sequential(seq, backend="torch")
+    assert mlp.layers[0] is seq[0] and mlp.layers[2] is seq[4]
+    assert mlp.layers[1].weight is seq[2].weight and mlp.layers[1].bias is seq[2].bias
+    assert (mlp.activation, mlp.widths) == ("silu", [6, 10, 8, 3])
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(mlp(x), seq(x), rtol=0, atol=0)
+    # An optimizer over the Sequential trains the FusedMLP: they are the same parameters.
+    before = mlp(x).detach()
+    opt = torch.optim.SGD(seq.parameters(), lr=0.1)
+    mlp(x).square().sum().backward()
+    opt.step()
+    assert not torch.equal(mlp(x), before)
+    torch.testing.assert_close(mlp(x), seq(x), rtol=0, atol=0)
 
-    class DataDependent(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-
-        def forward(self, x):
-            if x.sum() > 0:  # fx cannot trace this
-                return self.body(x)
-            return -self.body(x)
-
-    dd = DataDependent()
-    f = fuse(dd)
-    assert "could not trace" in str(f.dualk_fuse_report)
-    assert f.dualk_fuse_report.fused[0].name == "body.dualk_fused_mlp_0"
-    assert isinstance(dd.body, nn.Sequential)  # the original model is untouched
-    torch.testing.assert_close(f(x), dd(x), rtol=0, atol=0)
-    assert f.body.get_submodule("0").weight is dd.body[0].weight
+    gelu = FusedMLP.from_sequential(
+        nn.Sequential(nn.Linear(4, 4), nn.GELU("tanh"), nn.Linear(4, 2))
+    )
+    assert (gelu.activation, gelu.approximate, gelu.kernel_activation) == (
+        "gelu",
+        "tanh",
+        "gelu_tanh",
+    )
+    erf = FusedMLP.from_sequential(nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 2)))
+    assert erf.kernel_activation == "gelu_erf"
+    plain = FusedMLP.from_sequential(nn.Sequential(nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 2)))
+    assert plain.activation == "none"
+    single = FusedMLP.from_sequential(nn.Sequential(nn.Linear(4, 2)))
+    assert single.widths == [4, 2]
 
 
+class _MyLinear(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+@pytest.mark.parametrize(
+    "modules,match",
+    [
+        ([nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3)], r"module '1' \(Tanh\)"),
+        ([nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6), nn.SiLU(), nn.Linear(6, 2)],
+         r"module '3' \(silu\) differs from module '1' \(relu\)"),
+        ([nn.Linear(6, 6), nn.GELU(), nn.Linear(6, 6), nn.GELU("tanh"), nn.Linear(6, 2)],
+         r"module '3' \(gelu\(approximate='tanh'\)\) differs"),
+        ([nn.Linear(6, 6), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2)],
+         r"module '2' \(relu\) differs from nothing between '0' and '1'"),
+        ([nn.Linear(6, 10), nn.ReLU(), nn.Linear(7, 3)], "module '2' .* takes 7 features but module '0' gives 10"),
+        ([nn.Linear(6, 6), nn.ReLU()], "module '1' follows the last nn.Linear"),
+        ([nn.ReLU(), nn.Linear(6, 6)], "module '0' .* must sit between two"),
+        ([nn.Linear(6, 6), nn.ReLU(), nn.ReLU(), nn.Linear(6, 6)], "module '2' .* must sit between two"),
+        ([nn.Linear(6, 6), nn.Dropout(0.1), nn.Linear(6, 6)], r"module '1' \(Dropout\)"),
+        ([nn.Linear(6, 6), nn.ReLU(), _MyLinear(6, 6)], "module '2': _MyLinear overrides nn.Linear.forward"),
+        ([], "has no nn.Linear"),
+    ],
+)  # fmt: skip
+def test_from_sequential_names_what_does_not_fit(modules, match):
+    with pytest.raises(ValueError, match=match):
+        FusedMLP.from_sequential(nn.Sequential(*modules))
+
+
+def test_from_linears_and_hooks_are_checked():
+    with pytest.raises(ValueError, match="layer 0 gives 10 features but layer 1 takes 7"):
+        FusedMLP.from_linears([nn.Linear(6, 10), nn.Linear(7, 2)])
+    with pytest.raises(ValueError, match="share one dtype and device"):
+        FusedMLP.from_linears([nn.Linear(6, 6), nn.Linear(6, 2, dtype=torch.float16)])
+    with pytest.raises(TypeError, match="layer 1 must be an nn.Linear"):
+        FusedMLP.from_linears([nn.Linear(6, 6), nn.ReLU()])
+    hooked = nn.Linear(6, 6)
+    hooked.register_forward_hook(lambda m, i, o: o * 0)
+    with pytest.raises(ValueError, match="forward hooks"):
+        FusedMLP.from_sequential(nn.Sequential(hooked, nn.ReLU(), nn.Linear(6, 2)))
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        FusedMLP.from_sequential([nn.Linear(6, 6)])
+
+
+def test_constructor_arguments_are_checked():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        FusedMLP((4, 4), "tanh")
+    with pytest.raises(ValueError, match="approximate must be 'tanh' or 'none'"):
+        FusedMLP((4, 4), "gelu", approximate="erf")
+    with pytest.raises(TypeError, match="bias must be True or False"):
+        FusedMLP((4, 4), "gelu", "none")  # approximate passed by position
+    with pytest.raises(ValueError, match="at least two positive ints"):
+        FusedMLP((4,))
+    with pytest.raises(ValueError, match="at least two positive ints"):
+        FusedMLP((4, 0, 2))
+    with pytest.raises(TypeError, match="sequence of ints"):
+        FusedMLP(4)
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        FusedMLP((4, 4), backend="gpu")
+    with pytest.raises(ValueError, match="approximate must be"):
+        LinearGELU(4, 4, approximate="erf")
+    with pytest.raises(ValueError, match="unknown backend"):
+        LinearGELU(4, 4, backend="tpu")
+
+
+def test_extra_repr():
+    text = repr(FusedMLP((12, 20, 6), "gelu", approximate="none", backend="triton"))
+    assert "widths=[12, 20, 6], activation=gelu(approximate='none'), backend='triton'" in text
+    assert "(0): Linear(in_features=12, out_features=20, bias=True)" in text
+    assert "activation=relu, backend='auto'" in repr(FusedMLP((3, 3)))
+    text = repr(LinearGELU(4, 5, bias=False))
+    assert "in_features=4, out_features=5, bias=False, approximate='tanh', backend='auto'" in text
+
+
+# ----------------------------------------------------------------------------- LinearGELU
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_linear_gelu_module(backend, approximate):
+    _skip(backend)
+    torch.manual_seed(6)
+    lin = nn.Linear(20, 12).to(DEVICE)
+    mod = LinearGELU.from_linear(lin, approximate=approximate, backend=backend)
+    assert mod.weight is lin.weight and mod.bias is lin.bias
+    assert sorted(mod.state_dict()) == ["bias", "weight"]
+    check_against_unfused(
+        mod, nn.Sequential(lin, nn.GELU(approximate)), torch.randn(2, 5, 20, device=DEVICE)
+    )
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_linear_gelu_without_bias(backend):
+    _skip(backend)
+    torch.manual_seed(7)
+    mod = LinearGELU(16, 8, bias=False, backend=backend, device=DEVICE)
+    assert mod.bias is None and mod.weight.shape == (8, 16)
+    lin = nn.Linear(16, 8, bias=False, device=DEVICE)
+    lin.weight = mod.weight  # the same Parameter
+    check_against_unfused(
+        mod, nn.Sequential(lin, nn.GELU("tanh")), torch.randn(6, 16, device=DEVICE)
+    )
+
+
+def test_linear_gelu_is_nn_linear_compatible():
+    torch.manual_seed(8)
+    mod = LinearGELU(10, 7)
+    torch.manual_seed(8)
+    ref = nn.Linear(10, 7)
+    assert torch.equal(mod.weight, ref.weight) and torch.equal(mod.bias, ref.bias)
+    assert isinstance(mod.weight, nn.Parameter)
+    # state_dicts cross both ways: nn.Linear -> LinearGELU and back.
+    other = nn.Linear(10, 7)
+    mod.load_state_dict(other.state_dict())
+    x = torch.randn(3, 10)
+    torch.testing.assert_close(mod(x), nn.functional.gelu(other(x), approximate="tanh"))
+    back = nn.Linear(10, 7)
+    back.load_state_dict(mod.state_dict())
+    assert torch.equal(back.weight, other.weight)
+    mod.reset_parameters()
+    assert not torch.equal(mod.weight, other.weight)
+    bound = 1 / 10**0.5
+    assert mod.weight.abs().max() <= bound and mod.bias.abs().max() <= bound
+
+
+# -------------------------------------------------------------------------------- compile
 def test_modules_compile_fullgraph():
     torch._dynamo.reset()
-    model = nn.Sequential(FusedMLP((8, 16, 4), "relu"), nn.Tanh(), LinearGELU(4, 6)).to(DEVICE)
+    torch.manual_seed(9)
+    model = nn.Sequential(
+        FusedMLP((8, 16, 4), "relu"), nn.Tanh(), LinearGELU(4, 6), FusedMLP((6, 6), "none")
+    ).to(DEVICE)
     x = torch.randn(5, 8, device=DEVICE)
+    # aot_eager: Dynamo + AOT autograd without code generation (no C++ compiler needed on CPU).
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-
-
-def test_exported_from_dualk_namespace():
-    assert dualk.nn.FusedMLP is FusedMLP and dualk.fuse is fuse
+    out, ref = compiled(x), model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref.sum().backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6)

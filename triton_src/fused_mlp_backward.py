@@ -4,6 +4,9 @@ persistent kernel launch, plus one small reduction launch.
 Why: eager autograd of an MLP moves every activation, pre-activation and gradient tensor through
 HBM (~58 activation-sized tensors a step for a 5-layer MLP). Here HBM sees x and grad_out once
 and grad_x once; everything else stays on chip.
+Why one file of ~800 lines: the kernel, its reduction kernel and the host planner (register
+budget, workspace layout, configs) are one design whose parts change together; the layer walk is
+unrolled by hand because Triton cannot index a list of tensors by a loop variable.
 
 Design
 ------
