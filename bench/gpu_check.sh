@@ -38,13 +38,27 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
   t0=$(date +%s)
   xdist=""
   $PY -c "import xdist" 2>/dev/null && xdist="-n 8"
+  # A hung test fails alone (pytest-timeout, where installed) instead of stopping the run.
+  per_test=""
+  $PY -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-240}"
   # tests/test_cuda_compile.py is nvcc's static check, which CI runs; the GPU run is about kernels.
-  $PY -m pytest tests $xdist -q -rs --deselect tests/test_cuda_compile.py --junitxml="$OUT/junit.xml" \
-    -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  # The property tests (tests/test_fuzz.py) run after, within FUZZ_BUDGET seconds: every drawn
+  # shape is a new Triton specialization to compile.
+  $PY -m pytest tests $xdist -q -rs $per_test --durations=15 --deselect tests/test_cuda_compile.py \
+    --ignore tests/test_fuzz.py --junitxml="$OUT/junit.xml" -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   status=$?
   echo "pytest: rc=$status in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
   tail -n 2 "$OUT/pytest.log"
+  t0=$(date +%s)
+  echo "=== tests/test_fuzz.py (hypothesis profile $DUALK_HYPOTHESIS_PROFILE, budget ${FUZZ_BUDGET:-180} s)" >> "$OUT/pytest.log"
+  # SIGINT: pytest stops and still prints the failures so far.
+  timeout -s INT -k 30 "${FUZZ_BUDGET:-180}" $PY -m pytest tests/test_fuzz.py $xdist -q -rfEs $per_test --durations=10 \
+    -p no:cacheprovider >> "$OUT/pytest.log" 2>&1
+  rc=$?
+  echo "fuzz: rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -eq 124 ] && { echo "fuzz: stopped at its budget (FUZZ_BUDGET)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; }
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && { grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; status=$rc; }
 fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then

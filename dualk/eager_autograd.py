@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import library
+from . import library, mlp_backward, ops
 
 # Each op: (run(*inputs) -> output, setup_context, backward), inputs in the registered op's order.
 _OPS = {
@@ -97,3 +97,37 @@ def apply(name: str, *inputs):
     """`torch.ops.dualk.<name>(*inputs)` with autograd, on the eager route."""
     layout, flat = _flatten(inputs)
     return _Function.apply(name, layout, *flat)
+
+
+class _FusedMlpFunction(torch.autograd.Function):
+    """fused_mlp's eager route without the generic packing above: the training hot path (one
+    call per step of every dualk.nn.FusedMLP). Same implementation and backward as the
+    registered op (ops._run_fused_mlp, mlp_backward.fused_mlp_backward, which
+    library.run_fused_mlp / run_fused_mlp_backward wrap)."""
+
+    @staticmethod
+    def forward(ctx, x, activation: str, backend: str, layers: int, *params):
+        weights, biases = list(params[:layers]), list(params[layers:])
+        out = library._fresh(ops._run_fused_mlp(x, weights, biases, activation, backend))
+        ctx.save_for_backward(x, *params)  # None biases are saved as None
+        ctx.activation, ctx.backend, ctx.layers = activation, backend, layers
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        n = ctx.layers
+        need_x = ctx.needs_input_grad[0]
+        grad_x, grad_w, grad_b = mlp_backward.fused_mlp_backward(
+            saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :]), ctx.activation, grad,
+            ctx.backend, need_x,
+        )  # fmt: skip
+        # Gradients of the parameters come as views of one buffer: autograd takes them as they
+        # are (no copies); one for an input that needs none is dropped by autograd.
+        return (grad_x if need_x else None), None, None, None, *grad_w, *grad_b
+
+
+def fused_mlp(x, weights: list, biases: list, activation: str, backend: str):
+    """`dualk.fused_mlp` with autograd on the eager route (biases: one entry per layer, or
+    None)."""
+    return _FusedMlpFunction.apply(x, activation, backend, len(weights), *weights, *biases)

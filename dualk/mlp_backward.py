@@ -44,8 +44,22 @@ def _activation_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torc
     return grad
 
 
+_kernel_choice: dict = {}
+
+
 def _fused_kernel(x: torch.Tensor, weights, backend: str):
-    """triton_src/fused_mlp_backward.py's launcher when it should run this backward, else None."""
+    """triton_src/fused_mlp_backward.py's launcher when it should run this backward, else None;
+    remembered per (backend, GPU, dtype, widths): every training step asks. Off the GPU (the
+    Triton interpreter, which tests switch on and off) it is decided each time."""
+    if not x.is_cuda:
+        return _find_fused_kernel(x, weights, backend)
+    key = (backend, x.get_device(), x.dtype, weights[0].shape[1], *(w.shape[0] for w in weights))
+    if key not in _kernel_choice:
+        _kernel_choice[key] = _find_fused_kernel(x, weights, backend)
+    return _kernel_choice[key]
+
+
+def _find_fused_kernel(x: torch.Tensor, weights, backend: str):
     if backend not in ("triton", "auto") or (backend == "auto" and not x.is_cuda):
         return None
     if unavailable_reason("triton", x.device) is not None:

@@ -276,9 +276,9 @@ def fused_mlp(
     if _direct(x, *weights, *biases):
         return _run_fused_mlp(x, weights, biases, activation, backend)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
-    present, mask = _library_pack_biases(biases)
     if _recorded(x, *weights, *biases):
-        return eager_autograd.apply("fused_mlp", x, weights, present, mask, activation, backend)
+        return eager_autograd.fused_mlp(x, weights, biases, activation, backend)
+    present, mask = _library_pack_biases(biases)
     return _dualk.fused_mlp(x, weights, present, mask, activation, backend)
 
 
@@ -385,7 +385,9 @@ def mlp_fallback_reason(
     """Why `backend`'s fused kernel cannot hold this MLP on chip (None when it can); remembered
     per (backend, widths, dtype, device) so the hot path pays a dict lookup."""
     widths = (weights[0].shape[1], *(w.shape[0] for w in weights))
-    key = (backend, widths, x.dtype, x.device)
+    # get_device(): an int (-1 off CUDA), not a new torch.device per call; the checks depend on
+    # the GPU only.
+    key = (backend, widths, x.dtype, x.get_device())
     if key not in _fallback_reasons:
         check = _FUSED_MLP.backend_function(backend, "fused_mlp_unsupported_reason")
         with _device_of(x):

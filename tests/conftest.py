@@ -32,7 +32,7 @@ else:
         print_blob=True, suppress_health_check=_slow,
     )  # fmt: skip
     settings.register_profile(  # DUALK_HYPOTHESIS_EXAMPLES overrides the count
-        "gpu", max_examples=int(os.environ.get("DUALK_HYPOTHESIS_EXAMPLES", "400")), deadline=None,
+        "gpu", max_examples=int(os.environ.get("DUALK_HYPOTHESIS_EXAMPLES", "100")), deadline=None,
         database=None, print_blob=True, suppress_health_check=_slow,
     )  # fmt: skip
     settings.load_profile(os.environ.get("DUALK_HYPOTHESIS_PROFILE", "ci"))

@@ -40,7 +40,9 @@ _MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 
 def _padded(width: int) -> int:
     """Width as the kernel holds it: a power of two, at least 16 (tl.dot's smallest K and N)."""
-    return max(16, triton.next_power_of_2(width))
+    # (w - 1).bit_length(): triton.next_power_of_2 is a constexpr function in Triton 3.6
+    # (~2 us a call on the host), and this runs on every launch.
+    return max(16, 1 << (width - 1).bit_length()) if width > 0 else 16
 
 
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:

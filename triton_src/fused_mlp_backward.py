@@ -96,8 +96,18 @@ _MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 
 def fused_mlp_backward_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
     """None when ``fused_mlp_backward`` can run the MLP with these widths ([in, hidden..., out])
-    and dtype in one kernel, else why not (the caller then runs a per-layer chain)."""
-    widths = list(widths)
+    and dtype in one kernel, else why not (the caller then runs a per-layer chain). Remembered
+    per (widths, dtype): every training step asks."""
+    key = (tuple(widths), dtype)
+    if key not in _unsupported_reasons:
+        _unsupported_reasons[key] = _unsupported_reason(list(widths), dtype)
+    return _unsupported_reasons[key]
+
+
+_unsupported_reasons: dict = {}
+
+
+def _unsupported_reason(widths: list, dtype: torch.dtype) -> str | None:
     layers = len(widths) - 1
     if not 1 <= layers <= MAX_LAYERS:
         return f"fused_mlp_backward runs 1 to {MAX_LAYERS} layers in one kernel, got {layers}"
@@ -650,6 +660,18 @@ class _Plan:
             off += widths[i + 1] * widths[i] + (widths[i + 1] if (bias_mask >> i) & 1 else 0)
         self.offsets = offsets
         self.total = off
+        # The same layout as split_with_sizes parts: (part index, shape) per weight gradient,
+        # part index (or None) per bias gradient.
+        self.part_sizes, self.weight_parts, self.bias_parts = [], [], []
+        for i in range(n):
+            self.weight_parts.append((len(self.part_sizes), (widths[i + 1], widths[i])))
+            self.part_sizes.append(widths[i + 1] * widths[i])
+            if (bias_mask >> i) & 1:
+                self.bias_parts.append(len(self.part_sizes))
+                self.part_sizes.append(widths[i + 1])
+            else:
+                self.bias_parts.append(None)
+        self._launch_records: dict = {}
         act = act if n > 1 else ACT_NONE
         self.head = (n, *d, *p, widths[-1], p[n], *offsets, *[0] * (MAX_LAYERS - n), off, bias_mask)  # fmt: skip
         self.tail = (
@@ -731,12 +753,10 @@ def fused_mlp_backward(
         )
 
     flat = _alloc.empty((plan.total,), dtype, device)
-    grad_w, grad_b = [], []
-    for i in range(num_layers):
-        off, n_out, n_in = plan.offsets[i], widths[i + 1], widths[i]
-        grad_w.append(flat[off : off + n_out * n_in].view(n_out, n_in))
-        off += n_out * n_in
-        grad_b.append(flat[off : off + n_out] if (bias_mask >> i) & 1 else None)
+    # One split into views (a slice per gradient costs a dispatcher call each).
+    parts = flat.split_with_sizes(plan.part_sizes)
+    grad_w = [parts[j].view(shape) for j, shape in plan.weight_parts]
+    grad_b = [None if j is None else parts[j] for j in plan.bias_parts]
     grad_x = _alloc.empty((M, widths[0]), dtype, device) if need_input_grad else None
     if M == 0:
         flat.zero_()
@@ -782,14 +802,20 @@ def fused_mlp_backward(
 
 def _launch(cfg, plan, spec, need_dx, flat, x2d, g, dx, ws_, bs, pad, M, strides):
     block_m, warps, per_sm, budget = cfg
-    reg_mask = plan.reg_mask(warps, budget)
+    device = x2d.device
+    # Per (config, specialization): the constexprs and the launcher's cache key, built once.
+    record = plan._launch_records.get((cfg, spec, need_dx))
+    if record is None:
+        reg_mask = plan.reg_mask(warps, budget)
+        consts = (*plan.head, reg_mask, *plan.tail, need_dx, block_m)
+        key = (cfg, spec, plan.head, plan.tail, reg_mask)
+        record = plan._launch_records[(cfg, spec, need_dx)] = (consts, key)
+    consts, key = record
     tiles = (M + block_m - 1) // block_m
-    programs = max(1, min(tiles, num_sms(x2d.device) * per_sm))
-    workspace = _alloc.empty((programs, plan.total), torch.float32, x2d.device)
-    consts = (*plan.head, reg_mask, *plan.tail, need_dx, block_m)
+    programs = max(1, min(tiles, num_sms(device) * per_sm))
+    workspace = _alloc.empty((programs, plan.total), torch.float32, device)
     args = (x2d, g, dx, workspace, *ws_, *pad, *bs, *pad, M, *strides, *consts)
-    key = (cfg, spec, plan.head, plan.tail, reg_mask, ptr_spec(workspace))
-    _launcher.launch(key, (programs, 1, 1), args, warps, 1)
+    _launcher.launch((key, ptr_spec(workspace)), (programs, 1, 1), args, warps, 1)
     block_p, block_n = 32, 128
     _reduce_launcher.launch(
         (flat.dtype, block_p, block_n, int_spec(programs), int_spec(plan.total), ptr_spec(flat)),
