@@ -53,9 +53,14 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
   t0=$(date +%s)
   echo "=== tests/test_fuzz.py (hypothesis profile $DUALK_HYPOTHESIS_PROFILE, budget ${FUZZ_BUDGET:-180} s)" >> "$OUT/pytest.log"
   # SIGINT: pytest stops and still prints the failures so far.
-  timeout -s INT -k 30 "${FUZZ_BUDGET:-180}" $PY -m pytest tests/test_fuzz.py $xdist -q -rfEs $per_test --durations=10 \
-    -p no:cacheprovider >> "$OUT/pytest.log" 2>&1
+  # Its own process group, killed afterwards: xdist workers must not outlive the budget (they
+  # would load the GPU and the CPUs under whatever runs next).
+  setsid timeout -s INT -k 30 "${FUZZ_BUDGET:-180}" $PY -m pytest tests/test_fuzz.py $xdist -q -rfEs \
+    $per_test --durations=10 -p no:cacheprovider >> "$OUT/pytest.log" 2>&1 &
+  fuzz_pid=$!
+  wait $fuzz_pid
   rc=$?
+  kill -9 -- -$fuzz_pid 2>/dev/null
   echo "fuzz: rc=$rc in $(( $(date +%s) - t0 )) s"
   [ $rc -eq 124 ] && { echo "fuzz: stopped at its budget (FUZZ_BUDGET)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; }
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && { grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; status=$rc; }

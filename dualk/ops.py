@@ -236,6 +236,31 @@ def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor
 
 
 def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
+    tensor = torch.Tensor
+    # One expression for the common case (CUDA tensors that fit); the checks below explain the
+    # rest, and compare non-CUDA devices exactly (get_device() is -1 for all of them).
+    if (
+        isinstance(x, tensor)
+        and isinstance(weight, tensor)
+        and (dtype := x.dtype) in validate.FLOAT_DTYPES
+        and weight.dtype is dtype
+        and x.dim() >= 1
+        and len(ws := weight.shape) == 2
+        and x.shape[-1] == ws[1]
+        and (index := x.get_device()) >= 0
+        and weight.get_device() == index
+        and (
+            bias is None
+            or (
+                isinstance(bias, tensor)
+                and bias.dtype is dtype
+                and bias.get_device() == index
+                and len(bs := bias.shape) == 1
+                and bs[0] == ws[0]
+            )
+        )
+    ):
+        return
     validate.tensor(op, "x", x)
     validate.tensor(op, wname, weight)
     if bias is not None:
