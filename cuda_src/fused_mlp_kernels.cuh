@@ -62,11 +62,31 @@ __device__ __forceinline__ bool is_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tile's last
+// row, whose 16-byte window may pass the end of the tensor. cp.async with a short src-size reads
+// only the real bytes, but memcheck flags the window and no access should leave the tensor: plain
+// loads instead, zero-padded to the chunk (visible after the caller's barrier, as cp.async data
+// is). Other rows' windows end inside the next row, within the tensor.
+template <typename T>
+__device__ __forceinline__ void copy_partial_chunk(T* smem_dst, const T* src, int elems) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+#pragma unroll 1  // rare (one chunk per tile): no registers held across it
+  for (int k = 0; k < kVec; ++k) smem_dst[k] = k < elems ? src[k] : from_float<T>(0.f);
+}
+
+// True when the chunk of row r (of `rows` valid rows) with `elems` real elements must take
+// copy_partial_chunk: a partial chunk of the tile's last valid row.
+template <typename T>
+__device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems) {
+  return elems < 16 / static_cast<int>(sizeof(T)) && elems > 0 && r == rows - 1;
+}
+
 // Copies the top-left rows x cols of a row-major global matrix (row stride ld) into a
 // rows_pad x cols_pad shared tile (row pitch `pitch`), zero-filling everything outside, with
 // threads [thread, num_threads) sharing the work. Vectorized: 16-byte cp.async per chunk (src and
 // ld*sizeof(T) 16-byte aligned, cols_pad a multiple of 16/sizeof(T)); the caller commits and
-// waits. Otherwise plain element copies, complete once the caller's barrier passes.
+// waits (a partial chunk of the last row: plain loads, see copy_partial_chunk). Otherwise plain
+// element copies, complete once the caller's barrier passes.
 template <typename T>
 __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int64_t ld, int rows,
                                            int cols, int rows_pad, int cols_pad, const void* safe_src,
@@ -79,8 +99,13 @@ __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int
       const int r = i / chunks_per_row;
       const int c = (i - r * chunks_per_row) * kVec;
       const int valid = r < rows ? max(0, min(cols - c, kVec)) : 0;
+      const T* chunk = src + r * ld + c;
+      if (partial_tail_chunk<T>(r, rows, valid)) {
+        copy_partial_chunk(smem + r * pitch + c, chunk, valid);
+        continue;
+      }
       // A zero-byte copy reads nothing, but still gets a mapped address.
-      const void* g = valid > 0 ? static_cast<const void*>(src + r * ld + c) : safe_src;
+      const void* g = valid > 0 ? static_cast<const void*>(chunk) : safe_src;
       cp_async_16(smem + r * pitch + c, g, valid * static_cast<int>(sizeof(T)));
     }
   } else {

@@ -254,7 +254,9 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
     const int64_t row0 = tile * block_rows + warp * kWarpRows;
     const int rows = valid_rows(row0);
     const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
-    if (p.x_vectorized) {
+    // The tile holding x's last row, when rows end in a partial 16-byte chunk, takes the element
+    // copies: a 16-byte cp.async window there would pass the end of x (see copy_partial_chunk).
+    if (p.x_vectorized && (in0 % kVec == 0 || row0 + rows < p.m)) {
 #pragma unroll
       for (int i = 0; i < kWarpRows * kChunksPerRow / 32; ++i) {
         const int chunk = lane + 32 * i;

@@ -282,9 +282,13 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
       for (int i = 0; i < kWgmmaWarpRows / kRowsPerPass; ++i) {
         const int r = x_row + i * kRowsPerPass;
         const int bytes = r < rows ? x_bytes : 0;
+        const T* chunk = g + i * kRowsPerPass * stride;
+        if (partial_tail_chunk<T>(r, rows, bytes / static_cast<int>(sizeof(T)))) {
+          copy_partial_chunk(buf + r * kPitch + x_col, chunk, bytes / static_cast<int>(sizeof(T)));
+          continue;
+        }
         // A zero-byte copy reads nothing, but still gets a mapped address.
-        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(g + i * kRowsPerPass * stride) : p.x,
-                    bytes);
+        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(chunk) : p.x, bytes);
       }
     } else {
       const T* src = rows > 0 ? x + row0 * stride : x;
