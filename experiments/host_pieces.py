@@ -16,29 +16,22 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from integration import _host_us  # noqa: E402
 
 from dualk.nn import FusedMLP  # noqa: E402
 
 
 def host_us(fn, calls=20, prepare=None) -> float:
-    times = []
-    for _ in range(5):
-        items = prepare(calls) if prepare else [None] * calls
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for item in items:
-            fn(item)
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(times), 1)
+    """bench/integration.py's host timer (20 calls, no sync inside, median of 5), rounded."""
+    return round(_host_us(fn, calls, prepare), 1)
 
 
 class _Given(torch.autograd.Function):
