@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
     const int64_t remaining = p.m - row0;  // > 0: tile < num_tiles
     const int rows = remaining < p.tile_rows ? static_cast<int>(remaining) : p.tile_rows;
     stage_tile<float>(h0, h_pitch, x + row0 * p.stride_xm, p.stride_xm, rows, p.widths[0],
-                      p.tile_rows, round_up(p.widths[0], 4), x, p.x_vectorized, threadIdx.x,
+                      p.tile_rows, round_up(p.widths[0], 4), x, row0 + rows == p.m, p.x_vectorized, threadIdx.x,
                       kSimtThreads);
     cp_async_commit();
     if (resident && first_tile && !bulk) {
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
         const int in = p.widths[layer], out_l = p.widths[layer + 1];
         const float* w = static_cast<const float*>(p.weights[layer]);
         stage_tile<float>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in,
-                          out_l, in, round_up(out_l, 4), round_up(in, 4), w,
+                          out_l, in, round_up(out_l, 4), round_up(in, 4), w, true,
                           is_aligned16(w) && in % 4 == 0, threadIdx.x, kSimtThreads);
         cp_async_commit();
       }
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
           __syncthreads();  // everyone is done with the previous slab
           const float* wg = static_cast<const float*>(p.weights[layer]);
           stage_tile<float>(weight_smem, w_pitch, wg + s0, in, out_l, in - s0, round_up(out_l, 4),
-                            s_end - s0, wg, is_aligned16(wg) && in % 4 == 0, threadIdx.x,
+                            s_end - s0, wg, true, is_aligned16(wg) && in % 4 == 0, threadIdx.x,
                             kSimtThreads);
           cp_async_commit();
           cp_async_wait<0>();

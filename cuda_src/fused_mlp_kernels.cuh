@@ -62,35 +62,38 @@ __device__ __forceinline__ bool is_aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-// A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tile's last
-// row, whose 16-byte window may pass the end of the tensor. cp.async with a short src-size reads
-// only the real bytes, but memcheck flags the window and no access should leave the tensor: plain
-// loads instead, zero-padded to the chunk (visible after the caller's barrier, as cp.async data
-// is). Other rows' windows end inside the next row, within the tensor.
+// A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tensor's
+// last row, whose 16-byte window may pass the end of the tensor. cp.async with a short src-size
+// reads only the real bytes, but memcheck flags the window and no access should leave the tensor:
+// plain loads instead, zero-padded to the chunk (visible after the caller's barrier, as cp.async
+// data is). Other rows' windows end inside the next row, within the tensor. Once per kernel, so
+// the loads are not unrolled (no registers held across them).
 template <typename T>
 __device__ __forceinline__ void copy_partial_chunk(T* smem_dst, const T* src, int elems) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-#pragma unroll 1  // rare (one chunk per tile): no registers held across it
+#pragma unroll 1
   for (int k = 0; k < kVec; ++k) smem_dst[k] = k < elems ? src[k] : from_float<T>(0.f);
 }
 
-// True when the chunk of row r (of `rows` valid rows) with `elems` real elements must take
-// copy_partial_chunk: a partial chunk of the tile's last valid row.
+// True when the chunk of row r (of a tile's `rows` valid rows; `tile_ends_tensor`: its last valid
+// row is the tensor's last row) with `elems` real elements must take copy_partial_chunk.
 template <typename T>
-__device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems) {
-  return elems < 16 / static_cast<int>(sizeof(T)) && elems > 0 && r == rows - 1;
+__device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems, bool tile_ends_tensor) {
+  return tile_ends_tensor && r == rows - 1 && elems > 0 && elems < 16 / static_cast<int>(sizeof(T));
 }
 
 // Copies the top-left rows x cols of a row-major global matrix (row stride ld) into a
 // rows_pad x cols_pad shared tile (row pitch `pitch`), zero-filling everything outside, with
 // threads [thread, num_threads) sharing the work. Vectorized: 16-byte cp.async per chunk (src and
 // ld*sizeof(T) 16-byte aligned, cols_pad a multiple of 16/sizeof(T)); the caller commits and
-// waits (a partial chunk of the last row: plain loads, see copy_partial_chunk). Otherwise plain
-// element copies, complete once the caller's barrier passes.
+// waits (`tile_ends_tensor`: the tile's last valid row is the tensor's last, whose partial chunk
+// takes plain loads, see copy_partial_chunk). Otherwise plain element copies, complete once the
+// caller's barrier passes.
 template <typename T>
 __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int64_t ld, int rows,
                                            int cols, int rows_pad, int cols_pad, const void* safe_src,
-                                           bool vectorized, int thread, int num_threads) {
+                                           bool tile_ends_tensor, bool vectorized, int thread,
+                                           int num_threads) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   if (vectorized) {
     const int chunks_per_row = cols_pad / kVec;
@@ -100,7 +103,7 @@ __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int
       const int c = (i - r * chunks_per_row) * kVec;
       const int valid = r < rows ? max(0, min(cols - c, kVec)) : 0;
       const T* chunk = src + r * ld + c;
-      if (partial_tail_chunk<T>(r, rows, valid)) {
+      if (partial_tail_chunk<T>(r, rows, valid, tile_ends_tensor)) {
         copy_partial_chunk(smem + r * pitch + c, chunk, valid);
         continue;
       }

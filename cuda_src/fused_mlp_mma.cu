@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
     const int rows = valid_rows(row0);
     const T* src = rows > 0 ? x + row0 * p.stride_xm : x;
     stage_tile<T>(x_smem, x_pitch, src, p.stride_xm, rows, in0, kWarpRows, round_up(in0, kMmaKPad),
-                  x, p.x_vectorized, lane, 32);
+                  x, row0 + rows == p.m, p.x_vectorized, lane, 32);
   };
   // Stages the weights of layer group g (whole block).
   auto stage_group = [&](int g) {
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
       const T* w = static_cast<const T*>(p.weights[layer]);
       const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
       stage_tile<T>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in, out_l, in,
-                    round_up(out_l, kMmaNPad), round_up(in, kMmaKPad), w, vec, threadIdx.x,
+                    round_up(out_l, kMmaNPad), round_up(in, kMmaKPad), w, true, vec, threadIdx.x,
                     blockDim.x);
     }
   };
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
         cp_async_16(x_smem + r * kPitch + c, g, valid * static_cast<int>(sizeof(T)));
       }
     } else {
-      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, false, lane,
+      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, true, false, lane,
                     32);
     }
   };
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
     const int in = p.widths[layer], out_l = p.widths[layer + 1];
     const bool vec = is_aligned16(w) && (in * static_cast<int>(sizeof(T))) % 16 == 0;
     stage_tile<T>(weight_smem + layer * kWidth * kPitch, kPitch, w, in, out_l, in, kWidth, kWidth,
-                  w, vec, threadIdx.x, blockDim.x);
+                  w, true, vec, threadIdx.x, blockDim.x);
   }
   int64_t tile = blockIdx.x;
   stage_x(tile);

@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
         const int r = x_row + i * kRowsPerPass;
         const int bytes = r < rows ? x_bytes : 0;
         const T* chunk = g + i * kRowsPerPass * stride;
-        if (partial_tail_chunk<T>(r, rows, bytes / static_cast<int>(sizeof(T)))) {
+        if (partial_tail_chunk<T>(r, rows, bytes / static_cast<int>(sizeof(T)), row0 + rows == p.m)) {
           copy_partial_chunk(buf + r * kPitch + x_col, chunk, bytes / static_cast<int>(sizeof(T)));
           continue;
         }
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
       }
     } else {
       const T* src = rows > 0 ? x + row0 * stride : x;
-      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, false, lane, 32);
+      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, true, false, lane, 32);
     }
   };
 
