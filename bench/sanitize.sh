@@ -13,7 +13,7 @@
 # minutes on an H100.
 #
 # Files written (flat): env.txt, build.log, selection-<tool>.txt, <tool>.log (the tool's report
-# and pytest's output), summary.txt. One line per tool goes to stdout and summary.txt:
+# and pytest's output), initcheck-control.log, summary.txt. One line per tool goes to stdout and summary.txt:
 #   memcheck: ERROR SUMMARY: 0 errors | pytest: 171 passed in 95.1s | rc=0 | 140 s
 set -uo pipefail
 OUT=${1:?usage: bench/sanitize.sh OUT_DIR [memcheck] [racecheck] [synccheck] [initcheck]}
@@ -113,7 +113,21 @@ for tool in $TOOLS; do
     continue
   fi
   t0=$(date +%s)
-  timeout --signal=INT --kill-after=20 "$budget" \
+  yardstick=gpu
+  if [ "$tool" = initcheck ]; then
+    # The control: PyTorch alone (an fp16 GEMM, then a read of its output). initcheck does not
+    # see the writes of cuBLAS's Hopper kernels, so this reports "uninitialized" reads with no
+    # dualk code in the process; the tests then compute PyTorch's low-precision yardstick on
+    # the CPU (dualk/testing.py), and only the real inputs and dualk's outputs stay on the GPU.
+    "$SAN" --tool initcheck --print-limit 5 "$PY" -c "
+import torch
+a = torch.randn(1024, 1024, device='cuda', dtype=torch.float16)
+print(float((a @ a).double().abs().sum()))" > "$OUT/initcheck-control.log" 2>&1
+    control=$(grep -oE "ERROR SUMMARY: [0-9]+ error" "$OUT/initcheck-control.log" | awk '{s += $3} END {print s + 0}')
+    echo "initcheck control (PyTorch alone: fp16 a @ a, then .double()): ERROR SUMMARY: $control errors" | tee -a "$OUT/summary.txt"
+    yardstick=cpu
+  fi
+  DUALK_YARDSTICK_DEVICE=$yardstick timeout --signal=INT --kill-after=20 "$budget" \
     "$SAN" --tool "$tool" --target-processes all --print-limit 50 \
       --report-api-errors "$SANITIZE_API_ERRORS" \
       "$PY" -m pytest -q -rs -p no:cacheprovider "${tests[@]}" > "$OUT/$tool.log" 2>&1
