@@ -320,6 +320,7 @@ def training_step() -> dict:
         out["forward only eager ms"] = _device_ms(lambda: seq(x))
     ws = [m.weight.detach() for m in fused.layers]
     bs = [m.bias.detach() for m in fused.layers]
+    out["auto's forward choice"] = str(dualk.explain("fused_mlp", x, ws, bs, activation="relu"))
     g = torch.randn(2**18, widths[-1], device=dev, dtype=dtype)
     from dualk.library import fused_mlp_backward as bwd_op
 

@@ -249,7 +249,7 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
 def _mm_cost(s: Sample) -> Cost:
     a, b = s.args
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    batch = a.shape[0] if a.dim() == 3 else b.shape[0] if b.dim() == 3 else 1
     return Cost(2.0 * batch * m * n * k, (a.numel() + b.numel() + batch * m * n) * a.element_size())
 
 

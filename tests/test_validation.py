@@ -404,6 +404,9 @@ WORKS = [
     ("matmul-K0", "matmul", lambda dt: ((r(2, 0, dtype=dt), r(0, 2, dtype=dt)), {})),
     ("matmul-N0", "matmul", lambda dt: ((r(2, 3, dtype=dt), r(3, 0, dtype=dt)), {})),
     ("matmul-B0", "matmul", lambda dt: ((r(0, 2, 3, dtype=dt), r(0, 3, 2, dtype=dt)), {})),
+    # An empty batch beside a broadcast 2-dim operand (hypothesis found the first on the H100).
+    ("matmul-B0-broadcast-b", "matmul", lambda dt: ((r(0, 1, 1, dtype=dt), r(1, 1, dtype=dt)), {})),
+    ("matmul-B0-broadcast-a", "matmul", lambda dt: ((r(2, 3, dtype=dt), r(0, 3, 4, dtype=dt)), {})),
     ("matmul-expanded", "matmul", lambda dt: ((r(1, 3, dtype=dt).expand(4, 3), r(3, 1, dtype=dt).expand(3, 5)), {})),
     ("matmul-batch-expanded", "matmul", lambda dt: ((r(1, 4, 3, dtype=dt).expand(2, 4, 3), r(3, 5, dtype=dt)), {})),
     ("linear_gelu-M0", "linear_gelu", lambda dt: _lg(r(0, 3, dtype=dt), r(4, 3, dtype=dt), r(4, dtype=dt))),

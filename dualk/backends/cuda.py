@@ -426,7 +426,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     batched = a.dim() == 3 or b.dim() == 3
     a3 = a if a.dim() == 3 else a.unsqueeze(0)
     b3 = b if b.dim() == 3 else b.unsqueeze(0)
-    batch = max(a3.shape[0], b3.shape[0])
+    batch = a3.shape[0] if a.dim() == 3 else b3.shape[0]  # a 2-dim operand is broadcast
     m, n = a3.shape[1], b3.shape[2]
     out = _alloc.empty((batch, m, n), a.dtype, a.device)
     if out.numel():
