@@ -70,6 +70,17 @@ def _loop_ms(fn, steps=50, repeats=5) -> float:
     return statistics.median(times)
 
 
+def _alternating(measure, fns: dict, rounds: int = 7) -> dict:
+    """{name: median of measure(fn)} over `rounds` rounds that take each fn in turn: the GPU's
+    clocks and the host's speed drift on these machines (two H100 runs of the same step differed
+    by 2x), and alternating puts every variant under the same drift."""
+    seen: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            seen[name].append(measure(fn))
+    return {name: statistics.median(v) for name, v in seen.items()}
+
+
 def _wall_us(fn, calls=200, repeats=5) -> float:
     """Median wall-clock microseconds per call, synchronising after each call (a user's view of
     one inference request, without CUDA graphs)."""
@@ -282,11 +293,14 @@ def training_step() -> dict:
 
     out = {"widths": widths, "batch": 2**18, "dtype": "float16"}
     losses, grads = {}, {}
-    for name, model in (("eager nn.Sequential", seq), ("dualk.nn.FusedMLP", fused)):
+    models = {"eager nn.Sequential": seq, "dualk.nn.FusedMLP": fused}
+    for name, model in models.items():
         loss = step(model)()
         losses[name] = loss.item()
         grads[name] = [p.grad.double().clone() for p in model.parameters()]
-        out[f"{name} ms"] = _device_ms(step(model))
+    steps = {name: step(model) for name, model in models.items()}
+    for name, ms in _alternating(lambda fn: _device_ms(fn, reps=10), steps).items():
+        out[f"{name} ms"] = ms
     out["loss eager"], out["loss dualk"] = (
         losses["eager nn.Sequential"],
         losses["dualk.nn.FusedMLP"],
@@ -300,8 +314,8 @@ def training_step() -> dict:
     # The same steps back to back, one sync at the end (a training loop's steady state: the
     # host launches step i+1 while the GPU runs step i). The per-step figure above syncs every
     # step, so a host-bound step also pays its last kernel (the fused backward) in full.
-    for name, model in (("eager nn.Sequential", seq), ("dualk.nn.FusedMLP", fused)):
-        out[f"{name} ms per step, 50 back to back"] = _loop_ms(step(model))
+    for name, ms in _alternating(lambda fn: _loop_ms(fn, repeats=1), steps).items():
+        out[f"{name} ms per step, 50 back to back"] = ms
     out["speedup back to back"] = (
         out["eager nn.Sequential ms per step, 50 back to back"]
         / out["dualk.nn.FusedMLP ms per step, 50 back to back"]
@@ -523,13 +537,37 @@ def gpt2() -> dict:
     mlps = [blk.mlp for blk in model.transformer.h]
     out = {"config": "GPT-2 n_layer=4 n_embd=768 batch 8x512 bf16"}
     results = {}
-    with torch.no_grad():
-        for name, fwd in (("unmodified", forward_plain), ("dualk.linear_gelu auto", forward_dualk)):
+    variants = {"unmodified": forward_plain, "dualk.linear_gelu auto": forward_dualk}
+
+    def run_with(fwd):
+        def run():
             for m in mlps:
                 m.forward = fwd.__get__(m)
-            logits = model(ids).logits
+            return model(ids)
+
+        return run
+
+    with torch.no_grad():
+        for name, fwd in variants.items():
+            logits = run_with(fwd)().logits
             results[name] = (logits.double() - logits32).abs().max().item()
-            out[f"{name} ms"] = _device_ms(lambda: model(ids), reps=20)
+        runs = {name: run_with(fwd) for name, fwd in variants.items()}
+        for name, ms in _alternating(lambda fn: _device_ms(fn, reps=5, warmup=2), runs).items():
+            out[f"{name} ms"] = ms
+        # The replaced piece alone: GPT-2's c_fc + GELU against dualk.linear_gelu.
+        h = torch.randn(8, 512, 768, device=dev, dtype=torch.bfloat16)
+        mlp0 = mlps[0]
+        pieces = {
+            "c_fc + act (GPT-2's own)": lambda: mlp0.act(mlp0.c_fc(h)),
+            "dualk.linear_gelu auto": lambda: dualk.linear_gelu(
+                h, mlp0.c_fc.weight.t(), mlp0.c_fc.bias, approximate="tanh"
+            ),
+        }
+        out["MLP first half alone us"] = {
+            name: round(ms * 1e3, 1)
+            for name, ms in _alternating(lambda fn: _device_ms(fn, reps=20), pieces).items()
+        }
+        out["GPT-2 activation"] = f"{config.activation_function}: {type(mlp0.act).__name__}"
         for m in mlps:
             m.forward = forward_dualk.__get__(m)
         x = torch.randn(8 * 512, 768, device=dev, dtype=torch.bfloat16)

@@ -121,7 +121,7 @@ for tool in $TOOLS; do
     # the CPU (dualk/testing.py), and only the real inputs and dualk's outputs stay on the GPU.
     "$SAN" --tool initcheck --print-limit 5 "$PY" -c "
 import torch
-a = torch.randn(1024, 1024, device='cuda', dtype=torch.float16)
+a = torch.randn(64, 64, device='cuda', dtype=torch.float16)
 print(float((a @ a).double().abs().sum()))" > "$OUT/initcheck-control.log" 2>&1
     control=$(grep -oE "ERROR SUMMARY: [0-9]+ error" "$OUT/initcheck-control.log" | awk '{s += $3} END {print s + 0}')
     echo "initcheck control (PyTorch alone: fp16 a @ a, then .double()): ERROR SUMMARY: $control errors" | tee -a "$OUT/summary.txt"
