@@ -1,15 +1,17 @@
 """Issue 13's check on a `dualk bench` JSON: per (op, shape, dtype), "auto" against the best
 PyTorch path timed in the same run (eager, cuBLAS, cuBLASLt's fused epilogue, CUDA-graph eager,
 torch.compile when timed) and against the best dualk backend; a case fails when auto is more
-than 5% slower than either. Times are medians of do_bench (L2 flushed).
+than 5% slower than either. Times are medians of do_bench (L2 flushed); given several runs (of
+one GPU model), each path's time is its median over the runs that timed it.
 
-    python3 bench/auto_table.py RUN.json [--markdown OUT.md]
+    python3 bench/auto_table.py RUN.json [RUN2.json ...] [--markdown OUT.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +23,21 @@ def rows_by_case(report: dict) -> dict:
         if row.get("us") and row.get("ok") and row["kind"] in ("dualk", "peer"):
             cases[(row["op"], row["case"], row["dtype"])].append(row)
     return cases
+
+
+def merge_runs(reports: list[dict]) -> dict:
+    """One report whose rows carry, per (op, case, dtype, impl), the median time over `reports`
+    (rows that failed or have no time are left out), and "runs": how many runs timed it."""
+    times = defaultdict(list)
+    first = {}
+    for report in reports:
+        for row in report["rows"]:
+            if row.get("us") and row.get("ok") and row["kind"] in ("dualk", "peer"):
+                key = (row["op"], row["case"], row["dtype"], row["impl"])
+                times[key].append(row["us"])
+                first.setdefault(key, row)
+    rows = [{**first[key], "us": statistics.median(v), "runs": len(v)} for key, v in times.items()]
+    return {"env": reports[0]["env"], "rows": rows}
 
 
 def table(report: dict, limit: float = 1.05) -> tuple[list[str], int]:
@@ -49,13 +66,20 @@ def table(report: dict, limit: float = 1.05) -> tuple[list[str], int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json_file", type=Path)
+    parser.add_argument("json_files", type=Path, nargs="+")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    report = json.loads(args.json_file.read_text())
+    reports = [json.loads(f.read_text()) for f in args.json_files]
+    gpus = {r["env"]["gpu"] for r in reports}
+    if len(gpus) > 1:
+        parser.error(f"runs from different GPUs cannot be merged: {sorted(gpus)}")
+    report = merge_runs(reports)
     env = report["env"]
-    head = [f"auto vs best, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}",
-            f"source: {args.json_file.name}", ""]  # fmt: skip
+    dates = ", ".join(r["env"]["date"] for r in reports)
+    head = [f"auto vs best, {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {dates}",
+            f"source: {', '.join(f.name for f in args.json_files)}"
+            + (f" (per path: the median over {len(reports)} runs)" if len(reports) > 1 else ""),
+            ""]  # fmt: skip
     lines, misses = table(report)
     lines.append(f"\n{misses} case(s) where auto is more than 5% slower than the best path")
     text = "\n".join(head + lines)
