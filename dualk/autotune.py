@@ -283,8 +283,24 @@ def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
         return _decide(spec, args, key, tune=True, force=force, explicit=True)
 
 
+def decided(spec: OpSpec, args: tuple) -> str | None:
+    """The in-memory winner for this call's key, or None (nothing is timed or loaded)."""
+    return _memory.get(KEY_FUNCTIONS[spec.name](args))
+
+
+def generation() -> int:
+    """Changes whenever in-memory decisions are forgotten (callers that cache a decision check
+    it)."""
+    return _generation
+
+
+_generation = 0
+
+
 def clear_memory() -> None:
     """Forget every in-memory decision and loaded cache file (tests)."""
+    global _generation
+    _generation += 1
     with _lock:
         _memory.clear()
         _details.clear()
@@ -431,6 +447,8 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
 
 
 def _remember(key: tuple, details: dict) -> dict:
+    global _generation
+    _generation += 1  # a new or changed decision: cached ones elsewhere are checked again
     _details[key] = details
     _memory[key] = details["backend"]
     return dict(details)

@@ -113,6 +113,19 @@ def _first_tensor(args: tuple) -> torch.Tensor:
     return args[0]
 
 
+def auto_unforced(spec: OpSpec) -> bool:
+    """True when nothing overrides "auto" for `spec` right now (no environment variable, scope,
+    process default or config entry): a cached auto decision may stand."""
+    return (
+        _ENV_BYTES is not None
+        and _scoped.get() is None
+        and _process_default is None
+        and not config.backend_defaults()
+        and spec.env_key not in _ENV_BYTES
+        and b"DUALK_BACKEND" not in _ENV_BYTES
+    )
+
+
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     """The backend that runs `spec`'s implementation on `args` (its positional arguments);
     raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""

@@ -21,9 +21,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from . import ops
+from . import autotune, dispatch, ops
+from .autotune import _tf32
 from .dispatch import check_name
 from .errors import InvalidArgumentError, InvalidTypeError
+from .registry import OPS
 from .validate import FLOAT_DTYPES
 
 GELU_APPROXIMATIONS = ("tanh", "none")
@@ -145,6 +147,113 @@ class LinearGELU(nn.Module):
         )
 
 
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_FUSED_MLP_SPEC = OPS["fused_mlp"]
+
+
+class _InferencePlan:
+    """FusedMLP's inference fast path. dualk.fused_mlp checks every weight and bias, resolves the
+    backend (overrides, then auto's cache) and shapes the call on every call: ~25 us of host time
+    on an H100 machine for the seed model, most of a batch-32 call's wall time. Once a full call
+    has succeeded with gradients off, the plan remembers, per (rows bucket, tf32 flag), the
+    backend that ran and a launcher bound to the weights, and later calls check only what can
+    change between calls:
+      - x: a plain contiguous 2-dim tensor with rows, of the weights' dtype, device and width;
+      - the parameters: the same objects, storage (data_ptr) and shapes as when planned
+        (a replaced parameter, .to()/.half() and .data assignments change one of them; in-place
+        updates, as optimizers and load_state_dict do, keep the plan valid);
+      - the decision: the module's backend, or for "auto" no override now
+        (dispatch.auto_unforced) and auto's decisions unchanged (autotune.generation()).
+    Anything else takes the full call, which (re)builds the plan. Results are the same kernels'
+    on the same inputs (tests/test_nn.py checks equality with the full call)."""
+
+    __slots__ = ("ptrs", "dtype", "device_index", "in_features", "backend", "generation", "runners")
+
+    def __init__(self, ptrs, dtype, device_index, in_features, backend, generation):
+        self.ptrs, self.dtype, self.device_index = ptrs, dtype, device_index
+        self.in_features, self.backend, self.generation = in_features, backend, generation
+        self.runners: dict = {}
+
+    @staticmethod
+    def _ptrs(weights, biases) -> tuple:
+        """The parameters as planned: each one's identity, storage and shape (a replaced
+        parameter, .to()/.half() and a .data assignment change one of them)."""
+        out: list = []
+        for t in weights:
+            out += (id(t), t.data_ptr(), t.shape)
+        for b in biases:
+            out += (None,) if b is None else (id(b), b.data_ptr(), b.shape)
+        return tuple(out)
+
+    @staticmethod
+    def _slot(x: torch.Tensor, dtype) -> tuple:
+        m = x.shape[0]
+        return ((m - 1).bit_length(), dtype is torch.float32 and _tf32())
+
+    def run(self, module, x, weights, biases) -> torch.Tensor | None:
+        if not (
+            type(x) is torch.Tensor
+            and x.dtype is self.dtype
+            and x.get_device() == self.device_index
+            and x.dim() == 2
+            and x.shape[1] == self.in_features
+            and x.shape[0] > 0
+            and x.is_contiguous()
+            and module.backend == self.backend
+            and (self.backend != "auto" or (
+                dispatch.auto_unforced(_FUSED_MLP_SPEC) and autotune.generation() == self.generation
+            ))
+            and self._ptrs(weights, biases) == self.ptrs
+        ):  # fmt: skip
+            return None
+        runner = self.runners.get(self._slot(x, self.dtype))
+        return None if runner is None else runner(x)
+
+    @classmethod
+    def update(cls, module, x, weights, biases) -> None:
+        """After a successful full call with gradients off: remember the backend that ran for x's
+        slot, when the fast path can reproduce it exactly."""
+        if not (
+            type(x) is torch.Tensor and x.dim() == 2 and x.shape[0] > 0 and x.is_contiguous()
+            and all(type(t) in (torch.Tensor, nn.Parameter) and t.is_contiguous() and t.numel()
+                    for t in (*weights, *[b for b in biases if b is not None]))
+        ):  # fmt: skip
+            return
+        activation, backend = module.kernel_activation, module.backend
+        args = (x, weights, biases, activation)
+        if backend == "auto":
+            if not dispatch.auto_unforced(_FUSED_MLP_SPEC):
+                return
+            name = autotune.decided(_FUSED_MLP_SPEC, args)
+            if name is None:  # a heuristic answer (not remembered): keep taking the full call
+                return
+        else:
+            name = backend
+        if name != "torch" and ops.mlp_fallback_reason(name, x, weights) is not None:
+            return  # the per-layer chain: not planned
+        ptrs = cls._ptrs(weights, biases)
+        plan = module.__dict__.get("_plan")
+        gen = autotune.generation()
+        if plan is None or plan.ptrs != ptrs or plan.dtype is not x.dtype or plan.backend != backend or (
+            plan.generation != gen
+        ):  # fmt: skip
+            plan = _InferencePlan(ptrs, x.dtype, x.get_device(), x.shape[1], backend, gen)
+            module.__dict__["_plan"] = plan
+        if name == "cuda":
+            from .backends import cuda
+
+            runner = cuda.fused_mlp_runner(weights, biases, activation)
+        else:
+            impl = _FUSED_MLP_SPEC.implementation(name)
+            ws, bs = list(weights), list(biases)
+
+            def runner(x, impl=impl, ws=ws, bs=bs, activation=activation):
+                return impl(x, ws, bs, activation)
+
+        plan.runners[cls._slot(x, x.dtype)] = runner
+
+
 class FusedMLP(nn.Module):
     """`L_n(act(... act(L_1(x))))` in one kernel launch. `widths` = (in, hidden..., out): 1 to 8
     layers run in one kernel (more, or wider than the kernels hold, run as a per-layer chain:
@@ -200,13 +309,27 @@ class FusedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layers = self.layers
-        return ops.fused_mlp(
-            x,
-            [lin.weight for lin in layers],
-            [lin.bias for lin in layers],
-            activation=self.kernel_activation,
-            backend=self.backend,
+        weights = [lin.weight for lin in layers]
+        biases = [lin.bias for lin in layers]
+        # Inference (no gradient to record, not tracing): the plan from an earlier full call.
+        planned = not (_is_grad_enabled() or _is_compiling())
+        if planned:
+            plan = self.__dict__.get("_plan")
+            if plan is not None:
+                out = plan.run(self, x, weights, biases)
+                if out is not None:
+                    return out
+        out = ops.fused_mlp(
+            x, weights, biases, activation=self.kernel_activation, backend=self.backend
         )
+        if planned:
+            _InferencePlan.update(self, x, weights, biases)
+        return out
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())  # a copy: the default returns the live __dict__
+        state.pop("_plan", None)  # launch closures: rebuilt on the first call of the copy
+        return state
 
     @classmethod
     def from_linears(

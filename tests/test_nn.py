@@ -326,3 +326,104 @@ def test_modules_compile_fullgraph():
     ref.sum().backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6)
+
+
+# ---- FusedMLP's inference plan (dualk/nn.py _InferencePlan): later no-grad calls skip the full
+# checks and dispatch; every way the plan could go stale must take the full call instead.
+def _count_full_calls(monkeypatch):
+    from dualk import ops
+
+    calls = []
+    real = ops.fused_mlp
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "fused_mlp", counting)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_plan_gives_the_full_calls_answer(backend, mode, monkeypatch):
+    if backend != "auto":
+        _skip(backend)
+    torch.manual_seed(0)
+    m = FusedMLP([24, 40, 16, 9], activation="silu", backend=backend, device=DEVICE)
+    calls = _count_full_calls(monkeypatch)
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with context():
+        x = torch.randn(33, 24, device=DEVICE)
+        full = m(x)
+        planned = [m(x) for _ in range(3)]
+        other_rows = m(torch.randn(40, 24, device=DEVICE))  # same rows bucket: planned too
+    assert len(calls) == 1, f"{len(calls)} full calls; later calls should take the plan"
+    for out in planned:
+        assert torch.equal(out, full)
+    ref = m.to_sequential()(torch.randn(1, 24, device=DEVICE))  # the module still works
+    assert ref.shape == (1, 9) and other_rows.shape == (40, 9)
+
+
+def test_inference_plan_follows_parameter_changes(monkeypatch):
+    torch.manual_seed(1)
+    m = FusedMLP([16, 32, 8], backend="torch", device=DEVICE)
+    seq = m.to_sequential()  # shares the parameters
+    x = torch.randn(5, 16, device=DEVICE)
+    calls = _count_full_calls(monkeypatch)
+    with torch.no_grad():
+        m(x)
+        m.layers[0].weight.mul_(0.5)  # in place (an optimizer step): the plan stays valid
+        assert torch.allclose(m(x), seq(x), atol=1e-5, rtol=1e-5)
+        assert len(calls) == 1
+        m.layers[1].weight = nn.Parameter(torch.randn(8, 32, device=DEVICE))  # replaced
+        assert torch.allclose(m(x), m.to_sequential()(x), atol=1e-5, rtol=1e-5)
+        assert len(calls) == 2
+        m.layers[1].bias.data = torch.randn(8, device=DEVICE)  # new storage, same object
+        assert torch.allclose(m(x), m.to_sequential()(x), atol=1e-5, rtol=1e-5)
+        assert len(calls) == 3
+        m.to(torch.bfloat16)  # new dtype: a float32 x is an error again, never a silent answer
+        with pytest.raises(TypeError, match="dtype"):
+            m(x)
+        out = m(x.to(torch.bfloat16))
+        assert out.dtype == torch.bfloat16
+
+
+def test_inference_plan_steps_aside(monkeypatch):
+    """Gradients to record, a non-contiguous or 3-dim x, another module backend, and an
+    environment override set after planning all take the full call."""
+    torch.manual_seed(2)
+    m = FusedMLP([12, 20, 6], device=DEVICE)
+    x = torch.randn(7, 12, device=DEVICE)
+    calls = _count_full_calls(monkeypatch)
+    with torch.no_grad():
+        m(x)
+        m(x.t().contiguous().t())  # non-contiguous
+        m(x.unsqueeze(0))  # 3-dim
+    assert len(calls) == 3
+    out = m(x)  # gradients on
+    assert out.grad_fn is not None and len(calls) == 4
+    with torch.no_grad():
+        m(x)  # auto decided new keys above (other layouts): plans made before are rebuilt once
+        n = len(calls)
+        m(x)
+        assert len(calls) == n  # planned
+        monkeypatch.setenv("DUALK_BACKEND_FUSED_MLP", "torch")
+        m(x)
+        assert len(calls) == n + 1  # the override is honoured by the full call
+        monkeypatch.delenv("DUALK_BACKEND_FUSED_MLP")
+        m.backend = "torch"
+        m(x)
+        assert len(calls) == n + 2
+
+
+def test_inference_plan_is_not_pickled():
+    torch.manual_seed(3)
+    m = FusedMLP([8, 8, 4], device=DEVICE)
+    with torch.no_grad():
+        m(torch.randn(3, 8, device=DEVICE))
+    copied = copy.deepcopy(m)
+    assert "_plan" not in copied.__dict__
+    with torch.no_grad():
+        x = torch.randn(3, 8, device=DEVICE)
+        assert torch.equal(copied(x), m(x))

@@ -452,6 +452,24 @@ def linear_gelu(
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def fused_mlp_runner(
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None], activation: str
+):
+    """fused_mlp(x, weights, biases, activation) for a contiguous 2-dim x with rows, as one
+    allocation and one launcher call (dualk.nn.FusedMLP's planned path: the weights were checked
+    once and are contiguous)."""
+    launch = extension().fused_mlp
+    weights, biases, code = list(weights), list(biases), ACTIVATION_CODES[activation]
+    shape_tail, dtype, device = weights[-1].shape[0], weights[0].dtype, weights[0].device
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = _alloc.empty((x.shape[0], shape_tail), dtype, device)
+        launch(x, weights, biases, out, code)
+        return out
+
+    return run
+
+
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
     return extension().fused_mlp_unsupported_reason(list(widths), DTYPE_CODES[dtype], 0)
 
