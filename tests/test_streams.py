@@ -68,6 +68,38 @@ def test_side_stream_ordering(backend):
     torch.testing.assert_close(z, torch.relu(x) * 2.0 + x)
 
 
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("op,case_name", CASES)
+def test_inputs_overwritten_on_another_stream_are_a_race_not_a_crash(op, case_name, backend):
+    """Another stream overwrites the inputs while the call runs (no synchronisation): the values
+    are the user's race, but the call returns an output of the right shape and dtype, raises
+    nothing, and leaves the device usable (the same call afterwards is right)."""
+    device = torch.device("cuda")
+    reason = unavailable_reason(backend, device)
+    if reason is not None:
+        pytest.skip(reason)
+    spec = OPS[op]
+    case = next(c for c in spec.cases if c.name == case_name)
+    gen = torch.Generator(device=device).manual_seed(7)
+    sample = case.make(torch.float16, device, gen)
+    fn = getattr(dualk, op)
+    fn(*sample.args, **sample.kwargs, backend=backend)  # compile / build outside the race
+    torch.cuda.synchronize()
+    tensors = [t for a in sample.args for t in (a if isinstance(a, list) else [a])
+               if isinstance(t, torch.Tensor)]  # fmt: skip
+    writer = torch.cuda.Stream()
+    with torch.no_grad():
+        for _ in range(5):
+            with torch.cuda.stream(writer):
+                for t in tensors:
+                    t.uniform_(-1.0, 1.0)  # races with the call below
+            out = fn(*sample.args, **sample.kwargs, backend=backend)
+        torch.cuda.synchronize()
+        assert out.dtype == torch.float16 and out.device.type == "cuda"
+        verdict = judge(spec, sample, fn(*sample.args, **sample.kwargs, backend=backend))
+    assert verdict.ok, verdict.message
+
+
 @pytest.mark.parametrize("op,case_name", CASES)
 def test_auto_under_capture_never_times(op, case_name, monkeypatch, tmp_path):
     """ "auto" meeting a shape class for the first time inside a CUDA-graph capture takes its
