@@ -79,9 +79,7 @@ def test_inputs_overwritten_on_another_stream_are_a_race_not_a_crash(op, case_na
     if reason is not None:
         pytest.skip(reason)
     spec = OPS[op]
-    case = next(c for c in spec.cases if c.name == case_name)
-    gen = torch.Generator(device=device).manual_seed(7)
-    sample = case.make(torch.float16, device, gen)
+    sample = spec.case(case_name).make(torch.float16, device, torch.Generator().manual_seed(7))
     fn = getattr(dualk, op)
     fn(*sample.args, **sample.kwargs, backend=backend)  # compile / build outside the race
     torch.cuda.synchronize()
