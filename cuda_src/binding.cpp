@@ -169,9 +169,21 @@ dualk::GemmArgs gemm_args(const char* op, const at::Tensor& a, const at::Tensor&
   return args;
 }
 
+// Split-K scratch from PyTorch's caching allocator when the GEMM family wants one (freed at the
+// end of the call: the kernels run first on this stream, so the block is reused in order).
+at::Tensor split_k_workspace(dualk::GemmArgs& args, const at::Tensor& out) {
+  const int64_t floats = dualk::gemm_split_k_workspace_floats(args);
+  if (floats == 0) return {};
+  at::Tensor workspace = at::empty({floats}, out.options().dtype(at::kFloat));
+  args.workspace = workspace.data_ptr<float>();
+  args.workspace_floats = floats;
+  return workspace;
+}
+
 void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool allow_tf32) {
   auto args = gemm_args("matmul", a, b, out, allow_tf32);
   const c10::cuda::CUDAGuard guard(out.device());
+  const at::Tensor workspace = split_k_workspace(args, out);
   check_launch("matmul", dualk::launch_matmul(args, at::cuda::getCurrentCUDAStream()));
 }
 
@@ -188,6 +200,7 @@ void linear_gelu(const at::Tensor& x, const at::Tensor& weight_t,
   }
   args.activation = static_cast<dualk::Activation>(activation);
   const c10::cuda::CUDAGuard guard(out.device());
+  const at::Tensor workspace = split_k_workspace(args, out);
   check_launch("linear_gelu", dualk::launch_linear_gelu(args, at::cuda::getCurrentCUDAStream()));
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "gemm_common.cuh"
@@ -94,7 +95,8 @@ struct TensorCoreConfig {
 // k tile sit before the last step, so the next stage's first fragments also overlap the last mma.
 // Epilogue straight from the accumulators: bias and activation in fp32 registers, two outputs per
 // 32-bit store.
-template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias>
+// TOut: the output's element type, T (the operands') or float (split-K partial products).
+template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias, typename TOut = T>
 __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinBlocks)
     gemm_tensor_core_kernel(const GemmArgs args) {
   using Cfg = TensorCoreConfig<Tile, kBKMajor>;
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
   const T* __restrict__ a = static_cast<const T*>(args.a);
   const T* __restrict__ b = static_cast<const T*>(args.b);
   const T* __restrict__ bias = static_cast<const T*>(args.bias);
-  T* __restrict__ c = static_cast<T*>(args.c);
+  TOut* __restrict__ c = static_cast<TOut*>(args.c);
   const int64_t m = args.m, n = args.n, k = args.k;
 
   const int tid = threadIdx.x;
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
     // Epilogue: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, columns 2t and 2t + 1 of
     // every m16n8 tile; bias + activation in fp32, down-cast, one 32-bit store per pair (masked
     // element stores at the right edge or when C pairs are not 4-byte aligned).
-    T* c_batch = c + coord.batch * args.stride_c_batch;
+    TOut* c_batch = c + coord.batch * args.stride_c_batch;
     const int row_base = warp_m * Cfg::kWarpTileM + lane / 4;
     const int col_base = warp_n * Cfg::kWarpTileN + 2 * (lane % 4);
 #pragma unroll
@@ -316,8 +318,11 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
           }
           v0 = apply_activation<kAct>(v0);
           v1 = apply_activation<kAct>(v1);
-          T* dst = c_batch + (m0 + row) * args.stride_cm + n0 + col;
-          if (c_vec && pair) {
+          TOut* dst = c_batch + (m0 + row) * args.stride_cm + n0 + col;
+          if constexpr (std::is_same_v<TOut, float>) {
+            dst[0] = v0;
+            if (pair) dst[1] = v1;
+          } else if (c_vec && pair) {
             *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
           } else {
             dst[0] = from_float<T>(v0);
@@ -352,10 +357,10 @@ constexpr int tensor_core_smem_bytes() {
   return TensorCoreConfig<Tile, true>::kSmemBytes;  // the same for both B layouts
 }
 
-template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias>
+template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias, typename TOut = T>
 cudaError_t launch_tensor_core(const GemmArgs& args, cudaStream_t stream) {
   using Cfg = TensorCoreConfig<Tile, kBKMajor>;
-  auto kernel = gemm_tensor_core_kernel<T, Tile, kBKMajor, kAct, kHasBias>;
+  auto kernel = gemm_tensor_core_kernel<T, Tile, kBKMajor, kAct, kHasBias, TOut>;
   cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t num_tiles =

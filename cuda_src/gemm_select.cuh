@@ -1,5 +1,6 @@
 // Which GEMM kernel runs: the family's host-side entry points for matmul.cu and linear_gelu.cu.
-//   run_gemm_best: the Hopper kernel (gemm_sm90.cuh) where it can run, else run_gemm;
+//   run_gemm_best: split-K (below) for few tiles and a long k when the caller gave a workspace,
+//     else the Hopper kernel (gemm_sm90.cuh) where it can run, else run_gemm;
 //   run_gemm: validates the arguments, then per dtype select_gemm_kernel picks the tensor-core
 //     tile (gemm_mma.cuh: TcLarge, TcSmall) or the SIMT path, and launch_simt picks
 //     gemm_simt_wide_kernel (gemm_simt_wide.cuh) or the gemm_simt_kernel fallback (gemm_simt.cuh).
@@ -63,6 +64,63 @@ cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
   return launch_simt<T, kAct, kHasBias>(args, stream);
 }
 
+// ------------------------------------------------------------------ split-K
+// Few output tiles and a long k (a tall batch's weight gradients, 64 x 2^18 x 64; 128 x 8192 x
+// 128): one tile per CTA leaves most SMs idle for the whole k loop. k is cut into slices, each a
+// batch entry of the portable tensor-core kernel writing fp32 partial products into a workspace
+// (launch_split_k_partials, matmul.cu), and split_k_reduce_kernel sums them in fp32, adds the
+// bias, applies the activation and rounds once: the same arithmetic as one pass, reordered.
+constexpr int64_t kSplitKMinSlice = 256;  // k per slice: 8 k-tiles of 32
+constexpr int64_t kSplitKMaxSplits = 128;
+
+struct SplitK {
+  int64_t splits, slice;  // ceil(k / slice) slices of `slice` (a multiple of 32), the last shorter
+};
+
+inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
+  const SplitK none{1, args.k};
+  if (args.dtype == DType::kFloat32 || args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
+  if (args.k < 2 * kSplitKMinSlice || args.k >= (int64_t{1} << 31)) return none;
+  if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return none;
+  const int64_t tiles = ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
+  if (2 * tiles >= device.num_sms) return none;  // the one-pass kernels fill the GPU
+  int64_t splits = ceil_div(int64_t{2} * device.num_sms, tiles);  // ~2 CTAs per SM
+  splits = std::min(std::min(splits, args.k / kSplitKMinSlice), kSplitKMaxSplits);
+  if (splits < 2) return none;
+  const int64_t slice = ceil_div(ceil_div(args.k, splits), TcSmall::kBlockK) * TcSmall::kBlockK;
+  return {ceil_div(args.k, slice), slice};
+}
+
+// The fp32 partial products of every slice into args.workspace ((splits, m, n), contiguous).
+cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cudaStream_t stream);
+
+template <typename T, Activation kAct, bool kHasBias>
+__global__ void split_k_reduce_kernel(const float* __restrict__ partials, int64_t splits,
+                                      int64_t m, int64_t n, const T* __restrict__ bias,
+                                      T* __restrict__ c, int64_t stride_cm) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0.f;
+    for (int64_t s = 0; s < splits; ++s) acc += partials[s * total + i];
+    const int64_t row = i / n, col = i - row * n;
+    c[row * stride_cm + col] = from_float<T>(epilogue_value<T, kAct, kHasBias>(acc, bias, col));
+  }
+}
+
+template <typename T, Activation kAct, bool kHasBias>
+cudaError_t run_split_k(const GemmArgs& args, const SplitK& plan, cudaStream_t stream) {
+  cudaError_t err = launch_split_k_partials(args, plan, stream);
+  if (err != cudaSuccess) return err;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>(ceil_div(args.m * args.n, kThreads),
+                                           int64_t{device_props().num_sms} * 8);
+  split_k_reduce_kernel<T, kAct, kHasBias><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      args.workspace, plan.splits, args.m, args.n, static_cast<const T*>(args.bias),
+      static_cast<T*>(args.c), args.stride_cm);
+  return cudaGetLastError();
+}
+
 // Validates what every GEMM launcher needs, then dispatches on dtype.
 template <Activation kAct, bool kHasBias>
 cudaError_t run_gemm(const GemmArgs& args, cudaStream_t stream) {
@@ -90,6 +148,14 @@ template <Activation kAct, bool kHasBias>
 cudaError_t run_gemm_best(const GemmArgs& args, cudaStream_t stream) {
   const bool nonempty = args.batch > 0 && args.m > 0 && args.n > 0 && args.k > 0 &&
                         args.a != nullptr && args.b != nullptr && args.c != nullptr;
+  if (nonempty && args.workspace != nullptr) {  // the caller asked gemm_split_k_workspace_floats
+    const gemm::SplitK plan = gemm::split_k_plan(args, device_props());
+    if (plan.splits > 1 && args.workspace_floats >= plan.splits * args.m * args.n) {
+      return args.dtype == DType::kFloat16
+                 ? gemm::run_split_k<__half, kAct, kHasBias>(args, plan, stream)
+                 : gemm::run_split_k<__nv_bfloat16, kAct, kHasBias>(args, plan, stream);
+    }
+  }
   if (nonempty && args.dtype != DType::kFloat32 && gemm_sm90::can_run(args)) {
     return args.dtype == DType::kFloat16
                ? gemm_sm90::launch<__half, kAct, kHasBias>(args, stream)

@@ -62,7 +62,16 @@ struct GemmArgs {
   DType dtype;
   Activation activation;
   bool allow_tf32;  // fp32 only: PyTorch's torch.backends.cuda.matmul.allow_tf32
+  // Split-K scratch (fp32 partial products), sized by gemm_split_k_workspace_floats; nullptr
+  // (the default) runs without split-K.
+  float* workspace;
+  int64_t workspace_floats;
 };
+
+// How many floats of workspace the GEMM family wants for these arguments on the current device:
+// 0 unless split-K serves them (16-bit, one batch, too few output tiles to fill the GPU and a
+// long k), then splits x m x n. The caller allocates it and sets args.workspace.
+int64_t gemm_split_k_workspace_floats(const GemmArgs& args);
 
 // matmul.cu: activation must be kNone and bias nullptr.
 cudaError_t launch_matmul(const GemmArgs& args, cudaStream_t stream);
