@@ -21,6 +21,7 @@ CASES = [
     for backend in spec.backends
     for dtype in DTYPES
     if not case.bench or not case.gpu_only or case.quick  # the big benchmark shapes stay in bench
+    if case.test_dtypes is None or dtype in case.test_dtypes  # registry.ShapeCase says why
 ]
 
 
