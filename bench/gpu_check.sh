@@ -6,6 +6,7 @@
 #
 # Files written (at most 8, flat, so a remote runner can bring them all back):
 #   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
+# A carried build/cuda-cache.tgz seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE writes one.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench] [suite] [bench args...]}
 STAGE=${2:-all}
@@ -24,6 +25,12 @@ PY=${PYTHON:-python3}
 } > "$OUT/env.txt" 2>&1
 head -n 30 "$OUT/env.txt"
 
+# A CUDA build carried from an earlier call (build/cuda-cache.tgz, named in the device call's
+# carry; SAVE_CUDA_CACHE=FILE below writes one): the loader checks the build key (sources,
+# toolchain, architecture), so a stale one is rebuilt, and a matching one saves the ~105 s build.
+if [ -f build/cuda-cache.tgz ]; then
+  mkdir -p "$DUALK_CACHE_DIR" && tar xzf build/cuda-cache.tgz -C "$DUALK_CACHE_DIR" --strip-components=1
+fi
 t0=$(date +%s)
 {
   $PY -m pip install --no-deps --no-build-isolation -e . && $PY -m dualk build --verbose
@@ -32,6 +39,9 @@ rc=$?
 echo "setup (install + CUDA build): rc=$rc in $(( $(date +%s) - t0 )) s"
 tail -n 3 "$OUT/setup.log"
 [ $rc -eq 0 ] || { grep -n -i -E "error" "$OUT/setup.log" | head -40; exit $rc; }
+if [ -n "${SAVE_CUDA_CACHE:-}" ]; then  # e.g. SAVE_CUDA_CACHE=$OUT/cuda-cache.tgz (a 9th file: drop one)
+  tar czf "$SAVE_CUDA_CACHE" -C "$(dirname "$DUALK_CACHE_DIR")" "$(basename "$DUALK_CACHE_DIR")/cuda"
+fi
 
 status=0
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration ]; then
