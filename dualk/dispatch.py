@@ -129,15 +129,7 @@ def auto_unforced(spec: OpSpec) -> bool:
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     """The backend that runs `spec`'s implementation on `args` (its positional arguments);
     raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""
-    if (  # the common call: nothing overrides "auto" (2 dict lookups, no tuple building)
-        backend == "auto"
-        and _ENV_BYTES is not None
-        and _scoped.get() is None
-        and _process_default is None
-        and not config.backend_defaults()
-        and spec.env_key not in _ENV_BYTES
-        and b"DUALK_BACKEND" not in _ENV_BYTES
-    ):
+    if backend == "auto" and auto_unforced(spec):  # the common call: no tuple building
         return autotune.choose(spec, args)
     name, source = requested(spec, backend)
     if name == "auto":

