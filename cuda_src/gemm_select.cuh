@@ -79,6 +79,7 @@ struct SplitK {
 
 inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   const SplitK none{1, args.k};
+  if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return none;
   if (args.dtype == DType::kFloat32 || args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
   if (args.k < 2 * kSplitKMinSlice || args.k >= (int64_t{1} << 31)) return none;
   if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return none;
@@ -148,7 +149,7 @@ template <Activation kAct, bool kHasBias>
 cudaError_t run_gemm_best(const GemmArgs& args, cudaStream_t stream) {
   const bool nonempty = args.batch > 0 && args.m > 0 && args.n > 0 && args.k > 0 &&
                         args.a != nullptr && args.b != nullptr && args.c != nullptr;
-  if (nonempty && args.workspace != nullptr) {  // the caller asked gemm_split_k_workspace_floats
+  if (args.workspace != nullptr) {  // the caller asked gemm_split_k_workspace_floats
     const gemm::SplitK plan = gemm::split_k_plan(args, device_props());
     if (plan.splits > 1 && args.workspace_floats >= plan.splits * args.m * args.n) {
       return args.dtype == DType::kFloat16

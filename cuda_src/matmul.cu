@@ -11,9 +11,6 @@ cudaError_t launch_matmul(const GemmArgs& args, cudaStream_t stream) {
 }
 
 int64_t gemm_split_k_workspace_floats(const GemmArgs& args) {
-  if (args.batch <= 0 || args.m <= 0 || args.n <= 0 || args.k <= 0 || args.a == nullptr ||
-      args.b == nullptr)
-    return 0;
   const gemm::SplitK plan = gemm::split_k_plan(args, device_props());
   return plan.splits > 1 ? plan.splits * args.m * args.n : 0;
 }

@@ -235,9 +235,8 @@ class _InferencePlan:
         ptrs = cls._ptrs(weights, biases)
         plan = module.__dict__.get("_plan")
         gen = autotune.generation()
-        if plan is None or plan.ptrs != ptrs or plan.dtype is not x.dtype or plan.backend != backend or (
-            plan.generation != gen
-        ):  # fmt: skip
+        # (dtype and device follow from ptrs: the full call checked x against these weights)
+        if plan is None or plan.ptrs != ptrs or plan.backend != backend or plan.generation != gen:
             plan = _InferencePlan(ptrs, x.dtype, x.get_device(), x.shape[1], backend, gen)
             module.__dict__["_plan"] = plan
         if name == "cuda":

@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import dualk
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from integration import _device_ms  # noqa: E402
+
+import dualk  # noqa: E402
 
 SHAPES = [
     ((64, 64, 64, 64, 64, 16), 2**18),
@@ -28,21 +35,10 @@ SHAPES = [
 ]
 
 
-def queued_us(fn, calls=50, repeats=5) -> float:
-    """Median over repeats of device microseconds per call, `calls` calls between two events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+def queued_us(fn, calls=50) -> float:
+    """Device microseconds per call with `calls` calls queued between two events (bench/
+    integration.py's _device_ms over the batch, median of its repeats)."""
+    return _device_ms(lambda: [fn() for _ in range(calls)], reps=5, warmup=1) * 1e3 / calls
 
 
 def main() -> None:

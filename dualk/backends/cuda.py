@@ -460,10 +460,10 @@ def fused_mlp_runner(
     once and are contiguous)."""
     launch = extension().fused_mlp
     weights, biases, code = list(weights), list(biases), ACTIVATION_CODES[activation]
-    shape_tail, dtype, device = weights[-1].shape[0], weights[0].dtype, weights[0].device
+    out_features, dtype, device = weights[-1].shape[0], weights[0].dtype, weights[0].device
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        out = _alloc.empty((x.shape[0], shape_tail), dtype, device)
+        out = _alloc.empty((x.shape[0], out_features), dtype, device)
         launch(x, weights, biases, out, code)
         return out
 
