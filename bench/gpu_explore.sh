@@ -42,7 +42,7 @@ fi
 if has sm90 && [ -x /tmp/sm90_bench ]; then
   echo "==================== sm90"
   cuobjdump -sass /tmp/sm90_bench 2>/dev/null | grep -c HGMMA | sed 's/^/HGMMA instructions: /'
-  timeout 200 /tmp/sm90_bench > "$OUT/sm90/run.txt" 2>&1; echo "exit $?"
+  timeout ${SM90_TIMEOUT:-400} /tmp/sm90_bench > "$OUT/sm90/run.txt" 2>&1; echo "exit $?"
   tail -40 "$OUT/sm90/run.txt"
 fi
 if has simt && [ -x /tmp/simt_bench ]; then

@@ -14,8 +14,12 @@
 //     with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
 //     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
 //     from registers: + bias, activation in fp32 (apply_activation, the math of the portable
-//     kernels' epilogue), down-cast, bounds-checked stores. The producer meanwhile fills the ring
-//     with the next tile, so loads overlap the epilogue.
+//     kernels' epilogue), down-cast, and stores: by TMA from a swizzled staging buffer where C
+//     allows it (kTmaStore configs), else bounds-checked 32-bit stores. The producer meanwhile
+//     fills the ring with the next tile, so loads overlap the epilogue.
+//   * Ping-pong configs (kPingPong): each consumer owns whole tiles instead of half of each, the
+//     CTA's tiles alternating between the two, and order barriers make their main loops take
+//     turns, so one consumer's epilogue overlaps the other's wgmma (TileConfig says when).
 // The ring position (stage, phase) runs on across tiles in both roles, so it never resets.
 //
 // B layouts: k-major (b_k_major, W (n, k) row-major: "TN") is loaded as rows of 64 k, like A;
@@ -55,20 +59,39 @@ namespace gemm_sm90 {
 
 // kBlockM x kBlockN x 64 tile, kStages-deep ring, 2 consumer warpgroups + 1 producer warpgroup,
 // one CTA per SM.
-template <int kBlockM_, int kBlockN_, int kStages_>
+// kPingPong = false ("cooperative"): both consumer warpgroups work on one tile, kBlockM / 2 rows
+// each, and the tensor cores idle while they run the epilogue together.
+// kPingPong = true: each consumer owns whole tiles, the CTA's tiles alternating between them, and
+// their main loops take turns (order barriers): one consumer's epilogue runs while the other's
+// wgmma keep the tensor cores busy, which pays most for short k (linear_gelu, k = 768).
+// kTmaStore: the epilogue writes each consumer's rows into a shared-memory staging buffer
+// (128-byte swizzled boxes of 64 columns, conflict-free for the accumulator layout) and one
+// thread stores them with TMA: whole 128-byte lines instead of 32-bit pieces of 8 rows, issued
+// asynchronously (the store drains during the next tile's main loop) and clipped by TMA at the
+// matrix edges. Taken at run time only where C suits TMA (KernelParams::c_tma), else the direct
+// stores.
+template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false, bool kTmaStore_ = false>
 struct TileConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  static constexpr int kWgRows = kBlockM / kConsumerWGs;  // tile rows per consumer warpgroup
+  static constexpr int kWgRows = kPingPong ? kBlockM : kBlockM / kConsumerWGs;  // rows per consumer
   static constexpr int kMSub = kWgRows / 64;              // m64 wgmma rows per consumer
   static constexpr int kAccRegs = kBlockN / 2;            // fp32 accumulators per m64 per thread
   static constexpr int kStageBytesA = kBlockM * kBlockK * 2;
   static constexpr int kStageBytesB = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
-  // Ring, then full[] and empty[] mbarriers; +1024 for aligning the dynamic base to 1024 bytes.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  // A stage is released by every warp that read it: both consumers' (cooperative) or one's.
+  static constexpr int kEmptyArrivals = kPingPong ? 4 : 4 * kConsumerWGs;
+  // One staging buffer per consumer: kWgRows x kBlockN as kBlockN / 64 boxes of kWgRows x 128 B.
+  static constexpr int kCBufBytes = kTmaStore ? kWgRows * kBlockN * 2 : 0;
+  // Ring, C staging, then full[], empty[] and the two order mbarriers; +1024 for aligning the
+  // dynamic base to 1024 bytes.
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kConsumerWGs * kCBufBytes + 2 * kStages * 8 + 2 * 8 + 1024;
   // setmaxnreg moves registers inside the CTA's launch allocation (168 x 384 = 64512 at the
   // __launch_bounds__(384, 1) cap): the producer frees 128 x (168 - 40) = 16384, exactly the
   // 256 x (232 - 168) the consumers take. ptxas still compiles the whole kernel under the entry cap
@@ -89,6 +112,19 @@ struct TileConfig {
 using Tile128x256 = TileConfig<128, 256, 4>;
 // 128 x 128, 6 stages (193 KB): more CTAs for grids the 128 x 256 tile cannot fill.
 using Tile128x128 = TileConfig<128, 128, 6>;
+// Ping-pong tiles (candidates measured in experiments/gemm_sm90_bench.cu): 128 x 128 per consumer
+// (6 stages of 32 KB), 64 x 256 (5 stages of 40 KB) and 64 x 128 (8 stages of 24 KB, for grids
+// of few tiles: twice the CTAs of 128 x 128).
+using PingPong128x128 = TileConfig<128, 128, 6, true>;
+using PingPong64x256 = TileConfig<64, 256, 5, true>;
+using PingPong64x128 = TileConfig<64, 128, 8, true>;
+// The same with TMA stores (stages traded for the staging buffers).
+using Tile128x256Tma = TileConfig<128, 256, 3, false, true>;
+using Tile256x128Tma = TileConfig<256, 128, 3, false, true>;
+using Tile128x128Tma = TileConfig<128, 128, 5, false, true>;
+using PingPong128x128Tma = TileConfig<128, 128, 4, true, true>;
+using PingPong64x256Tma = TileConfig<64, 256, 4, true, true>;
+using PingPong64x128Tma = TileConfig<64, 128, 6, true, true>;
 // 256 x 128, 4 stages: with a gelu epilogue, 0.66x / 0.89x cuBLASLt against 0.61x / 0.87x for
 // 128 x 256 on the two linear_gelu benchmark shapes (H200, NOTES-gemm-sm90.md); plain matmul
 // prefers 128 x 256 (0.90x vs 0.87x at 4096^3).
@@ -106,6 +142,8 @@ struct KernelParams {
   int tiles_m, tiles_n, num_tiles;
   int a_batched, b_batched;  // 0: the operand's tensor map is 2-D (batch 1 or batch stride 0)
   int c_vec;                 // C element pairs are 4-byte aligned
+  int c_tma;                 // tmap_c is valid: C suits TMA (configs with kTmaStore only)
+  int c_batched;             // tmap_c is 3-D
 };
 
 // ------------------------------------------------------------------ sm_90a device primitives
@@ -123,6 +161,34 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+
+// TMA store of one box from shared memory (bulk-group completion, no mbarrier).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The committed stores have read their shared memory (the buffer may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// The committed stores are complete.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Generic-proxy shared-memory writes become visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Named barrier `id` over `threads` threads (a consumer warpgroup: id 1 + cw, 128).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
@@ -189,14 +255,17 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-                     const KernelParams p) {
+                     const __grid_constant__ CUtensorMap tmap_c, const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B
-  const uint32_t full_bar = smem + kStages * Cfg::kStageBytes;
+  const uint32_t c_buf = smem + kStages * Cfg::kStageBytes;  // kConsumerWGs x kCBufBytes
+  const uint32_t full_bar = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
+  // Ping-pong only: order_bar + 8 c is where consumer c waits for its turn at the main loop.
+  const uint32_t order_bar = empty_bar + kStages * 8;
 
   const int wg = threadIdx.x / 128;
   const int tid_wg = threadIdx.x % 128;
@@ -204,8 +273,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, Cfg::kConsumerWGs * 4);  // lane 0 of every consumer warp
+      mbar_init(empty_bar + 8 * s, Cfg::kEmptyArrivals);  // lane 0 of every reading warp
     }
+    mbar_init(order_bar, 1);
+    mbar_init(order_bar + 8, 1);
     fence_barrier_init();
   }
   __syncthreads();
@@ -252,7 +323,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     // ---------------- consumers
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = wg - 1;  // consumer warpgroup: tile rows [cw * kWgRows, (cw + 1) * kWgRows)
+    // Consumer warpgroup cw: cooperative, tile rows [cw * kWgRows, (cw + 1) * kWgRows) of every
+    // tile; ping-pong, every row of the CTA's tiles number cw, cw + 2, cw + 4, ...
+    const int cw = wg - 1;
+    const int row0 = Cfg::kPingPong ? 0 : cw * Cfg::kWgRows;
     const int warp = tid_wg / 32;
     const int lane = tid_wg % 32;
     const T* __restrict__ bias = static_cast<const T*>(p.bias);
@@ -260,7 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // Descriptors of stage 0, k16 step 0; stage s and step j add (s * kStageBytes + offset) >> 4
     // to the start-address field (addresses stay below 256 KB, so the 14-bit field never carries).
-    const uint64_t desc_a0 = make_desc(smem + cw * Cfg::kWgRows * 128, 16, 1024);
+    const uint64_t desc_a0 = make_desc(smem + row0 * 128, 16, 1024);
     const uint64_t desc_b0 = kBKMajor ? make_desc(smem + Cfg::kStageBytesA, 16, 1024)
                                       : make_desc(smem + Cfg::kStageBytesA, 8192, 1024);
     constexpr uint32_t kStepB = kBKMajor ? 32 : 2048;  // bytes per k16 step inside a stage
@@ -268,9 +342,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     float acc[Cfg::kMSub][Cfg::kAccRegs];
-    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
+    for (int local = Cfg::kPingPong ? cw : 0;; local += kTileStep) {
+      const int64_t tile64 = blockIdx.x + static_cast<int64_t>(local) * gridDim.x;
+      if (tile64 >= p.num_tiles) break;
+      const int tile = static_cast<int>(tile64);
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
+      if constexpr (Cfg::kPingPong) {
+        // This consumer skipped the other's tiles: its ring position is local * k_tiles. Waiting
+        // for the other consumer's main loop to finish (local >= 1) also keeps the full[] waits
+        // below from seeing a stage's earlier round: that round belonged to a tile whose loads
+        // the other consumer has already waited for.
+        const int64_t pos = static_cast<int64_t>(local) * p.k_tiles;
+        stage = static_cast<int>(pos % kStages);
+        phase = static_cast<uint32_t>((pos / kStages) & 1);
+        if (local >= 1) mbar_wait(order_bar + 8 * cw, static_cast<uint32_t>(((local - 1) >> 1) & 1));
+      }
 #pragma unroll
       for (int ms = 0; ms < Cfg::kMSub; ++ms)
 #pragma unroll
@@ -306,6 +394,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           phase ^= 1;
         }
       }
+      // Ping-pong: every wgmma of this tile is issued; the other consumer's main loop may start.
+      if (Cfg::kPingPong && tid_wg == 0) mbar_arrive(order_bar + 8 * (1 - cw));
       wgmma_wait<0>();
 #pragma unroll
       for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
@@ -318,8 +408,58 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       T* c_tile = c + batch * p.stride_c_batch + static_cast<int64_t>(tile_m) * Cfg::kBlockM * p.stride_cm +
                   static_cast<int64_t>(tile_n) * Cfg::kBlockN;
       const T* bias_tile = bias + (kHasBias ? tile_n * Cfg::kBlockN : 0);
-      const int row_base = cw * Cfg::kWgRows + warp * 16 + lane / 4;
+      const int row_base = row0 + warp * 16 + lane / 4;
       const int col_base = 2 * (lane % 4);
+      if constexpr (Cfg::kTmaStore) {
+        if (p.c_tma) {
+          // Thread (warp, lane)'s pair (row r, columns 8 j + 2 (lane % 4) + {0, 1}) goes to box
+          // j / 8, 16-byte chunk (j % 8) ^ (r % 8) of row r (the 128-byte swizzle TMA undoes).
+          const uint32_t my_buf = c_buf + cw * Cfg::kCBufBytes;
+          if (tid_wg == 0) bulk_wait_read();  // this consumer's previous tile has left the buffer
+          named_barrier(1 + cw, 128);
+#pragma unroll
+          for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+            const int col = col_base + 8 * j;
+            float bias0 = 0.f, bias1 = 0.f;
+            if constexpr (kHasBias) {
+              if (col < n_left) bias0 = to_float<T>(bias_tile[col]);
+              if (col + 1 < n_left) bias1 = to_float<T>(bias_tile[col + 1]);
+            }
+#pragma unroll
+            for (int ms = 0; ms < Cfg::kMSub; ++ms) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int r = warp * 16 + lane / 4 + ms * 64 + h * 8;  // row within my rows
+                float v0 = acc[ms][4 * j + 2 * h], v1 = acc[ms][4 * j + 2 * h + 1];
+                if constexpr (kHasBias) {
+                  v0 += bias0;
+                  v1 += bias1;
+                }
+                v0 = apply_activation_16bit<kAct>(v0);
+                v1 = apply_activation_16bit<kAct>(v1);
+                const uint32_t addr = my_buf + (j / 8) * (Cfg::kWgRows * 128) + r * 128 +
+                                      (((j % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
+                st_shared_u32(addr, pack2<T>(v0, v1));
+              }
+            }
+          }
+          fence_proxy_async();
+          named_barrier(1 + cw, 128);
+          if (tid_wg == 0 && row0 < m_left) {  // (a cooperative tile's second half may lie below C)
+            const int m0 = tile_m * Cfg::kBlockM + row0;
+#pragma unroll
+            for (int b = 0; b < Cfg::kBlockN / 64; ++b) {
+              if (b * 64 >= n_left) break;  // boxes wholly right of C: nothing to store
+              const int n0 = tile_n * Cfg::kBlockN + b * 64;
+              const uint32_t src = my_buf + b * (Cfg::kWgRows * 128);
+              if (p.c_batched) tma_store_3d(&tmap_c, src, n0, m0, batch);
+              else tma_store_2d(&tmap_c, src, n0, m0);
+            }
+            bulk_commit();
+          }
+          continue;
+        }
+      }
       // Interior tiles (all but the right/bottom edge) skip every per-element check.
       const bool full = m_left >= Cfg::kBlockM && n_left >= Cfg::kBlockN && p.c_vec;
 #pragma unroll
@@ -356,6 +496,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
+    // The last tile's stores must finish reading shared memory before the CTA exits.
+    if (Cfg::kTmaStore && p.c_tma && tid_wg == 0) bulk_wait_all();
   }
 #elif defined(__CUDA_ARCH__)
   // Built for a target without wgmma (sm_80, or plain sm_90 without the "a"): can_run() keeps
@@ -404,6 +546,26 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
   return r == CUDA_SUCCESS;
 }
 
+// C's map for TMA stores: (n, m[, batch]), box 64 x box_rows, 128-byte swizzle (the staging
+// layout of the epilogue); TMA clips the boxes at C's edges.
+inline bool make_store_map(CUtensorMap* map, DType dtype, void* base, int64_t n, int64_t m, int64_t stride_m,
+                           bool batched, int64_t batch, int64_t stride_batch, uint32_t box_rows) {
+  const EncodeTiledFn encode = encode_tiled_fn();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
+                              static_cast<cuuint64_t>(batch)};
+  const int64_t row_bytes = (n * 2 + 15) / 16 * 16;
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(m > 1 ? stride_m * 2 : row_bytes),
+                                 static_cast<cuuint64_t>(stride_batch * 2)};
+  const cuuint32_t box[3] = {64, box_rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             batched ? 3 : 2, base, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 // One config, one B layout: encodes the maps and launches a persistent grid (<= one CTA per SM).
 // The bench calls this directly to compare tile configs; launch() picks the config.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
@@ -421,7 +583,21 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
                                   args.batch, args.stride_b_batch, 64);
   if (!b_ok) return cudaErrorInvalidValue;
 
+  // C by TMA (configs with kTmaStore): 16-byte aligned base and row / batch strides, as for A
+  // and B; else the kernel's direct stores (tmap_c unused).
+  CUtensorMap map_c{};
+  const bool c_batched = args.batch > 1;
+  bool c_tma = false;
+  if constexpr (Cfg::kTmaStore) {
+    c_tma = reinterpret_cast<uintptr_t>(args.c) % 16 == 0 && tma_stride_ok(args.m, args.stride_cm) &&
+            (!c_batched || tma_stride_ok(args.batch, args.stride_c_batch)) &&
+            make_store_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched, args.batch,
+                           args.stride_c_batch, Cfg::kWgRows);
+  }
+
   KernelParams p;
+  p.c_tma = c_tma;
+  p.c_batched = c_batched;
   p.bias = args.bias;
   p.c = args.c;
   p.stride_cm = args.stride_cm;
@@ -443,7 +619,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p);
   return cudaGetLastError();
 }
 
@@ -468,40 +644,48 @@ inline bool can_run(const GemmArgs& args) {
   if (args.stride_b_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_b_batch)) return false;
   if (args.stride_a_batch < 0 || args.stride_b_batch < 0) return false;
   // Tile counts (of the smallest tile launch() may pick) must fit the kernel's int tile index.
-  if (args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
+  if (args.batch * ceil_div(args.m, 64) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
   if (!device_is_sm90()) return false;
   return encode_tiled_fn() != nullptr;
 }
 
-// The config heuristic: with an activation epilogue 256 x 128 when its tiles fill the GPU, else
-// 128 x 128; without one, 128 x 256 unless its tiles leave more than a quarter of the SMs idle in the only wave (few
-// tiles), then 128 x 128 (twice the CTAs). Returns cudaErrorInvalidValue for
-// arguments can_run() rejects.
+// The config heuristic, from the H100 sweep of experiments/gemm_sm90_bench.cu
+// (NOTES-gemm-sm90.md, session 9). Every production config stores C by TMA (2-12% faster on
+// large shapes and 1.5x on short k than the direct stores, which remain its fallback for C that
+// TMA cannot address). t256 / t128 count 128 x 256 / 128 x 128 tiles:
+//   * 128 x 256 (cooperative) when its tiles fill at least 3/4 of the SMs in a wave; with an
+//     activation epilogue and k <= 1024 the ping-pong 128 x 128 instead, whose epilogue (gelu's
+//     tanh on every element) runs under the other consumer's main loop
+//     (linear_gelu 8192 x 768 -> 3072: 73.6 vs 85.2 us; at k = 4096 128 x 256 wins, 762 vs 790 us);
+//   * else, without an activation and when 128 x 128 tiles would leave at least half the SMs
+//     idle, ping-pong 64 x 128 (twice the CTAs: 1024^3 9.9 vs 11.8 us);
+//   * else 128 x 128 (cooperative).
+// Returns cudaErrorInvalidValue for arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
   if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
-  const int num_sms = device_props().num_sms;
-  if constexpr (kAct != Activation::kNone) {
-    // Activation epilogues never take 128 x 256 (fewer instantiations: linear_gelu.cu builds in
-    // about 2/3 of the time).
-    const int64_t tall_tiles = args.batch * ceil_div(args.m, 256) * ceil_div(args.n, 128);
-    if (args.m > 128 && 4 * tall_tiles >= 3 * num_sms) {
-      return args.b_k_major ? detail::launch_config<T, Tile256x128, true, kAct, kHasBias>(args, stream)
-                            : detail::launch_config<T, Tile256x128, false, kAct, kHasBias>(args, stream);
+  const int64_t num_sms = device_props().num_sms;
+  const int64_t t256 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
+  const int64_t t128 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128);
+  const bool k_major = args.b_k_major;
+  if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
+    if constexpr (kAct != Activation::kNone) {
+      if (args.k <= 1024)
+        return k_major ? detail::launch_config<T, PingPong128x128Tma, true, kAct, kHasBias>(args, stream)
+                       : detail::launch_config<T, PingPong128x128Tma, false, kAct, kHasBias>(args, stream);
     }
-    return args.b_k_major ? detail::launch_config<T, Tile128x128, true, kAct, kHasBias>(args, stream)
-                          : detail::launch_config<T, Tile128x128, false, kAct, kHasBias>(args, stream);
-  } else {
-    const int64_t wide_tiles = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
-    if (args.n > 128 && 4 * wide_tiles >= 3 * num_sms) {
-      return args.b_k_major ? detail::launch_config<T, Tile128x256, true, kAct, kHasBias>(args, stream)
-                            : detail::launch_config<T, Tile128x256, false, kAct, kHasBias>(args, stream);
-    }
+    return k_major ? detail::launch_config<T, Tile128x256Tma, true, kAct, kHasBias>(args, stream)
+                   : detail::launch_config<T, Tile128x256Tma, false, kAct, kHasBias>(args, stream);
   }
-  return args.b_k_major ? detail::launch_config<T, Tile128x128, true, kAct, kHasBias>(args, stream)
-                        : detail::launch_config<T, Tile128x128, false, kAct, kHasBias>(args, stream);
+  if constexpr (kAct == Activation::kNone) {
+    if (2 * t128 <= num_sms)
+      return k_major ? detail::launch_config<T, PingPong64x128Tma, true, kAct, kHasBias>(args, stream)
+                     : detail::launch_config<T, PingPong64x128Tma, false, kAct, kHasBias>(args, stream);
+  }
+  return k_major ? detail::launch_config<T, Tile128x128Tma, true, kAct, kHasBias>(args, stream)
+                 : detail::launch_config<T, Tile128x128Tma, false, kAct, kHasBias>(args, stream);
 }
 
 }  // namespace gemm_sm90

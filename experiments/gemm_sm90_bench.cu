@@ -331,20 +331,25 @@ Variant sm90_config(const char* name) {
           }};
 }
 
-using Tile128x256s3 = gemm_sm90::TileConfig<128, 256, 3>;
-using Tile128x128s4 = gemm_sm90::TileConfig<128, 128, 4>;
-using Tile256x128s4 = gemm_sm90::TileConfig<256, 128, 4>;
 
 template <typename T>
 std::vector<Variant> config_variants() {
+  using namespace gemm_sm90;
   return {
-      sm90_config<T, gemm_sm90::Tile128x256>("sm90 128x256 s4"),
-      sm90_config<T, Tile128x256s3>("sm90 128x256 s3"),
-      sm90_config<T, gemm_sm90::Tile128x128>("sm90 128x128 s6"),
-      sm90_config<T, Tile128x128s4>("sm90 128x128 s4"),
-      sm90_config<T, Tile256x128s4>("sm90 256x128 s4"),
+      sm90_config<T, Tile128x256>("sm90 128x256 s4"),
+      sm90_config<T, Tile256x128>("sm90 256x128 s4"),
+      sm90_config<T, Tile128x128>("sm90 128x128 s6"),
+      sm90_config<T, PingPong128x128>("pp 128x128 s6"),
+      sm90_config<T, PingPong64x256>("pp 64x256 s5"),
+      sm90_config<T, Tile128x256Tma>("tma 128x256 s3"),
+      sm90_config<T, Tile256x128Tma>("tma 256x128 s3"),
+      sm90_config<T, Tile128x128Tma>("tma 128x128 s5"),
+      sm90_config<T, PingPong128x128Tma>("tma pp 128x128 s4"),
+      sm90_config<T, PingPong64x256Tma>("tma pp 64x256 s4"),
+      sm90_config<T, PingPong64x128Tma>("tma pp 64x128 s6"),
   };
 }
+
 
 // The existing mma.sync path (gemm.cuh) at its own heuristic, for (none) and (gelu_tanh, bias).
 static Variant mma_sync_variant() {
@@ -464,7 +469,11 @@ void correctness_sweep(bool quick) {
   }
   // Every tile config on a few shapes (odd edges, batch + broadcast, both epilogues).
   const std::vector<Variant> configs = config_variants<T>();
-  const Shape config_shapes[] = {{1, 1000, 1000, 1000, false, 0}, {3, 300, 264, 200, true, 1}, {1, 17, 1000, 4097, false, 0}};
+  // 1000^3 and 1000 x 4097 x 17 give ping-pong CTAs several tiles of both consumers (k 1 to 16
+  // tiles per tile: the order barriers and ring positions across skipped tiles).
+  const Shape config_shapes[] = {{1, 1000, 1000, 1000, false, 0}, {3, 300, 264, 200, true, 1},
+                                 {1, 17, 1000, 4097, false, 0},   {1, 1000, 4097, 17, false, 0},
+                                 {1, 2048, 2048, 520, false, 0},  {2, 1100, 904, 130, false, 0}};
   printf("check %s: every tile config\n", tname<T>());
   fflush(stdout);
   for (const Shape& s : config_shapes)
@@ -518,6 +527,14 @@ int main(int argc, char** argv) {
   run_case<bf16>("linear_gelu bf16 4096x4096x16384", {1, 4096, 16384, 4096, true, false, kGelu, true}, timed_variants<bf16>(!quick), reps);
   run_case<bf16>("matmul bf16 8192^3 B(k,n)", {1, 8192, 8192, 8192, false, false, kNone, false}, timed_variants<bf16>(!quick), reps);
   run_case<__half>("matmul fp16 8192^3 B(k,n)", {1, 8192, 8192, 8192, false, false, kNone, false}, timed_variants<__half>(!quick), reps);
+  // The issue-14 odd shapes (m, n, k): dualk's bench names them m x k x n.
+  run_case<bf16>("matmul bf16 1024^3 B(k,n)", {1, 1024, 1024, 1024, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m4096 n4096 k1000", {1, 4096, 4096, 1000, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m3000 n5000 k2000", {1, 3000, 5000, 2000, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m4096 n4096 k1024", {1, 4096, 4096, 1024, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m3072 n5120 k2048", {1, 3072, 5120, 2048, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("linear_gelu bf16 1000x1000x1000", {1, 1000, 1000, 1000, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("linear_gelu bf16 32x768x3072", {1, 32, 3072, 768, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
 
   printf("\n== summary (us / TFLOP/s / speed vs vendor (cuBLAS or cuBLASLt GELU_BIAS) / rel err)\n");
   std::string last;
