@@ -532,6 +532,8 @@ int main(int argc, char** argv) {
   run_case<bf16>("matmul bf16 m4096 n4096 k1000", {1, 4096, 4096, 1000, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("matmul bf16 m3000 n5000 k2000", {1, 3000, 5000, 2000, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("matmul bf16 m4096 n4096 k1024", {1, 4096, 4096, 1024, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m3000 n5000 k2048", {1, 3000, 5000, 2048, false, false, kNone, false}, timed_variants<bf16>(true), reps);
+  run_case<bf16>("matmul bf16 m3000 n5120 k2000", {1, 3000, 5120, 2000, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("matmul bf16 m3072 n5120 k2048", {1, 3072, 5120, 2048, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("linear_gelu bf16 1000x1000x1000", {1, 1000, 1000, 1000, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
   run_case<bf16>("linear_gelu bf16 32x768x3072", {1, 32, 3072, 768, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
