@@ -4,6 +4,8 @@ One kernel, ``gemm_kernel``: grouped tile ordering, batch folded into program ax
 for A, B and C (transposed and sliced views run natively), masked M/N/K tails, and a bias +
 activation epilogue applied to the fp32 accumulator before the down-cast. Large fp16/bf16
 problems on Hopper also time the TMA kernel of triton_src/gemm_tma.py among the candidates.
+Few output tiles with a long k take split-K instead (``split_k_plan``): gemm_kernel computes
+fp32 partial products of k slices, and ``split_k_reduce_kernel`` sums them and runs the epilogue.
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ def gemm_kernel(
     b_ptr,
     bias_ptr,
     c_ptr,
-    # Sizes.
+    # Sizes. K_SLICE: the k extent of one slice when SPLIT_K (else unused; pass K).
     M,
     N,
     K,
+    K_SLICE,
     # Strides in elements; a batch stride of 0 broadcasts that operand.
     stride_ab,
     stride_am,
@@ -72,7 +75,8 @@ def gemm_kernel(
     FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16 outputs)
     INPUT_PRECISION: tl.constexpr,  # tl.dot's: "ieee" (exact fp32) or "tf32"
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
-    EVEN_K: tl.constexpr,  # K % BLOCK_SIZE_K == 0: the K loop needs no mask
+    EVEN_K: tl.constexpr,  # K % BLOCK_SIZE_K == 0 (and K_SLICE's): the K loop needs no mask
+    SPLIT_K: tl.constexpr,  # batch entry s is k slice [s * K_SLICE, min((s + 1) * K_SLICE, K))
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -86,6 +90,8 @@ def gemm_kernel(
     tiles_per_batch = num_pid_m * num_pid_n
     pid_batch = pid // tiles_per_batch
     pid_m, pid_n = grouped_tile(pid % tiles_per_batch, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    if SPLIT_K:  # the batch strides of A and B step K_SLICE along k; the last slice is shorter
+        K = tl.minimum(K - pid_batch * K_SLICE, K_SLICE)
 
     # Rows past M and columns past N are masked on load (zero-fill) rather than wrapped with
     # % M / % N as in Triton's tutorial: the wrap hides the contiguity of B's N axis, and for
@@ -141,6 +147,52 @@ def gemm_kernel(
     )
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, c, mask=c_mask)
+
+
+@triton.jit
+def split_k_reduce_kernel(
+    # Pointers: partials (SPLITS, M, N) fp32 contiguous, bias (N,) (any pointer when HAS_BIAS is
+    # False: never read), C (M, N).
+    partials_ptr,
+    bias_ptr,
+    c_ptr,
+    # Sizes.
+    SPLITS,
+    M,
+    N,
+    # Strides of C in elements.
+    stride_cm,
+    stride_cn,
+    # Meta-parameters, as gemm_kernel's.
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    FAST_ACT: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # slices summed per step
+    BLOCK_SIZE: tl.constexpr,  # outputs per program
+):
+    """C = act(sum over s of partials[s] + bias): the slices summed in order in fp32, then the
+    epilogue of gemm_kernel and one rounding, as cuda_src/gemm_select.cuh's split_k_reduce_kernel
+    (which adds the slices one by one; here SPLIT_BLOCK at a time, as a tree, then in order)."""
+    pid = tl.program_id(axis=0).to(tl.int64)
+    total = tl.cast(M, tl.int64) * N  # (splits, m, n) can pass 2^31 elements
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < total
+    # SPLIT_BLOCK slices per step: that many independent loads in flight per element (one load
+    # per step would wait out an L2 round trip per slice, 128 of them at most).
+    slices = tl.arange(0, SPLIT_BLOCK)
+    acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    for s0 in range(0, SPLITS, SPLIT_BLOCK):
+        s = s0 + slices
+        ptrs = partials_ptr + s[:, None].to(tl.int64) * total + offs[None, :]
+        part = tl.load(ptrs, mask=(s[:, None] < SPLITS) & mask[None, :], other=0.0)
+        acc += tl.sum(part, axis=0)
+    row = offs // N
+    col = offs - row * N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + col, mask=mask, other=0.0).to(tl.float32)
+    acc = apply_activation(acc, ACTIVATION, FAST_ACT)
+    c_ptrs = c_ptr + row * stride_cm + col * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -357,6 +409,14 @@ def _gemm(
         int_spec(sc1), int_spec(sc2), ptr_spec(a), ptr_spec(b), ptr_spec(c),
         has_bias and ptr_spec(bias), int_spec(batch),
     )  # fmt: skip
+    if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
+        plan = split_k_plan(kind, batch, M, N, K, num_sms(a.device))
+        if plan is not None:
+            _split_k_launch(
+                plan, spec, a, b, bias, c, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2, activation,
+                fast_act, kind,
+            )  # fmt: skip
+            return
     if interpreting():
         cfg = _INTERPRETER_CONFIGS[_interpreter_turn[0] % 2]
         _interpreter_turn[0] += 1
@@ -410,18 +470,104 @@ def _gemm_launch(
     tiles = batch * ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
     input_precision = "ieee" if kind == "fp32" else "tf32"
-    consts = (
-        bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype),
-        K % bk == 0, bm, bn, bk, group,
+    head = (
+        bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype), K % bk == 0,
     )  # fmt: skip
     bias_arg = bias if bias is not None else c
     if persistent:
+        consts = (*head, bm, bn, bk, group)
         grid = (min(tiles, num_sms(c.device)), 1, 1)
         args = (a, b, bias_arg, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
     else:
+        consts = (*head, False, bm, bn, bk, group)  # SPLIT_K off; K_SLICE = K (spec'd as K)
         grid = (tiles, 1, 1)
-        args = (a, b, bias_arg, c, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
+        args = (a, b, bias_arg, c, M, N, K, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
     _launchers[persistent].launch((cfg, spec, consts), grid, args + consts, warps, stages)
+
+
+# ------------------------------------------------------------------ split-K
+# Few output tiles and a long k (a tall batch's weight gradients, 64 x 2^18 x 64; 128 x 8192 x
+# 128): one program per tile leaves most SMs idle for the whole k loop (128x8192x128 bf16: 37 us
+# vs cuBLAS's 11.7 on an H100). As CUDA's split_k_plan (cuda_src/gemm_select.cuh): k is cut into
+# slices of at least SPLIT_K_MIN_SLICE, at most SPLIT_K_MAX_SPLITS of them, about 2 programs per
+# SM over the tiles; the slices are gemm_kernel's batch entries (SPLIT_K), writing fp32 partial
+# products into a (splits, M, N) workspace, and split_k_reduce_kernel sums them, adds the bias,
+# applies the activation and rounds once. One batch only: the batch axis carries the slices
+# (matmul's batched A times a shared B is folded into one batch before this).
+#
+# Exact fp32 ("fp32" kind, not TF32) also splits a long k when the tiles fill the GPU, for
+# accuracy: gemm_kernel adds k blocks in order, K / BLOCK_SIZE_K additions per output, which put
+# dualk's fp32 error at 3-20x cuBLAS's (which splits k) for k = 5000-65536. Slices of FP32_SLICE
+# make that FP32_SLICE / BLOCK_SIZE_K + splits. The cost is the workspace, written and read
+# once: 8 bytes per output and slice against 2 * FP32_SLICE CUDA-core FLOPs per output and
+# slice, about 5% (an estimate, unmeasured), capped at SPLIT_K_MAX_WORKSPACE floats. From
+# k > 4096 only, which leaves the 4096^3 benchmark as it was. TF32 keeps one pass: its 2^-11
+# input rounding dwarfs the summation order's error.
+SPLIT_K_MIN_SLICE = 256
+SPLIT_K_MAX_SPLITS = 128
+FP32_ORDERED_MAX_K = 4096
+FP32_SLICE = 1024
+SPLIT_K_MAX_WORKSPACE = 1 << 26  # floats (256 MiB)
+SPLIT_K = [True]  # benchmarks: [False] turns split-K off
+POISON_WORKSPACE: list = []  # tests: [value] fills each workspace before the partials kernel
+_reduce_launcher = KernelLauncher(split_k_reduce_kernel)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv costs about 2 us of host time a call (Triton 3.9)
+
+
+def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
+    """(config, splits, slice) when this GEMM takes split-K, else None: ``splits`` slices of
+    ``slice`` k (a multiple of the config's BLOCK_SIZE_K), the last one shorter. The config is the
+    small class's first (64x64; the interpreter's 32x32), or the large class's first for exact
+    fp32 with many tiles. Untimed: the path is chosen by this rule, not by the tuner."""
+    if not SPLIT_K[0] or batch != 1 or K < 2 * SPLIT_K_MIN_SLICE:
+        return None
+    cfg = _INTERPRETER_CONFIGS[0] if interpreting() else GEMM_CONFIGS[(kind, "small")][0]
+    tiles = _cdiv(M, cfg[1]) * _cdiv(N, cfg[2])
+    if 2 * tiles < sms:  # one pass would leave over half the SMs idle
+        splits = min(_cdiv(2 * sms, tiles), K // SPLIT_K_MIN_SLICE, SPLIT_K_MAX_SPLITS)
+    elif kind == "fp32" and K > FP32_ORDERED_MAX_K:  # the accuracy fix
+        if not interpreting() and M >= 128 and N >= 128:
+            cfg = GEMM_CONFIGS[("fp32", "large")][0]
+        most = min(SPLIT_K_MAX_SPLITS, SPLIT_K_MAX_WORKSPACE // (M * N))
+        splits = min(_cdiv(K, FP32_SLICE), most)
+    else:
+        return None
+    if splits < 2:
+        return None
+    bk = cfg[3]
+    k_slice = _cdiv(_cdiv(K, splits), bk) * bk
+    return cfg, _cdiv(K, k_slice), k_slice
+
+
+def _split_k_launch(
+    plan, spec, a, b, bias, c, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2, activation, fast_act, kind,
+):  # fmt: skip
+    """The partials kernel (gemm_kernel, one batch entry per k slice) into an fp32 workspace from
+    PyTorch's caching allocator, then split_k_reduce_kernel into c; both on the current stream."""
+    cfg, splits, k_slice = plan
+    _, bm, bn, bk, group, stages, warps = cfg
+    ws = torch.empty((splits, M, N), dtype=torch.float32, device=c.device)
+    if POISON_WORKSPACE:
+        ws.fill_(POISON_WORKSPACE[0])
+    input_precision = "ieee" if kind == "fp32" else "tf32"
+    consts = (False, ACT_NONE, 0, input_precision, dot_in_fp32(a.dtype), K % bk == 0, True, bm, bn, bk, group)  # fmt: skip
+    grid = (splits * _cdiv(M, bm) * _cdiv(N, bn), 1, 1)
+    sab, sbb = k_slice * sa2, k_slice * sb1  # slice s starts s * k_slice along k
+    args = (a, b, ws, ws, M, N, K, k_slice, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
+    key = ("split", cfg, spec, int_spec(k_slice), int_spec(sab), int_spec(sbb), int_spec(M * N), ptr_spec(ws), consts)  # fmt: skip
+    _launchers[False].launch(key, grid, args + consts, warps, stages)
+
+    # Outputs per reduce program: about two programs per SM, 32-256 outputs each.
+    total = M * N
+    block = max(32, min(256, triton.next_power_of_2(max(1, total // (2 * num_sms(c.device))))))
+    rconsts = (bias is not None, activation, fast_act, 8, block)
+    rkey = (c.dtype, int_spec(splits), int_spec(M), int_spec(N), int_spec(sc1), int_spec(sc2),
+            ptr_spec(c), bias is not None and ptr_spec(bias), ptr_spec(ws), rconsts)  # fmt: skip
+    rargs = (ws, bias if bias is not None else ws, c, splits, M, N, sc1, sc2)
+    _reduce_launcher.launch(rkey, (_cdiv(total, block), 1, 1), rargs + rconsts, 4, 1)
 
 
 def launch_gemm(

@@ -1,0 +1,170 @@
+"""Split-K in the Triton GEMM core (triton_src/matmul.py: split_k_plan, the SPLIT_K batch entries of
+gemm_kernel and split_k_reduce_kernel) for matmul and linear_gelu, fp32 / fp16 / bf16, against a
+float64 reference with the GEMM rule of dualk/testing.py (within 2x PyTorch's own error).
+
+The registry's split-K cases are GPU-only; here the shapes are interpreter-sized and the SM count
+is faked (64), so that a handful of 32x32 tiles count as "few" and k = 600-1200 is cut into 2-4
+slices. Every case checks that the reduce kernel ran (its launch counter), with the workspace
+poisoned with NaN, so a slice that wrote nothing cannot pass."""
+
+import math
+import zlib
+
+import dualk.triton_src.matmul as mm
+import pytest
+import torch
+from conftest import DEVICE
+from dualk.triton_src.common import ACT_RELU
+
+import dualk
+from dualk.backends import unavailable_reason
+from dualk.registry import OPS, Sample
+from dualk.testing import judge
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason("triton", DEVICE) is not None,
+    reason=str(unavailable_reason("triton", DEVICE)),
+)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KIND = {torch.float32: "fp32", torch.float16: "tensor_core", torch.bfloat16: "tensor_core"}
+
+
+def _randn(shape, gen, dtype, scale=1.0):
+    """Standard normal values (never zeros), drawn on the CPU for reproducibility."""
+    return (torch.randn(shape, generator=gen) * scale).to(DEVICE, dtype)
+
+
+@pytest.fixture
+def split_k(monkeypatch):
+    """64 SMs (few tiles below 32), NaN-poisoned workspaces; yields a counter of reduce launches."""
+    monkeypatch.setattr(mm, "num_sms", lambda device: 64)
+    monkeypatch.setattr(mm, "POISON_WORKSPACE", [float("nan")])
+    monkeypatch.setattr(mm, "SPLIT_K", [True])
+    launcher = mm._reduce_launcher
+
+    def reduces():
+        return launcher.slow_launches + launcher.fast_launches
+
+    return reduces
+
+
+def _run(op, sample, dtype, reduces, splits_expected):
+    before = reduces()
+    out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    assert reduces() == before + 1, f"{op} [{sample.label}] did not take split-K"
+    verdict = judge(OPS[op], sample, out)
+    assert verdict.ok, (
+        f"{op} [{sample.label}] {dtype} (splits {splits_expected}): {verdict.message}"
+    )
+
+
+# (label, M, K, N, A maker, B maker): K tails that are and are not multiples of BLOCK_SIZE_K and
+# of the slice; M and N not multiples of the tile; column-major, sliced and strided operands.
+MATMUL_CASES = {
+    "odd": lambda g, dt: (_randn((40, 1000), g, dt), _randn((1000, 50), g, dt, 1 / 32)),
+    "even_k": lambda g, dt: (_randn((33, 1024), g, dt), _randn((1024, 17), g, dt, 1 / 32)),
+    "kmajor_b": lambda g, dt: (_randn((37, 777), g, dt), _randn((45, 777), g, dt, 1 / 28).t()),
+    "colmajor_a_strided_b": lambda g, dt: (
+        _randn((650, 29), g, dt).t(),
+        _randn((650, 82), g, dt, 1 / 25)[:, ::2],
+    ),
+    "sliced": lambda g, dt: (
+        _randn((30, 905), g, dt)[:, 3:-2],
+        _randn((902, 41), g, dt, 1 / 30)[1:-1, 1:],
+    ),
+    # batched A times a shared B: folded into one (40, 700) x (700, 30) GEMM
+    "batched_a_shared_b": lambda g, dt: (_randn((2, 20, 700), g, dt), _randn((700, 30), g, dt, 0.04)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", sorted(MATMUL_CASES))
+def test_matmul_split_k(case, dtype, split_k):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}/{dtype}".encode()))
+    a, b = MATMUL_CASES[case](gen, dtype)
+    M, K = a.shape[-2], a.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    plan = mm.split_k_plan(KIND[dtype], 1, batch * M, b.shape[-1], K, mm.num_sms(DEVICE))
+    assert plan is not None and plan[1] > 1
+    _run("matmul", Sample((a, b), {}, case), dtype, split_k, plan[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize(
+    "bias,approximate,weight_view",
+    [(True, "tanh", False), (False, "tanh", False), (True, "none", True)],
+    ids=["bias-tanh", "no_bias-tanh", "bias-erf-weight_view"],
+)
+def test_linear_gelu_split_k(bias, approximate, weight_view, dtype, split_k):
+    gen = torch.Generator().manual_seed(17 + 2 * bias + weight_view)
+    M, K, N = 37, 900, 45
+    x = _randn((M, K), gen, dtype)
+    scale = 1 / math.sqrt(K)
+    w = _randn((K, N), gen, dtype, scale).t() if weight_view else _randn((N, K), gen, dtype, scale)
+    b = _randn(N, gen, dtype, 0.5) if bias else None
+    plan = mm.split_k_plan(KIND[dtype], 1, M, N, K, mm.num_sms(DEVICE))
+    assert plan is not None and plan[1] > 1
+    sample = Sample((x, w, b), {"approximate": approximate}, f"{M}x{K}x{N} bias={bias}")
+    _run("linear_gelu", sample, dtype, split_k, plan[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_strided_output_and_bias(dtype, split_k):
+    """launch_gemm into a NaN-poisoned column-strided C: the reduce writes every element of C and
+    nothing between them; bias + relu after the sum."""
+    gen = torch.Generator().manual_seed(5)
+    M, K, N = 35, 700, 33
+    a = _randn((1, M, K), gen, dtype)
+    b = _randn((1, K, N), gen, dtype, 1 / 26)
+    bias = _randn(N, gen, dtype, 0.5)
+    full = torch.full((1, M, 2 * N), float("nan"), dtype=dtype, device=DEVICE)
+    c = full[:, :, ::2]
+    before = split_k()
+    mm.launch_gemm(a, b, bias, c, activation=ACT_RELU, allow_tf32=False)
+    assert split_k() == before + 1
+    assert torch.isnan(full[:, :, 1::2]).all(), "the reduce wrote between C's columns"
+    ref = torch.relu(a[0].double() @ b[0].double() + bias.double())
+    torch_out = torch.relu((a[0] @ b[0]).float() + bias.float()).to(dtype).double()
+    allowed = 2 * (torch_out - ref).abs().max().item() + 4 * torch.finfo(dtype).eps * ref.abs().max().item()  # fmt: skip
+    err = (c[0].double() - ref).abs().max().item()
+    assert err <= allowed, f"max error {err:.3g} > {allowed:.3g}"
+
+
+def test_fp32_long_k_splits_with_many_tiles(monkeypatch, split_k):
+    """Exact fp32 with k > FP32_ORDERED_MAX_K splits even when the tiles fill the (here 4) SMs,
+    for accuracy; 16-bit and TF32 do not."""
+    monkeypatch.setattr(mm, "num_sms", lambda device: 4)
+    M, K, N = 70, 4100, 70
+    plan = mm.split_k_plan("fp32", 1, M, N, K, 4)
+    assert plan is not None and plan[1] == math.ceil(K / plan[2]) >= 4
+    assert mm.split_k_plan("tensor_core", 1, M, N, K, 4) is None
+    assert mm.split_k_plan("tf32", 1, M, N, K, 4) is None
+    gen = torch.Generator().manual_seed(11)
+    a = _randn((M, K), gen, torch.float32)
+    b = _randn((K, N), gen, torch.float32, 1 / 64)
+    _run("matmul", Sample((a, b), {}, f"{M}x{K}x{N}"), torch.float32, split_k, plan[1])
+
+
+def test_plan_matches_the_cuda_rule(monkeypatch):
+    """The GPU plan (64x64 tiles) on an H100's 132 SMs, as cuda_src/gemm_select.cuh would cut k."""
+    monkeypatch.setattr(mm, "interpreting", lambda: False)
+    monkeypatch.setattr(mm, "SPLIT_K", [True])
+    tc = "tensor_core"
+    cfg, splits, k_slice = mm.split_k_plan(tc, 1, 128, 128, 8192, 132)
+    assert cfg[1:4] == (64, 64, 64) and (splits, k_slice) == (32, 256)  # 4 tiles x 32 slices
+    assert mm.split_k_plan(tc, 1, 64, 64, 2**18, 132)[1:] == (128, 2048)
+    _, splits, k_slice = mm.split_k_plan(tc, 1, 72, 40, 5000, 132)
+    assert splits > 1 and k_slice % 64 == 0 and (splits - 1) * k_slice < 5000 <= splits * k_slice
+    assert mm.split_k_plan(tc, 1, 1000, 1000, 1000, 132) is None  # 256 tiles fill the GPU
+    assert mm.split_k_plan(tc, 1, 128, 128, 511, 132) is None  # k too short to cut twice
+    assert mm.split_k_plan(tc, 2, 128, 128, 8192, 132) is None  # the batch axis carries slices
+    assert mm.split_k_plan("tf32", 1, 128, 128, 8192, 132)[1] == 32
+    # exact fp32, many tiles: slices of about FP32_SLICE, the large class's tile
+    cfg, splits, _ = mm.split_k_plan("fp32", 1, 2048, 2048, 16384, 132)
+    assert cfg[1:3] == (128, 128) and splits == 16
+    assert mm.split_k_plan("fp32", 1, 2048, 2048, 4096, 132) is None
+    monkeypatch.setattr(mm, "SPLIT_K", [False])
+    assert mm.split_k_plan(tc, 1, 128, 128, 8192, 132) is None
