@@ -116,21 +116,43 @@ def _first_tensor(args: tuple) -> torch.Tensor:
 def auto_unforced(spec: OpSpec) -> bool:
     """True when nothing overrides "auto" for `spec` right now (no environment variable, scope,
     process default or config entry): a cached auto decision may stand."""
+    # The config table is read through its cache (config.backend_defaults() only on the first
+    # call): one function call less per auto call.
     return (
         _ENV_BYTES is not None
-        and _scoped.get() is None
-        and _process_default is None
-        and not config.backend_defaults()
         and spec.env_key not in _ENV_BYTES
         and b"DUALK_BACKEND" not in _ENV_BYTES
+        and _scoped.get() is None
+        and _process_default is None
+        and not (config._cache if config._cache is not None else config.backend_defaults())
     )
+
+
+def auto_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
+    """autotune.choose(spec, args), remembered under `sig` in autotune.exact_hits when auto's
+    decision for args is a remembered one (not a heuristic answer under capture or tracing).
+
+    `sig` is a cheap exact signature of args that the caller (dualk/ops.py) builds from values
+    its checks already read; it must determine autotune's key (an op tag, then every shape,
+    stride or flag the key reads), so one entry never answers for another key. Callers look
+    `sig` up in exact_hits themselves and call this on a miss, only when auto_unforced(spec)."""
+    return autotune.choose_exact(spec, args, sig)
 
 
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     """The backend that runs `spec`'s implementation on `args` (its positional arguments);
     raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""
-    if backend == "auto" and auto_unforced(spec):  # the common call: no tuple building
-        return autotune.choose(spec, args)
+    if backend == "auto":
+        if auto_unforced(spec):  # the common call: no tuple building
+            return autotune.choose(spec, args)
+    elif backend in BACKENDS:  # the argument wins over every other source: requested()'s answer
+        reason = unavailable_reason(backend, _first_tensor(args).device)
+        if reason is None:
+            return backend
+        raise BackendUnavailableError(
+            f"dualk.{spec.name}: backend {backend!r} (requested by the backend= argument) cannot "
+            f"run: {reason}"
+        )
     name, source = requested(spec, backend)
     if name == "auto":
         return autotune.choose(spec, args)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch.nn import Parameter
 
-from . import dispatch, validate
+from . import autotune, dispatch, validate
 from .errors import InvalidArgumentError, InvalidTypeError, ShapeError
 from .layout import as_rows
 from .registry import OPS
@@ -45,6 +45,8 @@ _FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _PLAIN = (torch.Tensor, Parameter)
+_Tensor = torch.Tensor
+_F32 = torch.float32
 
 
 def _recorded(*tensors) -> bool:
@@ -79,6 +81,9 @@ def _direct(*tensors) -> bool:
 
 
 _dualk = torch.ops.dualk  # the registered ops (dualk/library.py registers them on import)
+_auto_unforced = dispatch.auto_unforced
+_EXACT_HITS = autotune.exact_hits  # exact call signature -> auto's remembered winner
+_tf32 = autotune._tf32  # the TF32 switch, as autotune's keys read it
 
 
 class _LazyModule:
@@ -107,7 +112,14 @@ def add(
 ) -> torch.Tensor:
     """`a + alpha * b` with torch.add's broadcasting, for floating tensors of one dtype
     (float32, float16, bfloat16) on one device. Computed in fp32, rounded once."""
-    if _direct(a, b):
+    # _direct(a, b) inlined for two plain tensors (-0.14 us a call on a CPU-only host); any
+    # other pair asks _direct itself.
+    if (
+        not _is_compiling()
+        and ((cls := type(a)) is _Tensor or cls is Parameter)
+        and ((cls := type(b)) is _Tensor or cls is Parameter)
+        and not (_is_grad_enabled() and (a.requires_grad or b.requires_grad))
+    ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
     alpha = validate.real_number("add", "alpha", alpha)
     if _recorded(a, b):
@@ -116,21 +128,32 @@ def add(
 
 
 def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
-    # The common call passes one test (same dtype, a supported one, same CUDA device, same
-    # shape, a float alpha); anything else gets the full checks and their messages.
+    # The common call passes one test (same dtype, a supported one, same device, same shape, a
+    # float alpha); anything else gets the full checks and their messages. get_device() is an
+    # int (-1 on every non-CUDA device, compared exactly there), .device a new object per read.
     try:
+        dtype = a.dtype
+        shape = a.shape
+        index = a.get_device()
         common = (
-            a.dtype is b.dtype
-            and a.dtype in _FLOAT_DTYPES
+            b.dtype is dtype
+            and dtype in _FLOAT_DTYPES
             and type(alpha) is float
-            and a.shape == b.shape
-            and a.device == b.device
+            and b.shape == shape
+            and b.get_device() == index
+            and (index >= 0 or a.device == b.device)
         )
     except AttributeError:  # not tensors: the full checks say so
         common = False
     if not common:
         _check_add(a, b, alpha)
         alpha = float(alpha)
+    elif backend == "auto" and _auto_unforced(_ADD):
+        # auto's remembered winner per exact signature (one shape: numel and "not broadcast";
+        # the contiguity flags: the layout), without building autotune's key.
+        sig = ("add", shape, dtype, index, a.is_contiguous(), b.is_contiguous())
+        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_ADD, (a, b, alpha), sig)
+        return _ADD.implementation(name)(a, b, alpha)
     args = (a, b, alpha)
     return _ADD.implementation(dispatch.choose(_ADD, backend, args))(*args)
 
@@ -153,7 +176,11 @@ def _check_add(a, b, alpha) -> None:
 # ---------------------------------------------------------------------------------- relu_scale
 def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch.Tensor:
     """`relu(x) * scale` in one pass; `scale` is a Python number. NaN stays NaN (as torch.relu)."""
-    if _direct(x):
+    if (
+        not _is_compiling()
+        and ((cls := type(x)) is _Tensor or cls is Parameter)
+        and not (_is_grad_enabled() and x.requires_grad)
+    ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
     scale = validate.real_number("relu_scale", "scale", scale)
     if _recorded(x):
@@ -162,9 +189,15 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
 
 
 def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
-    if not (isinstance(x, torch.Tensor) and x.dtype in _FLOAT_DTYPES and type(scale) is float):
+    if not (
+        isinstance(x, torch.Tensor) and (dtype := x.dtype) in _FLOAT_DTYPES and type(scale) is float
+    ):
         _check_relu_scale(x, scale)
         scale = float(scale)
+    elif backend == "auto" and _auto_unforced(_RELU_SCALE):  # as in _run_add
+        sig = ("relu_scale", x.shape, dtype, x.get_device(), x.is_contiguous())
+        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_RELU_SCALE, (x, scale), sig)
+        return _RELU_SCALE.implementation(name)(x, scale)
     args = (x, scale)
     return _RELU_SCALE.implementation(dispatch.choose(_RELU_SCALE, backend, args))(*args)
 
@@ -235,14 +268,25 @@ def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor
     _check_linear("linear_gelu", x, weight, bias)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
     args = (x, weight, bias, approximate)
+    if backend == "auto" and _auto_unforced(_LINEAR_GELU):  # as in _run_add
+        # Shapes and strides give the rows, k, n and both layouts; the TF32 switch is read per
+        # call, as autotune's key does.
+        dtype = x.dtype
+        sig = (
+            "linear_gelu", x.shape, x.stride(), weight.shape, weight.stride(), dtype,
+            x.get_device(), bias is None, approximate, dtype is _F32 and _tf32(),
+        )  # fmt: skip
+        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_LINEAR_GELU, args, sig)
+        return _LINEAR_GELU.implementation(name)(*args)
     return _LINEAR_GELU.implementation(dispatch.choose(_LINEAR_GELU, backend, args))(*args)
 
 
 def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
     tensor = torch.Tensor
-    # One expression for the common case (CUDA tensors that fit); the checks below explain the
-    # rest, and compare non-CUDA devices exactly (get_device() is -1 for all of them). The same
-    # layer test is inlined in _check_mlp's loop: a shared helper measured +0.23 us per layer.
+    # One expression for the common case (tensors that fit); the checks below explain the
+    # rest. get_device() is -1 for every non-CUDA device, so those are compared exactly (on the
+    # CPU this took the slow checks: 2.8 us). The same layer test is inlined in _check_mlp's
+    # loop: a shared helper measured +0.23 us per layer.
     if (
         isinstance(x, tensor)
         and isinstance(weight, tensor)
@@ -251,14 +295,15 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
         and x.dim() >= 1
         and len(ws := weight.shape) == 2
         and x.shape[-1] == ws[1]
-        and (index := x.get_device()) >= 0
-        and weight.get_device() == index
+        and weight.get_device() == (index := x.get_device())
+        and (index >= 0 or weight.device == x.device)
         and (
             bias is None
             or (
                 isinstance(bias, tensor)
                 and bias.dtype is dtype
                 and bias.get_device() == index
+                and (index >= 0 or bias.device == x.device)
                 and len(bs := bias.shape) == 1
                 and bs[0] == ws[0]
             )

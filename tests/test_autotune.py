@@ -466,6 +466,160 @@ def test_hit_path_cost():
     assert choose_us < 20e-6
 
 
+# ------------------------------------------------------- the exact-signature table (ops.py)
+@pytest.fixture
+def ran(fake_gpu, monkeypatch):
+    """fake_gpu, and every backend's add / relu_scale / linear_gelu records its name in the
+    returned list before running the reference; named backends are available too."""
+    from dualk import dispatch
+
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device: None)
+    calls: list[str] = []
+    for op in ("add", "relu_scale", "linear_gelu"):
+        spec = OPS[op]
+        for b in ("cuda", "triton", "torch"):
+
+            def run(*args, b=b, ref=spec.reference):
+                calls.append(b)
+                return ref(*args)
+
+            monkeypatch.setitem(spec._resolved, b, run)
+    return calls
+
+
+def plant(op, args, backend):
+    """auto's remembered decision for args' key, as a timing would leave it."""
+    k = key(op, args)
+    autotune._remember(k, {"op": op, "key": autotune.key_string(k), "backend": backend})
+
+
+def last_backend(ran, fn):
+    ran.clear()
+    fn()
+    return ran[-1]
+
+
+def test_exact_table_follows_new_decisions_clears_and_tuning(ran, monkeypatch):
+    import dualk
+
+    a, b = r(100), r(100)
+    call = lambda: dualk.add(a, b)  # noqa: E731
+    assert last_backend(ran, call) == "triton"  # timed: the fake timer's fastest
+    assert "triton" in autotune.exact_hits.values()
+    assert last_backend(ran, call) == "triton"  # the table's answer
+    plant("add", (a, b, 1.0), "cuda")  # a new decision for the key empties the table
+    assert autotune.exact_hits == {}
+    assert last_backend(ran, call) == "cuda"
+    assert last_backend(ran, call) == "cuda"
+    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    res = CliRunner().invoke(cli.main, ["cache", "clear"])  # memory and files
+    assert res.exit_code == 0, res.output
+    assert autotune.exact_hits == {}
+    autotune.set_timer(FakeTimer({"cuda": 1.0, "triton": 2.0, "torch": 3.0}))
+    assert last_backend(ran, call) == "cuda"  # timed again
+    autotune.set_timer(FakeTimer({"cuda": 3.0, "triton": 2.0, "torch": 1.0}))
+    autotune.tune(OPS["add"], (a, b, 1.0), force=True)  # `dualk tune --force`
+    assert last_backend(ran, call) == "torch"
+
+
+def test_exact_table_never_outranks_an_override(ran, monkeypatch, tmp_path):
+    import dualk
+
+    x = r(64)
+    call = lambda: dualk.relu_scale(x, 2.0)  # noqa: E731
+    assert last_backend(ran, call) == "triton"
+    assert last_backend(ran, call) == "triton"  # from the table
+    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "torch")  # set after the first calls
+    assert last_backend(ran, call) == "torch"
+    monkeypatch.delenv("DUALK_BACKEND_RELU_SCALE")
+    monkeypatch.setenv("DUALK_BACKEND", "cuda")
+    assert last_backend(ran, call) == "cuda"
+    monkeypatch.delenv("DUALK_BACKEND")
+    with dualk.use_backend("torch"):
+        assert last_backend(ran, call) == "torch"
+    dualk.set_default_backend("cuda")
+    assert last_backend(ran, call) == "cuda"
+    dualk.set_default_backend(None)
+    config = tmp_path / "dualk.toml"
+    config.write_text('[backend]\nrelu_scale = "torch"\n')
+    monkeypatch.setenv("DUALK_CONFIG", str(config))
+    dualk.config.reload()
+    assert last_backend(ran, call) == "torch"
+    monkeypatch.delenv("DUALK_CONFIG")
+    dualk.config.reload()
+    assert last_backend(ran, call) == "triton"  # and the table's answer stands again
+    assert last_backend(ran, lambda: dualk.relu_scale(x, 2.0, backend="cuda")) == "cuda"
+
+
+@pytest.mark.parametrize(
+    "op, first, second",
+    [
+        ("add", lambda: (r(32, 32), r(32, 32), 1.0), lambda: (r(32, 64)[:, ::2], r(32, 32), 1.0)),
+        ("add", lambda: (r(32, 32), r(32, 32), 1.0), lambda: (r(32, 33), r(32, 33), 1.0)),
+        ("add", lambda: (r(64), r(64), 1.0),
+         lambda: (r(64, dtype=torch.float16), r(64, dtype=torch.float16), 1.0)),
+        ("relu_scale", lambda: (r(40, 24), 2.0), lambda: (r(24, 40).t(), 2.0)),
+        ("relu_scale", lambda: (r(64), 2.0), lambda: (r(64, dtype=torch.bfloat16), 2.0)),
+        ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
+         lambda: (r(8, 16), r(32, 16), r(32), "tanh")),
+        ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
+         lambda: (r(8, 16), r(32, 16), None, "none")),
+        ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
+         lambda: (r(16, 8).t(), r(32, 16), None, "tanh")),
+        ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
+         lambda: (r(8, 16), r(16, 32).t(), None, "tanh")),
+        ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
+         lambda: (r(9, 16), r(32, 16), None, "tanh")),
+    ],
+)  # fmt: skip
+def test_exact_table_entries_of_other_keys_never_answer(ran, op, first, second):
+    """Calls of different keys (layout, bucket, dtype, bias, approximate) get their own
+    decision, whatever the table holds for the other."""
+    import dualk
+
+    def fn(*args):  # the public call of implementation arguments
+        if op == "add":
+            return dualk.add(args[0], args[1], alpha=args[2])
+        if op == "linear_gelu":
+            return dualk.linear_gelu(*args[:3], approximate=args[3])
+        return dualk.relu_scale(*args)
+
+    a1, a2 = first(), second()
+    plant(op, a1, "cuda")
+    plant(op, a2, "triton")
+    for _ in range(2):  # the second round answers from the table
+        assert last_backend(ran, lambda: fn(*a1)) == "cuda"
+        assert last_backend(ran, lambda: fn(*a2)) == "triton"
+    assert len(autotune.exact_hits) == 2
+
+
+def test_exact_table_holds_no_heuristic_answer(ran, monkeypatch):
+    import dualk
+
+    monkeypatch.setenv("DUALK_AUTOTUNE", "0")
+    a, b = r(100), r(100)
+    assert last_backend(ran, lambda: dualk.add(a, b)) == "torch"  # the heuristic, untimed
+    assert autotune.exact_hits == {}
+    monkeypatch.delenv("DUALK_AUTOTUNE")
+    assert last_backend(ran, lambda: dualk.add(a, b)) == "triton"  # timed now
+
+
+def test_linear_gelu_exact_table_keeps_the_tf32_switch(ran, monkeypatch):
+    import dualk
+
+    args = (r(8, 16), r(32, 16), None, "tanh")
+    monkeypatch.setattr(autotune, "_tf32", lambda: False)
+    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    plant("linear_gelu", args, "cuda")
+    monkeypatch.setattr(autotune, "_tf32", lambda: True)
+    plant("linear_gelu", args, "triton")
+    monkeypatch.setattr("dualk.ops._tf32", lambda: True)
+    assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "triton"
+    monkeypatch.setattr(autotune, "_tf32", lambda: False)
+    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "cuda"
+
+
 # ---------------------------------------------------------------------------- Triton configs
 def test_triton_configs_are_stored_per_class_and_recalled(monkeypatch):
     from dualk.triton_src import common

@@ -35,7 +35,9 @@ ACTIVATIONS = {
 
 
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    if alpha != 1.0 and a.dtype in _HALF and abs(alpha) > _HALF[a.dtype]:
+    if alpha == 1.0:  # the same sum (1.0 * b is b); the alpha= keyword alone cost ~0.45 us
+        return torch.add(a, b)
+    if a.dtype in _HALF and abs(alpha) > _HALF[a.dtype]:
         # PyTorch's CPU add refuses an alpha the dtype cannot hold (70000 in fp16); the sum is
         # computed in fp32 as on every other backend, so the answer is the same everywhere.
         return torch.add(a.float(), b.float(), alpha=alpha).to(torch.result_type(a, b))
