@@ -174,6 +174,73 @@ def main(path: str) -> int:
         us("fused_mlp", "128x4_b2^20", "float16", "torch eager nn.Sequential"),
         2.5,
     )
+    print("issue 14 (GEMM family at cuBLAS; best = the faster dualk backend):")
+
+    def best_of(op, case, dt):
+        times = [t for t in (us(op, case, dt, f"dualk:{b}") for b in ("cuda", "triton")) if t]
+        return min(times) if times else None
+
+    for case in ("4096^3", "8192^3"):
+        for dt in ("bfloat16", "float16"):
+            cublas = us("matmul", case, dt, "cuBLAS (torch.matmul)")
+            check(f"matmul {case} {dt} best vs cuBLAS", best_of("matmul", case, dt), cublas, 1.0)
+            check(
+                f"matmul {case} {dt} cuda vs cuBLAS",
+                us("matmul", case, dt, "dualk:cuda"),
+                cublas,
+                0.95,
+            )
+    for case, dts in (
+        ("1024^3", ("bfloat16", "float16")),
+        ("4096x1000x4096", ("bfloat16",)),
+        ("3000x2000x5000", ("bfloat16",)),
+        ("128x8192x128", ("bfloat16",)),
+    ):
+        for dt in dts:
+            check(
+                f"matmul {case} {dt} best vs cuBLAS",
+                best_of("matmul", case, dt),
+                us("matmul", case, dt, "cuBLAS (torch.matmul)"),
+                0.9,
+            )
+    for case in ("B8192_768_3072", "B4096_4096_16384"):
+        lt = us("linear_gelu", case, "bfloat16", "cuBLASLt addmm+gelu")
+        check(
+            f"linear_gelu {case} cuda vs cuBLASLt",
+            us("linear_gelu", case, "bfloat16", "dualk:cuda"),
+            lt,
+            1.0,
+        )
+        check(
+            f"linear_gelu {case} best vs cuBLASLt",
+            best_of("linear_gelu", case, "bfloat16"),
+            lt,
+            1.05,
+        )
+    check(
+        "linear_gelu B1000_1000_1000 bf16 best vs cuBLASLt",
+        best_of("linear_gelu", "B1000_1000_1000", "bfloat16"),
+        us("linear_gelu", "B1000_1000_1000", "bfloat16", "cuBLASLt addmm+gelu"),
+        1.0,
+    )
+    check(
+        "matmul 4096^3 fp32 best vs cuBLAS SGEMM",
+        best_of("matmul", "4096^3", "float32"),
+        us("matmul", "4096^3", "float32", "cuBLAS (torch.matmul)"),
+        0.95,
+    )
+    check(
+        "linear_gelu B8192_768_3072 fp32 best vs eager",
+        best_of("linear_gelu", "B8192_768_3072", "float32"),
+        us("linear_gelu", "B8192_768_3072", "float32", "torch eager gelu(linear)"),
+        0.95,
+    )
+    check(
+        "fused_mlp 256x3 b2^18 bf16 best vs eager",
+        best("256x3_b2^18", "bfloat16"),
+        us("fused_mlp", "256x3_b2^18", "bfloat16", "torch eager nn.Sequential"),
+        1.5,
+    )
     print(f"{failed} criteria missed or not measured")
     return 0
 
