@@ -67,9 +67,11 @@ cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
 // ------------------------------------------------------------------ split-K
 // Few output tiles and a long k (a tall batch's weight gradients, 64 x 2^18 x 64; 128 x 8192 x
 // 128): one tile per CTA leaves most SMs idle for the whole k loop. k is cut into slices, each a
-// batch entry of the portable tensor-core kernel writing fp32 partial products into a workspace
-// (launch_split_k_partials, matmul.cu), and split_k_reduce_kernel sums them in fp32, adds the
-// bias, applies the activation and rounds once: the same arithmetic as one pass, reordered.
+// batch entry of the portable tensor-core kernel (16-bit) or the SIMT kernels (fp32) writing fp32
+// partial products into a workspace (launch_split_k_partials, matmul.cu), and
+// split_k_reduce_kernel sums them in fp32, adds the bias, applies the activation and rounds once:
+// the same arithmetic as one pass, reordered. For fp32 the reordering is also the accuracy fix:
+// one pass sums k in order (at k = 65536, 20x cuBLAS's error), slices sum ~k / splits terms each.
 constexpr int64_t kSplitKMinSlice = 256;  // k per slice: 8 k-tiles of 32
 constexpr int64_t kSplitKMaxSplits = 128;
 
@@ -80,10 +82,14 @@ struct SplitK {
 inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   const SplitK none{1, args.k};
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return none;
-  if (args.dtype == DType::kFloat32 || args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
+  if (args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
   if (args.k < 2 * kSplitKMinSlice || args.k >= (int64_t{1} << 31)) return none;
-  if (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2)) return none;
-  const int64_t tiles = ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
+  const bool fp32 = args.dtype == DType::kFloat32;
+  // 16-bit slices run the tensor-core kernel, which needs its 16-byte rows; fp32 slices run
+  // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
+  if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;
+  const int64_t tiles = fp32 ? ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN)
+                             : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
   if (2 * tiles >= device.num_sms) return none;  // the one-pass kernels fill the GPU
   int64_t splits = ceil_div(int64_t{2} * device.num_sms, tiles);  // ~2 CTAs per SM
   splits = std::min(std::min(splits, args.k / kSplitKMinSlice), kSplitKMaxSplits);
@@ -152,9 +158,14 @@ cudaError_t run_gemm_best(const GemmArgs& args, cudaStream_t stream) {
   if (args.workspace != nullptr) {  // the caller asked gemm_split_k_workspace_floats
     const gemm::SplitK plan = gemm::split_k_plan(args, device_props());
     if (plan.splits > 1 && args.workspace_floats >= plan.splits * args.m * args.n) {
-      return args.dtype == DType::kFloat16
-                 ? gemm::run_split_k<__half, kAct, kHasBias>(args, plan, stream)
-                 : gemm::run_split_k<__nv_bfloat16, kAct, kHasBias>(args, plan, stream);
+      switch (args.dtype) {
+        case DType::kFloat32:
+          return gemm::run_split_k<float, kAct, kHasBias>(args, plan, stream);
+        case DType::kFloat16:
+          return gemm::run_split_k<__half, kAct, kHasBias>(args, plan, stream);
+        case DType::kBFloat16:
+          return gemm::run_split_k<__nv_bfloat16, kAct, kHasBias>(args, plan, stream);
+      }
     }
   }
   if (nonempty && args.dtype != DType::kFloat32 && gemm_sm90::can_run(args)) {

@@ -20,9 +20,13 @@ namespace {
 
 template <typename T>
 cudaError_t launch_partials(const GemmArgs& part, cudaStream_t stream) {
-  return part.b_k_major
-             ? launch_tensor_core<T, TcSmall, true, Activation::kNone, false, float>(part, stream)
-             : launch_tensor_core<T, TcSmall, false, Activation::kNone, false, float>(part, stream);
+  if constexpr (std::is_same_v<T, float>) {
+    return launch_simt<float, Activation::kNone, false>(part, stream);
+  } else {
+    return part.b_k_major
+               ? launch_tensor_core<T, TcSmall, true, Activation::kNone, false, float>(part, stream)
+               : launch_tensor_core<T, TcSmall, false, Activation::kNone, false, float>(part, stream);
+  }
 }
 
 }  // namespace
@@ -30,7 +34,7 @@ cudaError_t launch_partials(const GemmArgs& part, cudaStream_t stream) {
 // Here, not in gemm_select.cuh: matmul.cu and linear_gelu.cu both split, and the partial-product
 // kernels (no bias, no activation, fp32 out) are the same for both, so they compile once.
 cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cudaStream_t stream) {
-  constexpr int64_t kElem = 2;  // 16-bit operands only (split_k_plan)
+  const int64_t kElem = args.dtype == DType::kFloat32 ? 4 : 2;
   const int64_t full = args.k / plan.slice;  // slices of plan.slice; then one shorter, if any
   const int64_t tail = args.k - full * plan.slice;
   const int64_t b_slice_step = args.b_k_major ? plan.slice : plan.slice * args.stride_b_outer;
@@ -46,7 +50,9 @@ cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cu
   part.batch = full;
   part.stride_a_batch = plan.slice;  // the next slice of k: A is k-contiguous
   part.stride_b_batch = b_slice_step;
-  auto launch = args.dtype == DType::kFloat16 ? launch_partials<__half> : launch_partials<__nv_bfloat16>;
+  auto launch = args.dtype == DType::kFloat32   ? launch_partials<float>
+                : args.dtype == DType::kFloat16 ? launch_partials<__half>
+                                                : launch_partials<__nv_bfloat16>;
   cudaError_t err = full > 0 ? launch(part, stream) : cudaSuccess;
   if (err != cudaSuccess || tail == 0) return err;
   part.batch = 1;

@@ -57,9 +57,9 @@ class ShapeCase:
     bench: bool = False  # part of the benchmark suites (default and up)
     quick: bool = False  # part of the quick benchmark suite
     bench_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
-    # The dtypes the parity tests check (all by default). The long-k split-K cases are 16-bit:
-    # dualk's fp32 kernels (CUDA SIMT and Triton alike) sum k in order, within fp32's error but
-    # 20x cuBLAS's (which splits k) at k = 65536 on an H100, above the parity rule's fp32 floor.
+    # The dtypes the parity tests check (None: all). Every case checks all three today; the long-k
+    # split-K cases were 16-bit only until both backends split fp32's k too (one pass summed k in
+    # order: 20x cuBLAS's error at k = 65536 on an H100, above the parity rule's fp32 floor).
     test_dtypes: tuple[torch.dtype, ...] | None = None
 
 
@@ -242,10 +242,10 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(1000, 17, 4097, "odd_large", gpu_only=True),
         # Few output tiles, long k: CUDA split-K (17 slices of 288 and a tail of 104; a second
         # row of tiles cut short; k-major B), and a broadcast-free weight-gradient shape.
-        mm(72, 5000, 40, "split_k_odd", gpu_only=True, test_dtypes=HALF_DTYPES),
-        mm(64, 4000, 48, "split_k_kmajor", gpu_only=True, test_dtypes=HALF_DTYPES,
+        mm(72, 5000, 40, "split_k_odd", gpu_only=True),
+        mm(64, 4000, 48, "split_k_kmajor", gpu_only=True,
            b_view=lambda dt, dev, g: randn((48, 4000), dt, dev, g, 1 / 64).t()),
-        mm(64, 65536, 64, "weight_grad", gpu_only=True, test_dtypes=HALF_DTYPES),
+        mm(64, 65536, 64, "weight_grad", gpu_only=True),
         mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
         mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
         mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
@@ -288,7 +288,7 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         lg((0,), 16, 8, "empty"),
         lg((5,), 0, 8, "k0"),
         lg((64,), 64, 64, "square"),
-        lg((50,), 6000, 24, "split_k", gpu_only=True, test_dtypes=HALF_DTYPES),  # bias + GELU after the sum
+        lg((50,), 6000, 24, "split_k", gpu_only=True),  # bias + GELU after the sum
         lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=(*FP32, *BF16)),
         lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=(*FP32, *BF16)),
         lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),
