@@ -37,7 +37,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def us(fn) -> float:
     fn()
     torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=100, quantiles=[0.5])[0] * 1e3
+    ms = do_bench(fn, warmup=25, rep=100, quantiles=[0.5])
+    return (ms[0] if isinstance(ms, (list, tuple)) else ms) * 1e3  # Triton 3.6 returns a float
 
 
 def rel_err(out, ref) -> float:

@@ -1,6 +1,10 @@
 """The Triton TMA GEMM (triton_src/gemm_tma.py) on Hopper: every config it can be tuned to, forced
 in turn, on shapes with M / N / K tails, both B layouts, bias, tanh-gelu, fp16 and bf16. The
-registry's parity cases are too small to reach it (it only joins the tuner above MIN_MACS)."""
+registry's parity cases are too small to reach it (it only joins the tuner above MIN_MACS).
+
+The modules are dualk.triton_src.*, the ones dualk's Triton backend imports: the repository's
+top-level ``triton_src`` package is a second module object, so setting its FORCE_CONFIG did
+not reach dualk's calls (the forced TMA configs never ran). Each case counts launch_tma calls."""
 
 import pytest
 import torch
@@ -16,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _tma():
-    from triton_src import gemm_tma, matmul
+    from dualk.triton_src import gemm_tma, matmul
 
     if gemm_tma.TensorDescriptor is None:
         pytest.skip("this Triton has no host-side tensor descriptors")
@@ -26,7 +30,7 @@ def _tma():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cfg_index", [0, 1, 2])
 @pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
-def test_tma_config(op, cfg_index, dtype):
+def test_tma_config(op, cfg_index, dtype, monkeypatch):
     gemm_tma, matmul_mod = _tma()
     cfg = gemm_tma.TMA_CONFIGS[cfg_index]
     gen = torch.Generator().manual_seed(1000 + cfg_index)
@@ -39,12 +43,17 @@ def test_tma_config(op, cfg_index, dtype):
         w = ((torch.rand((N, K), generator=gen) * 2 - 1) / K**0.5).to("cuda", dtype)
         bias = (torch.rand(N, generator=gen) * 2 - 1).to("cuda", dtype)
         sample = Sample((x, w, bias), {"approximate": "tanh"}, "tma")
-    matmul_mod.FORCE_CONFIG[:] = [cfg]
-    try:
-        out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
-        torch.cuda.synchronize()
-    finally:
-        matmul_mod.FORCE_CONFIG.clear()
+    launched = []
+
+    def counting_launch_tma(cfg, *args):
+        launched.append(cfg)
+        return gemm_tma.launch_tma(cfg, *args)
+
+    monkeypatch.setattr(matmul_mod, "FORCE_CONFIG", [cfg])
+    monkeypatch.setattr(matmul_mod, "launch_tma", counting_launch_tma)
+    out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
+    torch.cuda.synchronize()
+    assert launched == [cfg], f"{op}: the forced TMA config did not run ({launched})"
     verdict = judge(OPS[op], sample, out)
     assert verdict.ok, f"{op} {cfg} {dtype}: {verdict.message}"
 
@@ -56,6 +65,10 @@ def test_tma_joins_the_tuner_only_where_it_can_run():
     assert (
         gemm_tma.tma_configs(big, big, big, 1, 4096, 4096, 4096, *strides) == gemm_tma.TMA_CONFIGS
     )
+    # 4096 x 1000 x 4096 (0.98 x 2^34 multiply-adds): rows of 2000 bytes, 16-byte aligned
+    strides_k1000 = (1000, 1, 4096, 1, 4096, 1)
+    assert gemm_tma.tma_configs(big, big, big, 1, 4096, 4096, 1000, *strides_k1000)
+    assert gemm_tma.MIN_MACS <= 4096 * 4096 * 1000
     small = big[:64, :64]
     assert gemm_tma.tma_configs(small, small, small, 1, 64, 64, 64, 4096, 1, 4096, 1, 4096, 1) == ()
     assert gemm_tma.tma_configs(big.float(), big.float(), big.float(), 1, 4096, 4096, 4096,

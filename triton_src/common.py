@@ -177,6 +177,27 @@ def ptr_spec(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
+def align_mask(align: int, *values: int) -> int:
+    """Bit i set when ``values[i]`` is a multiple of ``align`` (elements per 16 bytes: 8 for
+    fp16/bf16, 4 for fp32) that Triton's own specialization misses (not a multiple of 16). The
+    kernel rebuilds such a value as v // ALIGN * ALIGN, a product with a constant, which its
+    divisibility analysis sees; tl.multiple_of on a kernel argument changed nothing in the
+    compiled code (Triton 3.9). 0 (no hints) is always correct.
+
+    Why: a bf16 row stride of 1000 (2000 bytes, 16-byte aligned) counts as unaligned to Triton,
+    and the 128x128x64 GEMM tile then loaded A with scalar 2-byte loads and no cp.async (sm_90
+    PTX, Triton 3.9; experiments/NOTES-triton.md)."""
+    if align <= 1:
+        return 0
+    mask = 0
+    bit = 1
+    for v in values:
+        if v & 15 and not v % align:
+            mask |= bit
+        bit <<= 1
+    return mask
+
+
 class KernelLauncher:
     """Launch ``kernel`` (a @triton.jit function) with cached CompiledKernels.
 

@@ -23,9 +23,13 @@ try:
 except ImportError:  # Triton without host-side descriptors: the path stays off
     TensorDescriptor = None
 
-# Below this many multiply-adds the three descriptors and the plain Triton launch (tens of
-# microseconds of host time) would show next to the kernel.
-MIN_MACS = 1 << 34
+# Below this many multiply-adds the three descriptors and the plain Triton launch (20-30 us of
+# host time on Triton 3.6) would show next to the kernel. 2^33 rather than 2^34 so that 4096 x
+# 1000 x 4096 (0.98 x 2^34) times this kernel too: 53.5 us against gemm_kernel's 65.2 and
+# cuBLAS's 54.2 on an H100, bf16 (experiments/NOTES-triton.md). A 2^33 problem takes about 25 us
+# of device time at 700 TFLOP/s, still at or above that host time; the tuner times device time
+# only, so a call stream bound by host time near 2^33 would not show (unmeasured).
+MIN_MACS = 1 << 33
 
 # (tag, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, warps, programs per SM, epilogue slices,
 # fast activation level). Level 3: tanh-gelu with one tanh.approx.f32 (for 16-bit outputs).

@@ -17,6 +17,7 @@ import triton.language as tl
 from .common import (
     ACT_NONE,
     KernelLauncher,
+    align_mask,
     apply_activation,
     dot_in_fp32,
     grouped_tile,
@@ -81,9 +82,29 @@ def gemm_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements per 16 bytes
+    ALIGNED: tl.constexpr,  # common.align_mask(ALIGN, M, N, K, the 9 strides in order)
 ):
     # Batch folded into axis 0 (axis 1 is limited to 65535 programs). int64: tile offsets times
     # strides can pass 2^31 for large or batched operands.
+    # Sizes and strides the host found to be multiples of 16 bytes that Triton's own
+    # specialization misses (bit i of ALIGNED for the i-th of M, N, K and the 9 strides; see
+    # common.align_mask), rebuilt as v // ALIGN * ALIGN so the divisibility analysis sees them:
+    # with K = 1000 (bf16), A's row stride gave 64 scalar 2-byte loads per thread per k step and
+    # no cp.async, so the k loop was not pipelined (128x128x64 tile, sm_90 PTX, Triton 3.9).
+    # A constexpr ternary: an unset bit leaves a unit stride a constexpr.
+    M = M // ALIGN * ALIGN if ALIGNED & 1 else M
+    N = N // ALIGN * ALIGN if ALIGNED & 2 else N
+    K = K // ALIGN * ALIGN if ALIGNED & 4 else K
+    stride_ab = stride_ab // ALIGN * ALIGN if ALIGNED & 8 else stride_ab
+    stride_am = stride_am // ALIGN * ALIGN if ALIGNED & 16 else stride_am
+    stride_ak = stride_ak // ALIGN * ALIGN if ALIGNED & 32 else stride_ak
+    stride_bb = stride_bb // ALIGN * ALIGN if ALIGNED & 64 else stride_bb
+    stride_bk = stride_bk // ALIGN * ALIGN if ALIGNED & 128 else stride_bk
+    stride_bn = stride_bn // ALIGN * ALIGN if ALIGNED & 256 else stride_bn
+    stride_cb = stride_cb // ALIGN * ALIGN if ALIGNED & 512 else stride_cb
+    stride_cm = stride_cm // ALIGN * ALIGN if ALIGNED & 1024 else stride_cm
+    stride_cn = stride_cn // ALIGN * ALIGN if ALIGNED & 2048 else stride_cn
     pid = tl.program_id(axis=0).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -226,11 +247,26 @@ def gemm_persistent_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    ALIGN: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """Persistent form of gemm_kernel: one program per SM (or fewer) loops over output tiles.
     The tile loop is flattened with the K loop (tl.range(flatten=True)), so the software
     pipeline runs across tile boundaries: the next tile's first loads are in flight while this
     tile's epilogue (bias, GELU, store) runs, which matters when K is short."""
+    # 16-byte aligned sizes and strides, as in gemm_kernel.
+    M = M // ALIGN * ALIGN if ALIGNED & 1 else M
+    N = N // ALIGN * ALIGN if ALIGNED & 2 else N
+    K = K // ALIGN * ALIGN if ALIGNED & 4 else K
+    stride_ab = stride_ab // ALIGN * ALIGN if ALIGNED & 8 else stride_ab
+    stride_am = stride_am // ALIGN * ALIGN if ALIGNED & 16 else stride_am
+    stride_ak = stride_ak // ALIGN * ALIGN if ALIGNED & 32 else stride_ak
+    stride_bb = stride_bb // ALIGN * ALIGN if ALIGNED & 64 else stride_bb
+    stride_bk = stride_bk // ALIGN * ALIGN if ALIGNED & 128 else stride_bk
+    stride_bn = stride_bn // ALIGN * ALIGN if ALIGNED & 256 else stride_bn
+    stride_cb = stride_cb // ALIGN * ALIGN if ALIGNED & 512 else stride_cb
+    stride_cm = stride_cm // ALIGN * ALIGN if ALIGNED & 1024 else stride_cm
+    stride_cn = stride_cn // ALIGN * ALIGN if ALIGNED & 2048 else stride_cn
     start = tl.program_id(axis=0)
     num_programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -386,6 +422,8 @@ _INTERPRETER_CONFIGS = ((False, 32, 32, 16, 2, 1, 4), (True, 32, 32, 16, 2, 1, 4
 _interpreter_turn = [0]
 
 _launchers = {False: KernelLauncher(gemm_kernel), True: KernelLauncher(gemm_persistent_kernel)}
+# The kernels' ALIGN: elements per 16 bytes.
+_ALIGN = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 _best_config: dict = {}  # tuning key -> config
 TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchmarks)
 FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
@@ -407,8 +445,17 @@ def _gemm(
         dtype, int_spec(M), int_spec(N), int_spec(K), int_spec(sa0), int_spec(sa1),
         int_spec(sa2), int_spec(sb0), int_spec(sb1), int_spec(sb2), int_spec(sc0),
         int_spec(sc1), int_spec(sc2), ptr_spec(a), ptr_spec(b), ptr_spec(c),
-        has_bias and ptr_spec(bias), int_spec(batch),
+        has_bias and ptr_spec(bias), int_spec(batch), 0,
     )  # fmt: skip
+    # Sizes and strides that are multiples of 16 bytes but not of 16 elements (K = 1000): hinted
+    # to the kernel (ALIGNED, common.align_mask). One test when every size and stride is a
+    # multiple of 16 elements or a unit stride (the product of a row's two strides).
+    if (M | N | K | sa0 | sb0 | sc0 | sa1 * sa2 | sb1 * sb2 | sc1 * sc2) & 15:
+        aligned = align_mask(
+            _ALIGN[dtype], M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2
+        )  # fmt: skip
+        if aligned:
+            spec = (*spec[:-1], aligned)
     if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
         plan = split_k_plan(kind, batch, M, N, K, num_sms(a.device))
         if plan is not None:
@@ -444,6 +491,9 @@ def _gemm(
                     activation, fast_act, int_spec(sa1), int_spec(sa2), sa0 == 0,
                     int_spec(sb0), int_spec(sb1), int_spec(sb2), int_spec(sc1), int_spec(sc2),
                     *spec[13:17],
+                    # the alignment flags but M's, sa0's and sc0's (left out as above); classes
+                    # without flags keep the keys they had before the flags existed
+                    *((f"aligned{spec[18] & ~0x209}",) if spec[18] & ~0x209 else ()),
                 )
             )  # fmt: skip
             allowed = set(gemm_configs(kind)) | set(tma)
@@ -473,13 +523,14 @@ def _gemm_launch(
     head = (
         bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype), K % bk == 0,
     )  # fmt: skip
+    tail = (_ALIGN[a.dtype], spec[18])  # ALIGN, ALIGNED
     bias_arg = bias if bias is not None else c
     if persistent:
-        consts = (*head, bm, bn, bk, group)
+        consts = (*head, bm, bn, bk, group, *tail)
         grid = (min(tiles, num_sms(c.device)), 1, 1)
         args = (a, b, bias_arg, c, batch, M, N, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
     else:
-        consts = (*head, False, bm, bn, bk, group)  # SPLIT_K off; K_SLICE = K (spec'd as K)
+        consts = (*head, False, bm, bn, bk, group, *tail)  # SPLIT_K off; K_SLICE = K (spec'd as K)
         grid = (tiles, 1, 1)
         args = (a, b, bias_arg, c, M, N, K, K, sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2)
     _launchers[persistent].launch((cfg, spec, consts), grid, args + consts, warps, stages)
@@ -553,9 +604,11 @@ def _split_k_launch(
     if POISON_WORKSPACE:
         ws.fill_(POISON_WORKSPACE[0])
     input_precision = "ieee" if kind == "fp32" else "tf32"
-    consts = (False, ACT_NONE, 0, input_precision, dot_in_fp32(a.dtype), K % bk == 0, True, bm, bn, bk, group)  # fmt: skip
-    grid = (splits * _cdiv(M, bm) * _cdiv(N, bn), 1, 1)
     sab, sbb = k_slice * sa2, k_slice * sb1  # slice s starts s * k_slice along k
+    align = _ALIGN[a.dtype]
+    aligned = spec[18] and align_mask(align, M, N, K, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
+    consts = (False, ACT_NONE, 0, input_precision, dot_in_fp32(a.dtype), K % bk == 0, True, bm, bn, bk, group, align, aligned)  # fmt: skip
+    grid = (splits * _cdiv(M, bm) * _cdiv(N, bn), 1, 1)
     args = (a, b, ws, ws, M, N, K, k_slice, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
     key = ("split", cfg, spec, int_spec(k_slice), int_spec(sab), int_spec(sbb), int_spec(M * N), ptr_spec(ws), consts)  # fmt: skip
     _launchers[False].launch(key, grid, args + consts, warps, stages)
