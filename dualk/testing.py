@@ -79,6 +79,15 @@ def _worst(out64: torch.Tensor, ref: torch.Tensor, excess: torch.Tensor, k: int 
     return "; ".join(rows)
 
 
+def gemm_error_budget(dtype: torch.dtype, torch_err: float, scale: float) -> float:
+    """The GEMM family's allowed max error against the float64 reference: twice PyTorch's own
+    same-dtype error plus a floor of one ulp of the largest reference value `scale` (four in
+    fp32; judge() says why)."""
+    return 2.0 * torch_err + torch.finfo(dtype).eps * scale * (
+        4.0 if dtype == torch.float32 else 1.0
+    )
+
+
 def judge(
     spec: OpSpec, sample: Sample, out: torch.Tensor, ref: torch.Tensor | None = None
 ) -> Verdict:
@@ -115,10 +124,9 @@ def judge(
     # PyTorch's max error can land far below its typical value: H200 and CPU runs put correct
     # kernels at 3-4x it (6.5e-8 vs 1.6e-8 on 0.13-sized outputs). Four fp32 ulps (5e-7
     # relative) still fail any real bug by orders of magnitude.
-    ulp_floor = torch.finfo(like.dtype).eps * scale * (4.0 if like.dtype == torch.float32 else 1.0)
-    budget = 2.0 * torch_err + ulp_floor
+    budget = gemm_error_budget(like.dtype, torch_err, scale)
     if not finite_ok or not max_err <= budget:
         return Verdict(False, max_err, rel,
-                       f"max error {max_err:.3g} exceeds 2 x PyTorch's {torch_err:.3g} + {ulp_floor:.3g}: "
+                       f"max error {max_err:.3g} exceeds 2 x PyTorch's {torch_err:.3g} + {budget - 2.0 * torch_err:.3g}: "
                        + _worst(out64, ref, err))  # fmt: skip
     return Verdict(True, max_err, rel, f"ok (PyTorch's own error {torch_err:.3g})")

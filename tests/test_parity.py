@@ -12,7 +12,13 @@ from conftest import DEVICE, HAS_CUDA
 import dualk
 from dualk.backends import unavailable_reason
 from dualk.registry import DTYPES, OPS
-from dualk.testing import clone_inputs, float64_reference, inputs_unchanged, judge
+from dualk.testing import (
+    clone_inputs,
+    float64_reference,
+    gemm_error_budget,
+    inputs_unchanged,
+    judge,
+)
 
 CASES = [
     pytest.param(op, case.name, backend, dtype, id=f"{op}-{case.name}-{backend}-{str(dtype)[6:]}")
@@ -60,7 +66,9 @@ def test_matches_float64_reference(op, case_name, backend, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_cuda_and_triton_agree(op, dtype):
     """The two backends agree with each other within twice the error budget each has against
-    the float64 reference (4x PyTorch's own same-dtype error, plus two ulps of the output)."""
+    the float64 reference (testing.gemm_error_budget: 2x PyTorch's own same-dtype error plus the
+    ulp floor). Their summation orders differ (split-K slices, tile sizes chosen per GPU), so in
+    fp32 each may sit near its own budget on the opposite side of the reference."""
     spec = OPS[op]
     for case in spec.cases:
         if case.bench and not case.quick:
@@ -76,9 +84,9 @@ def test_cuda_and_triton_agree(op, dtype):
         torch_err = (
             (spec.reference(*sample.args, **sample.kwargs).double() - ref).abs().max().item()
         )
-        ulp = torch.finfo(dtype).eps * ref.abs().max().item()
+        allowed = 2 * gemm_error_budget(dtype, torch_err, ref.abs().max().item())
         diff = (outs[0] - outs[1]).abs()
-        assert diff.max().item() <= 4 * torch_err + 2 * ulp, (
+        assert diff.max().item() <= allowed, (
             f"{case.name}: cuda and triton differ by {diff.max().item():.3g} "
             f"(PyTorch's own error {torch_err:.3g}) at {divmod(int(diff.argmax()), ref.shape[-1])}"
         )
