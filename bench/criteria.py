@@ -117,16 +117,13 @@ def main(path: str) -> int:
     )
     print("issue 4 (fused_mlp; best dualk backend):")
 
-    def best(case, dt):
-        times = [
-            t
-            for t in (
-                us("fused_mlp", case, dt, "dualk:cuda"),
-                us("fused_mlp", case, dt, "dualk:triton"),
-            )
-            if t
-        ]
+    def best_of(op, case, dt):
+        """The faster dualk backend's time (None when neither was measured)."""
+        times = [t for t in (us(op, case, dt, f"dualk:{b}") for b in ("cuda", "triton")) if t]
         return min(times) if times else None
+
+    def best(case, dt):
+        return best_of("fused_mlp", case, dt)
 
     check(
         "seed b32 fp32 vs eager",
@@ -175,10 +172,6 @@ def main(path: str) -> int:
         2.5,
     )
     print("issue 14 (GEMM family at cuBLAS; best = the faster dualk backend):")
-
-    def best_of(op, case, dt):
-        times = [t for t in (us(op, case, dt, f"dualk:{b}") for b in ("cuda", "triton")) if t]
-        return min(times) if times else None
 
     for case in ("4096^3", "8192^3"):
         for dt in ("bfloat16", "float16"):

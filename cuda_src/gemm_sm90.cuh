@@ -9,8 +9,8 @@
 //     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
 //     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
 //     warp, after the wgmma that read the stage retired).
-//   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): each owns kBlockM/2 rows of the
-//     tile and the whole kBlockN width; per k tile of 64 it issues 4 (k16) x kMSub wgmma m64nNk16
+//   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
+//     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile of 64 it issues 4 (k16) x kMSub wgmma m64nNk16
 //     with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
 //     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
 //     from registers: + bias, activation in fp32 (apply_activation, the math of the portable
@@ -40,7 +40,7 @@
 // Device code exists only in the sm_90a pass (__CUDA_ARCH_FEAT_SM90_ALL); other targets compile
 // an empty kernel body, and can_run() is false on any device but compute capability 9.0.
 // run_gemm_best (gemm_select.cuh) calls launch() where can_run() holds.
-// Why it stays one file of ~500 lines: one kernel (producer and consumer roles share the ring,
+// Why it stays one file of ~700 lines: one kernel (producer and consumer roles share the ring,
 // the barriers and the descriptors) and its host side (tensor maps, config choice), with no other
 // user; the other GEMM family members are in gemm_mma.cuh, gemm_simt*.cuh.
 #pragma once
@@ -108,6 +108,9 @@ struct TileConfig {
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
+// What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
+// PingPong64x128Tma. The others are the candidates experiments/gemm_sm90_bench.cu compares them
+// with (session 9 in NOTES-gemm-sm90.md), kept so that a new GPU can be swept again.
 // 128 x 256, 4 stages (193 KB): the brief's starting point, one wgmma m64n256 per k16 per consumer.
 using Tile128x256 = TileConfig<128, 256, 4>;
 // 128 x 128, 6 stages (193 KB): more CTAs for grids the 128 x 256 tile cannot fill.
@@ -125,9 +128,9 @@ using Tile128x128Tma = TileConfig<128, 128, 5, false, true>;
 using PingPong128x128Tma = TileConfig<128, 128, 4, true, true>;
 using PingPong64x256Tma = TileConfig<64, 256, 4, true, true>;
 using PingPong64x128Tma = TileConfig<64, 128, 6, true, true>;
-// 256 x 128, 4 stages: with a gelu epilogue, 0.66x / 0.89x cuBLASLt against 0.61x / 0.87x for
-// 128 x 256 on the two linear_gelu benchmark shapes (H200, NOTES-gemm-sm90.md); plain matmul
-// prefers 128 x 256 (0.90x vs 0.87x at 4096^3).
+// 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
+// against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
+// stores 128 x 256 or ping-pong 128 x 128 win on the H100.
 using Tile256x128 = TileConfig<256, 128, 4>;
 
 constexpr int kGroupM = 8;  // tile rows walked together (L2 reuse of B columns)
@@ -658,7 +661,9 @@ inline bool can_run(const GemmArgs& args) {
 //     tanh on every element) runs under the other consumer's main loop
 //     (linear_gelu 8192 x 768 -> 3072: 73.6 vs 85.2 us; at k = 4096 128 x 256 wins, 762 vs 790 us);
 //   * else, without an activation and when 128 x 128 tiles would leave at least half the SMs
-//     idle, ping-pong 64 x 128 (twice the CTAs: 1024^3 9.9 vs 11.8 us);
+//     idle, ping-pong 64 x 128 (twice the CTAs: 1024^3 9.9 vs 11.8 us). Here every CTA gets one
+//     tile, so the second consumer idles: the gain is the CTA count, not the overlap (a
+//     one-consumer 64 x 128 config with more stages is untried);
 //   * else 128 x 128 (cooperative).
 // Returns cudaErrorInvalidValue for arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>

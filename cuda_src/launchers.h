@@ -69,8 +69,8 @@ struct GemmArgs {
 };
 
 // How many floats of workspace the GEMM family wants for these arguments on the current device:
-// 0 unless split-K serves them (16-bit, one batch, too few output tiles to fill the GPU and a
-// long k), then splits x m x n. The caller allocates it and sets args.workspace.
+// 0 unless split-K serves them (any dtype, one batch, too few output tiles to fill the GPU and
+// a long k), then splits x m x n. The caller allocates it and sets args.workspace.
 int64_t gemm_split_k_workspace_floats(const GemmArgs& args);
 
 // matmul.cu: activation must be kNone and bias nullptr.

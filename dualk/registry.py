@@ -246,6 +246,11 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(64, 4000, 48, "split_k_kmajor", gpu_only=True,
            b_view=lambda dt, dev, g: randn((48, 4000), dt, dev, g, 1 / 64).t()),
         mm(64, 65536, 64, "weight_grad", gpu_only=True),
+        # Hopper GEMM configs (gemm_sm90.cuh launch() on 132 SMs): cooperative 128x256 with TMA
+        # stores, and cooperative 128x128 with n = 1001 (k-major B), whose C rows TMA cannot store.
+        mm(2048, 256, 2048, "sm90_wide_tiles", gpu_only=True),
+        mm(2048, 264, 1001, "sm90_direct_store", gpu_only=True,
+           b_view=lambda dt, dev, g: randn((1001, 264), dt, dev, g, 1 / 16).t()),
         mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
         mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
         mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
@@ -289,6 +294,11 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         lg((5,), 0, 8, "k0"),
         lg((64,), 64, 64, "square"),
         lg((50,), 6000, 24, "split_k", gpu_only=True),  # bias + GELU after the sum
+        # Hopper GEMM configs (gemm_sm90.cuh launch() on 132 SMs): ping-pong 128x128 with ~3 tiles
+        # per CTA (both consumers, the order barriers), and the same with n = 3001, whose rows
+        # TMA cannot store (the direct stores inside a TMA-store config).
+        lg((2048,), 512, 3072, "sm90_pingpong", gpu_only=True),
+        lg((4096,), 512, 3001, "sm90_pingpong_direct_store", gpu_only=True),
         lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=(*FP32, *BF16)),
         lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=(*FP32, *BF16)),
         lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),

@@ -148,8 +148,10 @@ def test_fp32_long_k_splits_with_many_tiles(monkeypatch, split_k):
     _run("matmul", Sample((a, b), {}, f"{M}x{K}x{N}"), torch.float32, split_k, plan[1])
 
 
-def test_plan_matches_the_cuda_rule(monkeypatch):
-    """The GPU plan (64x64 tiles) on an H100's 132 SMs, as cuda_src/gemm_select.cuh would cut k."""
+def test_plan_on_an_h100(monkeypatch):
+    """The GPU plan (64x64 tiles) on an H100's 132 SMs: the rule of cuda_src/gemm_select.cuh
+    (about 2 programs per SM, slices of at least 256), though Triton's slices are multiples of
+    its 64-wide k tile where CUDA's are multiples of 32."""
     monkeypatch.setattr(mm, "interpreting", lambda: False)
     monkeypatch.setattr(mm, "SPLIT_K", [True])
     tc = "tensor_core"
