@@ -96,11 +96,7 @@ class AutotuneCacheWarning(UserWarning):
 # ---------------------------------------------------------------------------- keys
 _F32 = torch.float32
 _shape_of = torch.Tensor.shape.__get__
-# torch.backends.cuda.matmul.allow_tf32 costs ~0.6 us (a module __getattr__); the getter it
-# calls costs ~0.07 us.
-_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or (
-    lambda: torch.backends.cuda.matmul.allow_tf32
-)
+tf32_allowed = backends.tf32_allowed  # a module global: tests patch it for the key functions
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -154,7 +150,7 @@ def _key_matmul(args) -> tuple:
     m = sa[-2]
     dtype = a.dtype
     return (
-        "matmul", a.get_device(), dtype, dtype is _F32 and _tf32(), da * 10 + db,
+        "matmul", a.get_device(), dtype, dtype is _F32 and tf32_allowed(), da * 10 + db,
         (batch - 1).bit_length() if batch else -1, (m - 1).bit_length() if m else -1,
         sa[-1], sb[-1], _layout(a) + _layout(b),
     )  # fmt: skip
@@ -166,7 +162,7 @@ def _key_linear_gelu(args) -> tuple:
     m = _rows(x)
     dtype = x.dtype
     return (
-        "linear_gelu", x.get_device(), dtype, dtype is _F32 and _tf32(),
+        "linear_gelu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
         (m - 1).bit_length() if m else -1, x.shape[-1], w.shape[0], args[2] is not None,
         args[3], _layout(x) + _layout(w),
     )  # fmt: skip
@@ -177,7 +173,7 @@ def _key_fused_mlp(args) -> tuple:
     m = _rows(x)
     dtype = x.dtype
     return (
-        "fused_mlp", x.get_device(), dtype, dtype is _F32 and _tf32(),
+        "fused_mlp", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
         (m - 1).bit_length() if m else -1, tuple(map(_shape_of, args[1])),
         tuple([b is not None for b in args[2]]), args[3], _layout(x),
     )  # fmt: skip

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import autotune, dispatch, ops
-from .autotune import _tf32
+from .autotune import tf32_allowed as _tf32
 from .dispatch import check_name
 from .errors import InvalidArgumentError, InvalidTypeError
 from .registry import OPS

@@ -83,7 +83,7 @@ def _direct(*tensors) -> bool:
 _dualk = torch.ops.dualk  # the registered ops (dualk/library.py registers them on import)
 _auto_unforced = dispatch.auto_unforced
 _EXACT_HITS = autotune.exact_hits  # exact call signature -> auto's remembered winner
-_tf32 = autotune._tf32  # the TF32 switch, as autotune's keys read it
+_tf32 = autotune.tf32_allowed  # the TF32 switch, as autotune's keys read it
 
 
 class _LazyModule:

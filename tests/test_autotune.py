@@ -148,7 +148,7 @@ def test_matrix_keys_round_rows_up_and_keep_k_n_and_parameters_exact(monkeypatch
 
     # fp32 with TF32 allowed is its own class for the matrix ops (not for elementwise ones).
     plain = mm(64, 64, 64)
-    monkeypatch.setattr(autotune, "_tf32", lambda: True)
+    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
     assert mm(64, 64, 64) != plain
     assert "float32+tf32" in autotune.key_string(mm(64, 64, 64))
     assert key("add", add_args(64))[3] is False
@@ -608,14 +608,14 @@ def test_linear_gelu_exact_table_keeps_the_tf32_switch(ran, monkeypatch):
     import dualk
 
     args = (r(8, 16), r(32, 16), None, "tanh")
-    monkeypatch.setattr(autotune, "_tf32", lambda: False)
+    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.ops._tf32", lambda: False)
     plant("linear_gelu", args, "cuda")
-    monkeypatch.setattr(autotune, "_tf32", lambda: True)
+    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
     plant("linear_gelu", args, "triton")
     monkeypatch.setattr("dualk.ops._tf32", lambda: True)
     assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "triton"
-    monkeypatch.setattr(autotune, "_tf32", lambda: False)
+    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.ops._tf32", lambda: False)
     assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "cuda"
 
