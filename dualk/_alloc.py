@@ -26,3 +26,15 @@ def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if _poison:
         out.fill_(float("nan"))
     return out
+
+
+_CONTIGUOUS = torch.contiguous_format
+
+
+def empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous tensor of t's shape, dtype and device (~1 us on the host where
+    empty(shape, dtype, device) costs ~2; poisoned like empty())."""
+    out = torch.empty_like(t, memory_format=_CONTIGUOUS)
+    if _poison:
+        out.fill_(float("nan"))
+    return out

@@ -54,13 +54,21 @@ def _module(name: str):
 
 
 def _device_guard(t: torch.Tensor):
-    if t.is_cuda and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
+    index = t.get_device()  # -1 off CUDA; cheaper than t.device, which builds an object
+    if index >= 0 and index != torch.cuda.current_device():
+        return torch.cuda.device(index)
     return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------- operators
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    if a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
+        # The common call: no plan to build (add_dense launches what the plan would).
+        out = _alloc.empty_like_contiguous(a)
+        if out.numel():
+            with _device_guard(out):
+                _module("add").add_dense(a, b, out, alpha)
+        return out
     plan = plan_elementwise(a, b)
     out = _alloc.empty(plan.out_shape, a.dtype, a.device)
     if plan.numel:
@@ -71,6 +79,12 @@ def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
 
 
 def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
+    if x.is_contiguous():
+        out = _alloc.empty_like_contiguous(x)
+        if out.numel():
+            with _device_guard(out):
+                _module("relu_scale").relu_scale_dense(x, out, scale)
+        return out
     plan = plan_elementwise(x)
     out = _alloc.empty(plan.out_shape, x.dtype, x.device)
     if plan.numel:
