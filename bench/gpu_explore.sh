@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the standalone experiments (no torch needed for the CUDA ones): builds every
 # harness in parallel, then runs them one after another (timings never overlap).
-#   bash bench/gpu_explore.sh OUT [mlp] [simt] [sm90] [triton] [rsv]
+#   bash bench/gpu_explore.sh OUT [mlp] [simt] [sm90] [triton] [rsv] [wide]
 # Logs: OUT/<part>/... ; a short summary of each part goes to stdout.
 set -u
 OUT=${1:?usage: gpu_explore.sh OUT [parts...]}
@@ -28,6 +28,7 @@ if has mlp; then
 fi
 has simt && { mkdir -p "$OUT/simt"; (nvcc $F experiments/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }
 has sm90 && { mkdir -p "$OUT/sm90"; (nvcc $F experiments/gemm_sm90_bench.cu -lcublas -lcublasLt -o /tmp/sm90_bench > "$OUT/sm90/ptxas.txt" 2>&1 || echo "BUILD FAILED sm90") & }
+has wide && { mkdir -p "$OUT/wide"; (nvcc $F experiments/mlp_wide_sm90.cu -o /tmp/mlp_wide > "$OUT/wide/ptxas.txt" 2>&1 || echo "BUILD FAILED wide") & }
 has rsv && { mkdir -p "$OUT/rsv"; (nvcc $F experiments/relu_scale_variants.cu -o /tmp/rsv > "$OUT/rsv/ptxas.txt" 2>&1 || echo "BUILD FAILED rsv") & }
 wait
 echo "builds done in $(( $(date +%s) - t0 )) s"
@@ -49,6 +50,13 @@ if has simt && [ -x /tmp/simt_bench ]; then
   echo "==================== simt"
   timeout 200 /tmp/simt_bench > "$OUT/simt/run.txt" 2>&1; echo "exit $?"
   tail -25 "$OUT/simt/run.txt"
+fi
+if has wide && [ -x /tmp/mlp_wide ]; then
+  echo "==================== wide fused MLP (experiments/mlp_wide_sm90.cu)"
+  cuobjdump -sass /tmp/mlp_wide 2>/dev/null | grep -c HGMMA | sed 's/^/HGMMA instructions: /'
+  grep -E "registers|spill" "$OUT/wide/ptxas.txt" | sort | uniq -c
+  timeout 120 /tmp/mlp_wide > "$OUT/wide/run.txt" 2>&1; echo "exit $?"
+  cat "$OUT/wide/run.txt"
 fi
 if has rsv && [ -x /tmp/rsv ]; then
   echo "==================== relu_scale variants"
