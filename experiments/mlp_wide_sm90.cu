@@ -119,8 +119,9 @@ __device__ __forceinline__ void to_a_fragments(float (&acc)[128], const float* b
     for (int q = 0; q < 4; ++q) {  // q: (n8 block 2 kt + q / 2, row half q % 2)
       const int i = 8 * kt + 2 * q;
       const int col = 8 * (2 * kt + q / 2) + 2 * (lane % 4);
-      const float v0 = apply_activation_16bit<kAct>(acc[i] + bias[col]);
-      const float v1 = apply_activation_16bit<kAct>(acc[i + 1] + bias[col + 1]);
+      const float2 b2 = *reinterpret_cast<const float2*>(bias + col);  // one LDS.64 per pair
+      const float v0 = apply_activation_16bit<kAct>(acc[i] + b2.x);
+      const float v1 = apply_activation_16bit<kAct>(acc[i + 1] + b2.y);
       a[kt][q] = pack2<T>(v0, v1);
     }
   }
