@@ -1,10 +1,13 @@
 """Checks the issues' "done when" performance criteria against a `dualk bench` JSON, printing one
-line per criterion with the measured ratio. Usage: python3 bench/criteria.py RESULTS.json"""
+line per criterion with the measured ratio; exits 1 when a timed result was wrong (a missed
+target only prints MISS). Usage: python3 bench/criteria.py RESULTS.json"""
 
 from __future__ import annotations
 
 import json
 import sys
+
+WRONG = "wrong"  # us() of a row whose result failed its check
 
 
 def main(path: str) -> int:
@@ -22,13 +25,18 @@ def main(path: str) -> int:
                 and r["impl"] == impl
                 and r["us"]
             ):
-                return r["us"] if r.get("ok") is not False else None
+                return r["us"] if r.get("ok") is not False else WRONG
         return None
 
-    failed = 0
+    failed = wrong = 0
 
     def check(label, num, den, target, higher_is_better=True):
-        nonlocal failed
+        nonlocal failed, wrong
+        if num is WRONG or den is WRONG:
+            print(f"  WRONG {label}: a timed result failed its correctness check")
+            failed += 1
+            wrong += 1
+            return
         if num is None or den is None:
             print(f"  n/a   {label}: not measured")
             failed += 1
@@ -118,8 +126,12 @@ def main(path: str) -> int:
     print("issue 4 (fused_mlp; best dualk backend):")
 
     def best_of(op, case, dt):
-        """The faster dualk backend's time (None when neither was measured)."""
-        times = [t for t in (us(op, case, dt, f"dualk:{b}") for b in ("cuda", "triton")) if t]
+        """The faster dualk backend's time (None when neither was measured; WRONG when one was
+        wrong: a fast wrong answer is no answer)."""
+        times = [us(op, case, dt, f"dualk:{b}") for b in ("cuda", "triton")]
+        if WRONG in times:
+            return WRONG
+        times = [t for t in times if t]
         return min(times) if times else None
 
     def best(case, dt):
@@ -234,8 +246,8 @@ def main(path: str) -> int:
         us("fused_mlp", "256x3_b2^18", "bfloat16", "torch eager nn.Sequential"),
         1.5,
     )
-    print(f"{failed} criteria missed or not measured")
-    return 0
+    print(f"{failed} criteria missed or not measured, {wrong} of them on a wrong result")
+    return 1 if wrong else 0  # misses are reported; a wrong result fails the run
 
 
 if __name__ == "__main__":
