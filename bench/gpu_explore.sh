@@ -28,7 +28,7 @@ if has mlp; then
 fi
 has simt && { mkdir -p "$OUT/simt"; (nvcc $F experiments/simt_bench.cu -lcublas -o /tmp/simt_bench > "$OUT/simt/ptxas.txt" 2>&1 || echo "BUILD FAILED simt") & }
 has sm90 && { mkdir -p "$OUT/sm90"; (nvcc $F experiments/gemm_sm90_bench.cu -lcublas -lcublasLt -o /tmp/sm90_bench > "$OUT/sm90/ptxas.txt" 2>&1 || echo "BUILD FAILED sm90") & }
-has wide && { mkdir -p "$OUT/wide"; (nvcc $F experiments/mlp_wide_sm90.cu -o /tmp/mlp_wide > "$OUT/wide/ptxas.txt" 2>&1 || echo "BUILD FAILED wide") & }
+has wide && { mkdir -p "$OUT/wide"; (nvcc $F experiments/mlp_wide_sm90.cu -lcublas -o /tmp/mlp_wide > "$OUT/wide/ptxas.txt" 2>&1 || echo "BUILD FAILED wide") & }
 has rsv && { mkdir -p "$OUT/rsv"; (nvcc $F experiments/relu_scale_variants.cu -o /tmp/rsv > "$OUT/rsv/ptxas.txt" 2>&1 || echo "BUILD FAILED rsv") & }
 wait
 echo "builds done in $(( $(date +%s) - t0 )) s"

@@ -2,7 +2,7 @@
 // 256 in one launch on Hopper, the design of NOTES-mlp.md "Next: 16-bit widths 129-256". Standalone
 // (no torch): checks the kernel against a CPU reference with the same roundings, then times it.
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-//        experiments/mlp_wide_sm90.cu -o /tmp/mlp_wide && /tmp/mlp_wide
+//        experiments/mlp_wide_sm90.cu -lcublas -o /tmp/mlp_wide && /tmp/mlp_wide
 // What it needs of the MLP: 2 to kMaxLayers layers, widths multiples of 8 (TMA rows of 16 bytes)
 // and at most 256, contiguous weights (out, in) and x rows with a 16-byte aligned stride.
 //
@@ -27,6 +27,11 @@
 #include <cmath>
 #include <random>
 #include <vector>
+
+#if __has_include(<cublas_v2.h>)  // the GPU image has it; a CPU-only toolkit may not (no peer then)
+#include <cublas_v2.h>
+#define WIDE_HAS_CUBLAS 1
+#endif
 
 #include "common.cuh"
 
@@ -330,6 +335,44 @@ static float act_ref(float v, Activation a) {
   }
 }
 
+#ifdef WIDE_HAS_CUBLAS
+static cublasHandle_t g_cublas;
+#endif
+
+// bias + activation in place over a row-major (rows, n) bf16 tensor (the peer's second kernel).
+__global__ void bias_act_kernel(bf16* y, const bf16* bias, int64_t total, int n, int act) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    float v = __bfloat162float(y[i]) + __bfloat162float(bias[i % n]);
+    if (act == static_cast<int>(Activation::kRelu)) v = v > 0.f ? v : 0.f;
+    else if (act == static_cast<int>(Activation::kGeluTanh)) v = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+    else if (act == static_cast<int>(Activation::kSilu)) v = v / (1.f + __expf(-v));
+    y[i] = __float2bfloat16(v);
+  }
+}
+
+// Median of 20 timed calls after 3 untimed ones (CUDA events around each call).
+template <typename F>
+static float median_us(F&& fn) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CK(fn());
+  std::vector<float> ts;
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(fn());
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms * 1e3f);
+  }
+  std::sort(ts.begin(), ts.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ts[ts.size() / 2];
+}
+
 struct Case {
   const char* name;
   std::vector<int> widths;
@@ -440,26 +483,38 @@ static int run_case(const Case& c, int num_sms) {
   printf("%-28s m=%-7d check %d rows: max err %.3e (max |ref| %.3f, tol %.3e)%s %s\n", c.name, c.m, check_rows,
          max_err, max_ref, tol, nan_count ? " NaN/unwritten!" : "", ok ? "ok" : "FAIL");
   if (c.time) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; ++i) CK(run());
-    std::vector<float> ts;
-    for (int i = 0; i < 20; ++i) {
-      CK(cudaEventRecord(e0));
-      CK(run());
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1e3f);
-    }
-    std::sort(ts.begin(), ts.end());
     double flops = 0;
     for (int l = 0; l < layers; ++l) flops += 2.0 * c.m * c.widths[l] * c.widths[l + 1];
-    printf("    time: median %.1f us (min %.1f), %.1f TFLOP/s; eager on an H100 was 472 us for "
-           "256-256-256-64 bf16 at 2^18 (bench/results/2026-11-25-h100-default-s8-a.txt)\n",
-           ts[ts.size() / 2], ts[0], flops / ts[ts.size() / 2] * 1e-6);
+#ifdef WIDE_HAS_CUBLAS
+    // The eager-like peer, timed in the same run: per layer a cuBLAS GEMM, then one elementwise
+    // kernel for bias + activation (eager's addmm + activation move the same bytes).
+    std::vector<bf16*> hidden(layers);
+    for (int l = 0; l < layers; ++l) CK(cudaMalloc(&hidden[l], static_cast<size_t>(c.m) * c.widths[l + 1] * 2));
+    auto eager = [&]() -> cudaError_t {
+      const bf16* in = dx;
+      for (int l = 0; l < layers; ++l) {
+        const float one = 1.f, zero = 0.f;
+        const int n = c.widths[l + 1], k = c.widths[l];
+        if (cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, c.m, k, &one, dw[l], CUDA_R_16BF, k, in,
+                         CUDA_R_16BF, k, &zero, hidden[l], CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+          return cudaErrorUnknown;
+        const int64_t total = static_cast<int64_t>(c.m) * n;
+        const Activation a = l == layers - 1 ? Activation::kNone : c.act;
+        bias_act_kernel<<<1024, 256>>>(hidden[l], db[l], total, n, static_cast<int>(a));
+        in = hidden[l];
+      }
+      return cudaGetLastError();
+    };
+    const float ours = median_us(run), peer = median_us(eager);
+    printf("    time: median %.1f us, %.1f TFLOP/s; eager-like cuBLAS chain %.1f us: %.2fx\n", ours,
+           flops / ours * 1e-6, peer, peer / ours);
+    for (bf16* h : hidden) cudaFree(h);
+#else
+    const float ours = median_us(run);
+    printf("    time: median %.1f us, %.1f TFLOP/s (no cuBLAS headers at build time: no peer)\n", ours,
+           flops / ours * 1e-6);
+#endif
   }
   cudaFree(dx);
   cudaFree(dout);
@@ -486,6 +541,12 @@ int main() {
       {"256x3-64 relu B2^18", {256, 256, 256, 64}, 1 << 18, Activation::kRelu, true},
       {"256x3-64 gelu B2^18", {256, 256, 256, 64}, 1 << 18, Activation::kGeluTanh, true},
   };
+#ifdef WIDE_HAS_CUBLAS
+  if (cublasCreate(&g_cublas) != CUBLAS_STATUS_SUCCESS) {
+    printf("cublasCreate failed\n");
+    return 1;
+  }
+#endif
   int failures = 0;
   for (const Case& c : cases) failures += run_case(c, prop.multiProcessorCount);
   printf("%d case(s) failed\n", failures);
