@@ -48,6 +48,17 @@ def accumulate_dot(accumulator, a, b, INPUT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def hinted(value, ALIGN: tl.constexpr, FLAGGED: tl.constexpr):
+    """`value` rebuilt as value // ALIGN * ALIGN when the host flagged it (common.align_mask: a
+    multiple of 16 bytes that Triton's own specialization misses), so the divisibility analysis
+    sees it; else `value` itself (a unit stride stays a constexpr)."""
+    if FLAGGED:
+        return value // ALIGN * ALIGN
+    else:
+        return value
+
+
+@triton.jit
 def gemm_kernel(
     # Pointers: A (batch, M, K), B (batch, K, N), bias (N,) (any pointer when HAS_BIAS is
     # False: never read), C (batch, M, N).
@@ -92,19 +103,18 @@ def gemm_kernel(
     # common.align_mask), rebuilt as v // ALIGN * ALIGN so the divisibility analysis sees them:
     # with K = 1000 (bf16), A's row stride gave 64 scalar 2-byte loads per thread per k step and
     # no cp.async, so the k loop was not pipelined (128x128x64 tile, sm_90 PTX, Triton 3.9).
-    # A constexpr ternary: an unset bit leaves a unit stride a constexpr.
-    M = M // ALIGN * ALIGN if ALIGNED & 1 else M
-    N = N // ALIGN * ALIGN if ALIGNED & 2 else N
-    K = K // ALIGN * ALIGN if ALIGNED & 4 else K
-    stride_ab = stride_ab // ALIGN * ALIGN if ALIGNED & 8 else stride_ab
-    stride_am = stride_am // ALIGN * ALIGN if ALIGNED & 16 else stride_am
-    stride_ak = stride_ak // ALIGN * ALIGN if ALIGNED & 32 else stride_ak
-    stride_bb = stride_bb // ALIGN * ALIGN if ALIGNED & 64 else stride_bb
-    stride_bk = stride_bk // ALIGN * ALIGN if ALIGNED & 128 else stride_bk
-    stride_bn = stride_bn // ALIGN * ALIGN if ALIGNED & 256 else stride_bn
-    stride_cb = stride_cb // ALIGN * ALIGN if ALIGNED & 512 else stride_cb
-    stride_cm = stride_cm // ALIGN * ALIGN if ALIGNED & 1024 else stride_cm
-    stride_cn = stride_cn // ALIGN * ALIGN if ALIGNED & 2048 else stride_cn
+    M = hinted(M, ALIGN, ALIGNED & 1)
+    N = hinted(N, ALIGN, ALIGNED & 2)
+    K = hinted(K, ALIGN, ALIGNED & 4)
+    stride_ab = hinted(stride_ab, ALIGN, ALIGNED & 8)
+    stride_am = hinted(stride_am, ALIGN, ALIGNED & 16)
+    stride_ak = hinted(stride_ak, ALIGN, ALIGNED & 32)
+    stride_bb = hinted(stride_bb, ALIGN, ALIGNED & 64)
+    stride_bk = hinted(stride_bk, ALIGN, ALIGNED & 128)
+    stride_bn = hinted(stride_bn, ALIGN, ALIGNED & 256)
+    stride_cb = hinted(stride_cb, ALIGN, ALIGNED & 512)
+    stride_cm = hinted(stride_cm, ALIGN, ALIGNED & 1024)
+    stride_cn = hinted(stride_cn, ALIGN, ALIGNED & 2048)
     pid = tl.program_id(axis=0).to(tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -255,18 +265,18 @@ def gemm_persistent_kernel(
     pipeline runs across tile boundaries: the next tile's first loads are in flight while this
     tile's epilogue (bias, GELU, store) runs, which matters when K is short."""
     # 16-byte aligned sizes and strides, as in gemm_kernel.
-    M = M // ALIGN * ALIGN if ALIGNED & 1 else M
-    N = N // ALIGN * ALIGN if ALIGNED & 2 else N
-    K = K // ALIGN * ALIGN if ALIGNED & 4 else K
-    stride_ab = stride_ab // ALIGN * ALIGN if ALIGNED & 8 else stride_ab
-    stride_am = stride_am // ALIGN * ALIGN if ALIGNED & 16 else stride_am
-    stride_ak = stride_ak // ALIGN * ALIGN if ALIGNED & 32 else stride_ak
-    stride_bb = stride_bb // ALIGN * ALIGN if ALIGNED & 64 else stride_bb
-    stride_bk = stride_bk // ALIGN * ALIGN if ALIGNED & 128 else stride_bk
-    stride_bn = stride_bn // ALIGN * ALIGN if ALIGNED & 256 else stride_bn
-    stride_cb = stride_cb // ALIGN * ALIGN if ALIGNED & 512 else stride_cb
-    stride_cm = stride_cm // ALIGN * ALIGN if ALIGNED & 1024 else stride_cm
-    stride_cn = stride_cn // ALIGN * ALIGN if ALIGNED & 2048 else stride_cn
+    M = hinted(M, ALIGN, ALIGNED & 1)
+    N = hinted(N, ALIGN, ALIGNED & 2)
+    K = hinted(K, ALIGN, ALIGNED & 4)
+    stride_ab = hinted(stride_ab, ALIGN, ALIGNED & 8)
+    stride_am = hinted(stride_am, ALIGN, ALIGNED & 16)
+    stride_ak = hinted(stride_ak, ALIGN, ALIGNED & 32)
+    stride_bb = hinted(stride_bb, ALIGN, ALIGNED & 64)
+    stride_bk = hinted(stride_bk, ALIGN, ALIGNED & 128)
+    stride_bn = hinted(stride_bn, ALIGN, ALIGNED & 256)
+    stride_cb = hinted(stride_cb, ALIGN, ALIGNED & 512)
+    stride_cm = hinted(stride_cm, ALIGN, ALIGNED & 1024)
+    stride_cn = hinted(stride_cn, ALIGN, ALIGNED & 2048)
     start = tl.program_id(axis=0)
     num_programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
