@@ -10,11 +10,11 @@
 //     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
 //     warp, after the wgmma that read the stage retired).
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
-//     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile of 64 it issues 4 (k16) x kMSub wgmma m64nNk16
-//     with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
+//     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
+//     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
 //     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
-//     from registers: + bias, activation in fp32 (apply_activation, the math of the portable
-//     kernels' epilogue), down-cast, and stores: by TMA from a swizzled staging buffer where C
+//     from registers: + bias, activation in fp32 (epilogue_pair: apply_activation_16bit, the
+//     math of the portable kernels' epilogue), down-cast, and stores: by TMA from a swizzled staging buffer where C
 //     allows it (kTmaStore configs), else bounds-checked 32-bit stores. The producer meanwhile
 //     fills the ring with the next tile, so loads overlap the epilogue.
 //   * Ping-pong configs (kPingPong): each consumer owns whole tiles instead of half of each, the
@@ -238,6 +238,26 @@ DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_
 
 // ------------------------------------------------------------------ kernel
 
+// The epilogue's math, shared by its two store paths: a column pair's bias (0 where `has0` /
+// `has1` is false or there is no bias), then act(acc + bias) in fp32 per element.
+template <typename T, bool kHasBias>
+__device__ __forceinline__ float2 bias_pair(const T* bias, int col, bool has0, bool has1) {
+  float2 b = make_float2(0.f, 0.f);
+  if constexpr (kHasBias) {
+    if (has0) b.x = to_float<T>(bias[col]);
+    if (has1) b.y = to_float<T>(bias[col + 1]);
+  }
+  return b;
+}
+template <Activation kAct, bool kHasBias>
+__device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1, float2 bias) {
+  if constexpr (kHasBias) {
+    acc0 += bias.x;
+    acc1 += bias.y;
+  }
+  return make_float2(apply_activation_16bit<kAct>(acc0), apply_activation_16bit<kAct>(acc1));
+}
+
 // Tile `tile` of the flat (batch, tile_m, tile_n) order: kGroupM tile rows column by column.
 __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int& batch, int& tile_m,
                                            int& tile_n) {
@@ -423,26 +443,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
             const int col = col_base + 8 * j;
-            float bias0 = 0.f, bias1 = 0.f;
-            if constexpr (kHasBias) {
-              if (col < n_left) bias0 = to_float<T>(bias_tile[col]);
-              if (col + 1 < n_left) bias1 = to_float<T>(bias_tile[col + 1]);
-            }
+            const float2 bias = bias_pair<T, kHasBias>(bias_tile, col, col < n_left, col + 1 < n_left);
 #pragma unroll
             for (int ms = 0; ms < Cfg::kMSub; ++ms) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int r = warp * 16 + lane / 4 + ms * 64 + h * 8;  // row within my rows
-                float v0 = acc[ms][4 * j + 2 * h], v1 = acc[ms][4 * j + 2 * h + 1];
-                if constexpr (kHasBias) {
-                  v0 += bias0;
-                  v1 += bias1;
-                }
-                v0 = apply_activation_16bit<kAct>(v0);
-                v1 = apply_activation_16bit<kAct>(v1);
+                const float2 v =
+                    epilogue_pair<kAct, kHasBias>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1], bias);
                 const uint32_t addr = my_buf + (j / 8) * (Cfg::kWgRows * 128) + r * 128 +
                                       (((j % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
-                st_shared_u32(addr, pack2<T>(v0, v1));
+                st_shared_u32(addr, pack2<T>(v.x, v.y));
               }
             }
           }
@@ -470,24 +481,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int col = col_base + 8 * j;
         if (!full && col >= n_left) continue;
         const bool pair = full || col + 1 < n_left;
-        float bias0 = 0.f, bias1 = 0.f;
-        if constexpr (kHasBias) {
-          bias0 = to_float<T>(bias_tile[col]);
-          if (pair) bias1 = to_float<T>(bias_tile[col + 1]);
-        }
+        const float2 bias = bias_pair<T, kHasBias>(bias_tile, col, true, pair);
 #pragma unroll
         for (int ms = 0; ms < Cfg::kMSub; ++ms) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = row_base + ms * 64 + h * 8;
             if (!full && row >= m_left) continue;
-            float v0 = acc[ms][4 * j + 2 * h], v1 = acc[ms][4 * j + 2 * h + 1];
-            if constexpr (kHasBias) {
-              v0 += bias0;
-              v1 += bias1;
-            }
-            v0 = apply_activation_16bit<kAct>(v0);
-            v1 = apply_activation_16bit<kAct>(v1);
+            const float2 v =
+                epilogue_pair<kAct, kHasBias>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1], bias);
+            const float v0 = v.x, v1 = v.y;
             T* dst = c_tile + row * p.stride_cm + col;
             if (full || (p.c_vec && pair)) {
               *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v0, v1);
