@@ -530,11 +530,14 @@ inline bool tma_stride_ok(int64_t size, int64_t stride_elems) {
   return stride_elems > 0 && (stride_elems * 2) % 16 == 0 && stride_elems * 2 < kMaxStrideBytes;
 }
 
-// 2-D (inner, outer) or, when `batched`, 3-D (inner, outer, batch) map over a 16-bit operand with
+// 2-D (inner, outer) or, when `batched`, 3-D (inner, outer, batch) map over a 16-bit tensor with
 // unit stride along `inner`; box 64 (inner) x box_outer, 128-byte swizzle, zero fill outside.
+// Operands (A, B) are read with L2 promotion; C's map (TMA stores from the epilogue's staging
+// layout, clipped at C's edges) passes CU_TENSOR_MAP_L2_PROMOTION_NONE.
 inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, int64_t inner, int64_t outer,
                              int64_t stride_outer, bool batched, int64_t batch, int64_t stride_batch,
-                             uint32_t box_outer) {
+                             uint32_t box_outer,
+                             CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   const EncodeTiledFn encode = encode_tiled_fn();
   if (encode == nullptr) return false;
   const int64_t row_bytes = (inner * 2 + 15) / 16 * 16;
@@ -547,28 +550,7 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
   const CUresult r =
       encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
              batched ? 3 : 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
-// C's map for TMA stores: (n, m[, batch]), box 64 x box_rows, 128-byte swizzle (the staging
-// layout of the epilogue); TMA clips the boxes at C's edges.
-inline bool make_store_map(CUtensorMap* map, DType dtype, void* base, int64_t n, int64_t m, int64_t stride_m,
-                           bool batched, int64_t batch, int64_t stride_batch, uint32_t box_rows) {
-  const EncodeTiledFn encode = encode_tiled_fn();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m),
-                              static_cast<cuuint64_t>(batch)};
-  const int64_t row_bytes = (n * 2 + 15) / 16 * 16;
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(m > 1 ? stride_m * 2 : row_bytes),
-                                 static_cast<cuuint64_t>(stride_batch * 2)};
-  const cuuint32_t box[3] = {64, box_rows, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r =
-      encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             batched ? 3 : 2, base, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -597,8 +579,8 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   if constexpr (Cfg::kTmaStore) {
     c_tma = reinterpret_cast<uintptr_t>(args.c) % 16 == 0 && tma_stride_ok(args.m, args.stride_cm) &&
             (!c_batched || tma_stride_ok(args.batch, args.stride_c_batch)) &&
-            make_store_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched, args.batch,
-                           args.stride_c_batch, Cfg::kWgRows);
+            make_operand_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched, args.batch,
+                             args.stride_c_batch, Cfg::kWgRows, CU_TENSOR_MAP_L2_PROMOTION_NONE);
   }
 
   KernelParams p;
