@@ -72,10 +72,8 @@ def _fake_launchers(outs: dict) -> None:
     cuda_backend._extension = ext
     mods = {
         "elementwise": types.SimpleNamespace(MAX_DIMS=4),
-        "add": types.SimpleNamespace(add=lambda *args: None, add_dense=lambda *args: None),
-        "relu_scale": types.SimpleNamespace(
-            relu_scale=lambda *args: None, relu_scale_dense=lambda *args: None
-        ),
+        "add": types.SimpleNamespace(add=lambda *args: None),
+        "relu_scale": types.SimpleNamespace(relu_scale=lambda *args: None),
         "linear_gelu": types.SimpleNamespace(
             linear_gelu=lambda x2d, w, b, approximate, allow_tf32: outs["linear_gelu"]
         ),

@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl  # noqa: F401  (jit functions need tl in their module, even unused)
 
+from .common import int_spec
+
 MAX_DIMS = 4
 NUM_WARPS = 4
 
@@ -25,6 +27,25 @@ def padded_plan(sizes, strides_per_operand):
     sizes = (1,) * pad + tuple(sizes)
     strides = [(0,) * pad + tuple(s) for s in strides_per_operand]
     return sizes, strides
+
+
+_DENSE_STRIDES = (0, 0, 0, 1)  # a dense plan's unit stride, padded to MAX_DIMS
+_DENSE_STRIDE_SPECS = tuple(map(int_spec, _DENSE_STRIDES))
+
+
+def plan_arguments(plan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The kernels' integer arguments for `plan` (numel, the inner three padded sizes, then each
+    operand's four padded strides) and what Triton specializes each on (common.int_spec). A
+    dense plan (sizes (numel,), unit strides: every same-shape contiguous call) is answered from
+    constants: the padding and ~10 int_spec calls cost ~1.5 us of host time per call."""
+    n = plan.numel
+    if plan.dense:
+        n_spec, count = int_spec(n), len(plan.strides)
+        ints = (n, 1, 1, n, *_DENSE_STRIDES * count)
+        return ints, (n_spec, 1, 1, n_spec, *_DENSE_STRIDE_SPECS * count)
+    sizes, strides = padded_plan(plan.sizes, plan.strides)
+    ints = (n, sizes[1], sizes[2], sizes[3], *(v for st in strides for v in st))
+    return ints, tuple(map(int_spec, ints))
 
 
 @triton.jit

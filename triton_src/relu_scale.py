@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import KernelLauncher, int_spec, ptr_spec
-from .elementwise import NUM_WARPS, block_size, padded_plan, strided_offset
+from .common import KernelLauncher, ptr_spec
+from .elementwise import NUM_WARPS, block_size, plan_arguments, strided_offset
 
 
 @triton.jit
@@ -50,29 +50,10 @@ _launcher = KernelLauncher(relu_scale_kernel)
 
 def relu_scale(x: torch.Tensor, out: torch.Tensor, scale: float, plan) -> None:
     """Writes relu(x) * scale into the contiguous `out` following `plan` (dualk.layout)."""
-    sizes, (st_x,) = padded_plan(plan.sizes, plan.strides)
     block = block_size(out.element_size())
-    ints = (plan.numel, sizes[1], sizes[2], sizes[3], *st_x)
+    ints, specs = plan_arguments(plan)
     # Everything Triton specializes the compiled kernel on (see KernelLauncher).
-    key = (out.dtype, plan.dense, *map(int_spec, ints), ptr_spec(x), ptr_spec(out))
+    key = (out.dtype, plan.dense, *specs, ptr_spec(x), ptr_spec(out))
     grid = ((plan.numel + block - 1) // block, 1, 1)  # triton.cdiv costs ~2 us of host time
     args = (x, out, *ints, float(scale), plan.dense, block)
     _launcher.launch(key, grid, args, NUM_WARPS, 3)
-
-
-# The dense plan (operands of the output's shape, contiguous) padded to 4 dims: sizes (1, 1, 1, n),
-# strides (0, 0, 0, 1). relu_scale_dense launches exactly what relu_scale() launches for it (same arguments,
-# same key, so the same compiled kernel) without building the plan: ~5 us less host time.
-_DENSE_STRIDES = (0, 0, 0, 1)
-_DENSE_STRIDE_SPECS = tuple(map(int_spec, _DENSE_STRIDES))
-
-
-def relu_scale_dense(x: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    """Writes relu(x) * scale into `out`; every tensor contiguous and of out's shape, out non-empty."""
-    n = out.numel()
-    block = block_size(out.element_size())
-    n_spec = int_spec(n)
-    key = (out.dtype, True, n_spec, 1, 1, n_spec, *_DENSE_STRIDE_SPECS, ptr_spec(x), ptr_spec(out))
-    ints = (n, 1, 1, n, *_DENSE_STRIDES)
-    grid = ((n + block - 1) // block, 1, 1)
-    _launcher.launch(key, grid, (x, out, *ints, float(scale), True, block), NUM_WARPS, 3)

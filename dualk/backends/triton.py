@@ -61,16 +61,17 @@ def _device_guard(t: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------- operators
+def _output(plan, like: torch.Tensor) -> torch.Tensor:
+    """The contiguous output of `plan`; empty_like (~1 us less host time than empty(shape, ...))
+    when an operand has the output's shape."""
+    if like.shape == plan.out_shape:
+        return _alloc.empty_like_contiguous(like)
+    return _alloc.empty(plan.out_shape, like.dtype, like.device)
+
+
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    if a.shape == b.shape and a.is_contiguous() and b.is_contiguous():
-        # The common call: no plan to build (add_dense launches what the plan would).
-        out = _alloc.empty_like_contiguous(a)
-        if out.numel():
-            with _device_guard(out):
-                _module("add").add_dense(a, b, out, alpha)
-        return out
     plan = plan_elementwise(a, b)
-    out = _alloc.empty(plan.out_shape, a.dtype, a.device)
+    out = _output(plan, a)
     if plan.numel:
         a, b, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, a, b)
         with _device_guard(out):
@@ -79,14 +80,8 @@ def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
 
 
 def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
-    if x.is_contiguous():
-        out = _alloc.empty_like_contiguous(x)
-        if out.numel():
-            with _device_guard(out):
-                _module("relu_scale").relu_scale_dense(x, out, scale)
-        return out
     plan = plan_elementwise(x)
-    out = _alloc.empty(plan.out_shape, x.dtype, x.device)
+    out = _output(plan, x)
     if plan.numel:
         x, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, x)
         with _device_guard(out):
