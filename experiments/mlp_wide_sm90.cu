@@ -133,6 +133,40 @@ __device__ __forceinline__ void to_a_fragments(float (&acc)[128], const float* b
 }
 #endif
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One layer's main loop over `panels` (<= 4) weight panels of the ring: wait for each, let
+// issue(q, stage) issue its 4 k16 wgmma, keep one group in flight and release a stage once its
+// group retired; returns with every wgmma of the layer complete. Unrolled, so that issue's
+// register A fragments are indexed with constants.
+template <int kAccN, typename Issue>
+__device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, int& stage, uint32_t& phase,
+                                               uint32_t w_full, uint32_t w_empty, int lane, const Issue& issue) {
+  int prev = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (q >= panels) break;
+    mbar_wait(w_full + 8 * stage, phase);
+    fence_acc(acc);
+    wgmma_fence();
+    issue(q, stage);
+    wgmma_commit();
+    fence_acc(acc);
+    if (q > 0) {
+      wgmma_wait<1>();
+      if (lane == 0) mbar_arrive(w_empty + 8 * prev);
+    }
+    prev = stage;
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (lane == 0) mbar_arrive(w_empty + 8 * prev);
+}
+#endif
+
 template <typename T, Activation kAct, int kLastN>
 __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps maps, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -200,89 +234,34 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
   const int x_panels = (p.widths[0] + 63) / 64;
   float acc[128];
   uint32_t a[16][4];
+  float (&acc64)[32] = *reinterpret_cast<float (*)[32]>(acc);  // a narrow last layer's N = 64
   int it = 0;
-  auto next_stage = [&]() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  };
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++it) {
     // Layer 0: A = x from shared memory.
     mbar_wait(x_full, it & 1);
-    int prev = 0;
-    for (int q = 0; q < x_panels; ++q) {
-      mbar_wait(w_full + 8 * stage, phase);
-      fence_acc(acc);
-      wgmma_fence();
+    layer_mainloop(acc, x_panels, stage, phase, w_full, w_empty, lane, [&](int q, int s) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         const uint64_t da = desc_k_major(x_buf + q * kXPanelBytes + wg * 64 * 128 + ks * 32);
-        const uint64_t db = desc_k_major(ring + stage * kWPanelBytes + ks * 32);
-        wgmma_ss(acc, da, db, T{}, q > 0 || ks > 0);
+        wgmma_ss(acc, da, desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
       }
-      wgmma_commit();
-      fence_acc(acc);
-      if (q > 0) {
-        wgmma_wait<1>();
-        if (lane == 0) mbar_arrive(w_empty + 8 * prev);
-      }
-      prev = stage;
-      next_stage();
-    }
-    wgmma_wait<0>();
-    fence_acc(acc);
-    if (lane == 0) {
-      mbar_arrive(w_empty + 8 * prev);
-      mbar_arrive(x_empty);  // this warp's reads of the x tile are done
-    }
+    });
+    if (lane == 0) mbar_arrive(x_empty);  // this warp's reads of the x tile are done
     // Hidden layers 1 .. L-2 (A from registers, N = 256), then the last layer.
     for (int l = 1; l < p.num_layers; ++l) {
       to_a_fragments<T, kAct>(acc, bias_s + (l - 1) * kMaxWidth, lane, a);
-      const bool last = l == p.num_layers - 1;
-      if (!last || kLastN == 256) {
-        for (int q = 0; q < 4; ++q) {
-          mbar_wait(w_full + 8 * stage, phase);
-          fence_acc(acc);
-          wgmma_fence();
+      const auto hidden = [&](int q, int s) {
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-            wgmma_rs(acc, a[4 * q + ks], desc_k_major(ring + stage * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
-          wgmma_commit();
-          fence_acc(acc);
-          if (q > 0) {
-            wgmma_wait<1>();
-            if (lane == 0) mbar_arrive(w_empty + 8 * prev);
-          }
-          prev = stage;
-          next_stage();
-        }
-        wgmma_wait<0>();
-        fence_acc(acc);
-        if (lane == 0) mbar_arrive(w_empty + 8 * prev);
-      } else {
-        // A narrow last layer (<= 64 outputs): N = 64, its accumulators in the first 32 of acc.
-        float (&acc64)[32] = *reinterpret_cast<float (*)[32]>(acc);
-        for (int q = 0; q < 4; ++q) {
-          mbar_wait(w_full + 8 * stage, phase);
-          fence_acc(acc64);
-          wgmma_fence();
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_rs(acc, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
+      };
+      const auto narrow = [&](int q, int s) {
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-            wgmma_rs(acc64, a[4 * q + ks], desc_k_major(ring + stage * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
-          wgmma_commit();
-          fence_acc(acc64);
-          if (q > 0) {
-            wgmma_wait<1>();
-            if (lane == 0) mbar_arrive(w_empty + 8 * prev);
-          }
-          prev = stage;
-          next_stage();
-        }
-        wgmma_wait<0>();
-        fence_acc(acc64);
-        if (lane == 0) mbar_arrive(w_empty + 8 * prev);
-      }
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_rs(acc64, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
+      };
+      if (kLastN == 256 || l < p.num_layers - 1) layer_mainloop(acc, 4, stage, phase, w_full, w_empty, lane, hidden);
+      else layer_mainloop(acc64, 4, stage, phase, w_full, w_empty, lane, narrow);
     }
     // Output: the last layer's accumulators + bias (no activation), rows and columns clipped.
     const int out_w = p.widths[p.num_layers];
