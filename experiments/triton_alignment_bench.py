@@ -19,13 +19,11 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from triton_src import common, gemm_tma  # noqa: E402
-from triton_src import linear_gelu as lg  # noqa: E402
 from triton_src import matmul as mm  # noqa: E402
+from triton_split_k_sweep import problem, rel_err, us  # noqa: E402  (this directory)
 
 CASES = [  # (op, M, K, N)
     ("matmul", 4096, 1000, 4096),  # H100 before: 125 us vs cuBLAS 54
@@ -38,17 +36,6 @@ VARIANTS = {  # name: (alignment hints, TMA MIN_MACS)
     "hints": (True, 1 << 34),
     "after": (True, 1 << 33),
 }
-
-
-def us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    ms = do_bench(fn, warmup=25, rep=100, quantiles=[0.5])
-    return (ms[0] if isinstance(ms, (list, tuple)) else ms) * 1e3  # Triton 3.6 returns a float
-
-
-def rel_err(out, ref) -> float:
-    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
 def set_variant(hints: bool, min_macs: int) -> None:
@@ -70,27 +57,7 @@ def main() -> None:
     print(f"{'op':<12}{'M x K x N':<18}{'variant':<8}{'us':>9}{'torch us':>10}{'x torch':>9}{'err':>10}{'err torch':>11}  config")  # fmt: skip
     rows = []
     for op, M, K, N in CASES:
-        x = torch.randn((M, K), device=dev, dtype=dt, generator=gen)
-        if op == "matmul":
-            b = torch.randn((K, N), device=dev, dtype=dt, generator=gen) / K**0.5
-            ref = x.double() @ b.double()
-
-            def ours(x=x, b=b):
-                return mm.matmul(x, b, allow_tf32=False)
-
-            def theirs(x=x, b=b):
-                return x @ b
-        else:
-            w = torch.randn((N, K), device=dev, dtype=dt, generator=gen) / K**0.5
-            bias = torch.randn(N, device=dev, dtype=dt, generator=gen) * 0.5
-            ref = F.gelu(x.double() @ w.double().t() + bias.double(), approximate="tanh")
-
-            def ours(x=x, w=w, bias=bias):
-                return lg.linear_gelu(x, w, bias, approximate="tanh", allow_tf32=False)
-
-            def theirs(x=x, w=w, bias=bias):
-                return F.gelu(F.linear(x, w, bias), approximate="tanh")
-
+        ours, theirs, ref = problem(op, M, K, N, dt, gen, allow_tf32=False)
         torch_us = us(theirs)
         torch_err = rel_err(theirs(), ref)
         for name, (hints, min_macs) in VARIANTS.items():

@@ -45,6 +45,27 @@ def rel_err(out, ref) -> float:
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
+def problem(op: str, M: int, K: int, N: int, dt, gen, allow_tf32: bool):
+    """(ours, theirs, ref): the Triton call, PyTorch's (x @ b, or gelu_tanh(F.linear)) and the
+    float64 reference, on random inputs scaled so outputs stay O(1)."""
+    dev = gen.device
+    x = torch.randn((M, K), device=dev, dtype=dt, generator=gen)
+    if op == "matmul":
+        b = torch.randn((K, N), device=dev, dtype=dt, generator=gen) / K**0.5
+        return (
+            lambda: mm.matmul(x, b, allow_tf32=allow_tf32),
+            lambda: x @ b,
+            x.double() @ b.double(),
+        )
+    w = torch.randn((N, K), device=dev, dtype=dt, generator=gen) / K**0.5
+    bias = torch.randn(N, device=dev, dtype=dt, generator=gen) * 0.5
+    return (
+        lambda: lg.linear_gelu(x, w, bias, approximate="tanh", allow_tf32=allow_tf32),
+        lambda: F.gelu(F.linear(x, w, bias), approximate="tanh"),
+        F.gelu(x.double() @ w.double().t() + bias.double(), approximate="tanh"),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
@@ -58,27 +79,7 @@ def main() -> None:
     rows = []
     for op, M, K, N, name in CASES:
         dt = DTYPES[name]
-        x = torch.randn((M, K), device=dev, dtype=dt, generator=gen)
-        if op == "matmul":
-            b = torch.randn((K, N), device=dev, dtype=dt, generator=gen) / K**0.5
-            ref = x.double() @ b.double()
-
-            def ours(x=x, b=b):
-                return mm.matmul(x, b, allow_tf32=tf32)
-
-            def theirs(x=x, b=b):
-                return x @ b
-        else:
-            w = torch.randn((N, K), device=dev, dtype=dt, generator=gen) / K**0.5
-            bias = torch.randn(N, device=dev, dtype=dt, generator=gen) * 0.5
-            ref = F.gelu(x.double() @ w.double().t() + bias.double(), approximate="tanh")
-
-            def ours(x=x, w=w, bias=bias):
-                return lg.linear_gelu(x, w, bias, approximate="tanh", allow_tf32=tf32)
-
-            def theirs(x=x, w=w, bias=bias):
-                return F.gelu(F.linear(x, w, bias), approximate="tanh")
-
+        ours, theirs, ref = problem(op, M, K, N, dt, gen, tf32)
         kind = "fp32" if dt == torch.float32 and not tf32 else ("tf32" if dt == torch.float32 else "tensor_core")  # fmt: skip
         plan = mm.split_k_plan(kind, 1, M, N, K, num_sms(dev))
         row = {"op": op, "dtype": name, "M": M, "K": K, "N": N, "splits": plan[1] if plan else 1}
