@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import KernelLauncher, ptr_spec
+from .common import KernelLauncher, cdiv, ptr_spec
 from .elementwise import NUM_WARPS, block_size, plan_arguments, strided_offset
 
 
@@ -64,6 +64,6 @@ def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, plan)
     ints, specs = plan_arguments(plan)
     # Everything Triton specializes the compiled kernel on (see KernelLauncher).
     key = (out.dtype, plan.dense, *specs, ptr_spec(a), ptr_spec(b), ptr_spec(out))
-    grid = ((plan.numel + block - 1) // block, 1, 1)  # triton.cdiv costs ~2 us of host time
+    grid = (cdiv(plan.numel, block), 1, 1)
     args = (a, b, out, *ints, float(alpha), plan.dense, block)
     _launcher.launch(key, grid, args, NUM_WARPS, 3)

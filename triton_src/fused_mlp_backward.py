@@ -69,6 +69,7 @@ from .common import (
     _fast_rcp,
     activation_id,
     apply_activation,
+    cdiv,
     dot_in_fp32,
     int_spec,
     interpreting,
@@ -819,7 +820,7 @@ def _launch(cfg, plan, spec, need_dx, flat, x2d, g, dx, ws_, bs, pad, M, strides
     block_p, block_n = 32, 128
     _reduce_launcher.launch(
         (flat.dtype, block_p, block_n, int_spec(programs), int_spec(plan.total), ptr_spec(flat)),
-        (triton.cdiv(plan.total, block_n), 1, 1),
+        (cdiv(plan.total, block_n), 1, 1),
         (workspace, flat, programs, plan.total, block_p, block_n, dot_in_fp32(flat.dtype)),
         4,
         1,

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import PRECISE_MATH, apply_activation, grouped_tile, interpreting
+from .common import PRECISE_MATH, apply_activation, cdiv, grouped_tile, interpreting
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -189,7 +189,7 @@ def launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, sms)
     else:
         b_desc = TensorDescriptor(b, [K, N], [sb1, 1], [bk, bn])
     c_desc = TensorDescriptor(c, [M, N], [sc1, 1], [bm, bn // sub])
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     grid = (min(tiles, per_sm * sms),)
     gemm_tma_kernel[grid](
         a_desc, b_desc, c_desc, bias if bias is not None else c, M, N, K,

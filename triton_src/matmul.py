@@ -19,6 +19,7 @@ from .common import (
     KernelLauncher,
     align_mask,
     apply_activation,
+    cdiv,
     dot_in_fp32,
     grouped_tile,
     int_spec,
@@ -398,9 +399,7 @@ def gemm_configs(kind: str) -> list[tuple]:
 
 def problem_class(batch, M, N, device) -> str:
     """ "large" from one wave of 128x128 output tiles on, else "small"."""
-    return (
-        "large" if batch * triton.cdiv(M, 128) * triton.cdiv(N, 128) >= num_sms(device) else "small"
-    )
+    return "large" if batch * cdiv(M, 128) * cdiv(N, 128) >= num_sms(device) else "small"
 
 
 def _candidate_configs(kind, batch, M, N, device):
@@ -417,7 +416,7 @@ def _candidate_configs(kind, batch, M, N, device):
             persistent, bm, bn = cfg[:3]
             if bm > limit_m or bn > limit_n:
                 continue
-            if persistent and batch * triton.cdiv(M, bm) * triton.cdiv(N, bn) <= sms:
+            if persistent and batch * cdiv(M, bm) * cdiv(N, bn) <= sms:
                 continue
             out.append(cfg)
         if out:
@@ -574,10 +573,6 @@ POISON_WORKSPACE: list = []  # tests: [value] fills each workspace before the pa
 _reduce_launcher = KernelLauncher(split_k_reduce_kernel)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv costs about 2 us of host time a call (Triton 3.9)
-
-
 def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
     """(config, splits, slice) when this GEMM takes split-K, else None: ``splits`` slices of
     ``slice`` k (a multiple of the config's BLOCK_SIZE_K), the last one shorter. The config is the
@@ -586,21 +581,21 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
     if not SPLIT_K[0] or batch != 1 or K < 2 * SPLIT_K_MIN_SLICE:
         return None
     cfg = _INTERPRETER_CONFIGS[0] if interpreting() else GEMM_CONFIGS[(kind, "small")][0]
-    tiles = _cdiv(M, cfg[1]) * _cdiv(N, cfg[2])
+    tiles = cdiv(M, cfg[1]) * cdiv(N, cfg[2])
     if 2 * tiles < sms:  # one pass would leave over half the SMs idle
-        splits = min(_cdiv(2 * sms, tiles), K // SPLIT_K_MIN_SLICE, SPLIT_K_MAX_SPLITS)
+        splits = min(cdiv(2 * sms, tiles), K // SPLIT_K_MIN_SLICE, SPLIT_K_MAX_SPLITS)
     elif kind == "fp32" and K > FP32_ORDERED_MAX_K:  # the accuracy fix
         if not interpreting() and M >= 128 and N >= 128:
             cfg = GEMM_CONFIGS[("fp32", "large")][0]
         most = min(SPLIT_K_MAX_SPLITS, SPLIT_K_MAX_WORKSPACE // (M * N))
-        splits = min(_cdiv(K, FP32_SLICE), most)
+        splits = min(cdiv(K, FP32_SLICE), most)
     else:
         return None
     if splits < 2:
         return None
     bk = cfg[3]
-    k_slice = _cdiv(_cdiv(K, splits), bk) * bk
-    return cfg, _cdiv(K, k_slice), k_slice
+    k_slice = cdiv(cdiv(K, splits), bk) * bk
+    return cfg, cdiv(K, k_slice), k_slice
 
 
 def _split_k_launch(
@@ -618,7 +613,7 @@ def _split_k_launch(
     align = _ALIGN[a.dtype]
     aligned = spec[18] and align_mask(align, M, N, K, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
     consts = (False, ACT_NONE, 0, input_precision, dot_in_fp32(a.dtype), K % bk == 0, True, bm, bn, bk, group, align, aligned)  # fmt: skip
-    grid = (splits * _cdiv(M, bm) * _cdiv(N, bn), 1, 1)
+    grid = (splits * cdiv(M, bm) * cdiv(N, bn), 1, 1)
     args = (a, b, ws, ws, M, N, K, k_slice, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
     key = ("split", cfg, spec, int_spec(k_slice), int_spec(sab), int_spec(sbb), int_spec(M * N), ptr_spec(ws), consts)  # fmt: skip
     _launchers[False].launch(key, grid, args + consts, warps, stages)
@@ -630,7 +625,7 @@ def _split_k_launch(
     rkey = (c.dtype, int_spec(splits), int_spec(M), int_spec(N), int_spec(sc1), int_spec(sc2),
             ptr_spec(c), bias is not None and ptr_spec(bias), ptr_spec(ws), rconsts)  # fmt: skip
     rargs = (ws, bias if bias is not None else ws, c, splits, M, N, sc1, sc2)
-    _reduce_launcher.launch(rkey, (_cdiv(total, block), 1, 1), rargs + rconsts, 4, 1)
+    _reduce_launcher.launch(rkey, (cdiv(total, block), 1, 1), rargs + rconsts, 4, 1)
 
 
 def launch_gemm(
