@@ -259,8 +259,13 @@ def choose(spec: OpSpec, args: tuple) -> str:
 
 
 def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
-    """choose(spec, args), and remembered in exact_hits under `sig` when it is a remembered
-    decision (dualk.dispatch.auto_exact says what `sig` must be)."""
+    """choose(spec, args), remembered in exact_hits under `sig` when it is a remembered decision
+    (not a heuristic answer under capture or tracing).
+
+    `sig` is a cheap exact signature of args that the caller (dualk/ops.py) builds from values
+    its checks already read; it must determine the key (an op tag, then every shape, stride or
+    flag the key reads), so one entry never answers for another key. Callers look `sig` up in
+    exact_hits themselves and call this on a miss, only when dispatch.auto_unforced(spec)."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
     if name is None:

@@ -128,17 +128,6 @@ def auto_unforced(spec: OpSpec) -> bool:
     )
 
 
-def auto_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
-    """autotune.choose(spec, args), remembered under `sig` in autotune.exact_hits when auto's
-    decision for args is a remembered one (not a heuristic answer under capture or tracing).
-
-    `sig` is a cheap exact signature of args that the caller (dualk/ops.py) builds from values
-    its checks already read; it must determine autotune's key (an op tag, then every shape,
-    stride or flag the key reads), so one entry never answers for another key. Callers look
-    `sig` up in exact_hits themselves and call this on a miss, only when auto_unforced(spec)."""
-    return autotune.choose_exact(spec, args, sig)
-
-
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     """The backend that runs `spec`'s implementation on `args` (its positional arguments);
     raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""

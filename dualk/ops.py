@@ -83,6 +83,7 @@ def _direct(*tensors) -> bool:
 _dualk = torch.ops.dualk  # the registered ops (dualk/library.py registers them on import)
 _auto_unforced = dispatch.auto_unforced
 _EXACT_HITS = autotune.exact_hits  # exact call signature -> auto's remembered winner
+_choose_exact = autotune.choose_exact  # on a miss of _EXACT_HITS
 _tf32 = autotune.tf32_allowed  # the TF32 switch, as autotune's keys read it
 
 
@@ -152,7 +153,7 @@ def _run_add(a, b, alpha, backend: str) -> torch.Tensor:
         # auto's remembered winner per exact signature (one shape: numel and "not broadcast";
         # the contiguity flags: the layout), without building autotune's key.
         sig = ("add", shape, dtype, index, a.is_contiguous(), b.is_contiguous())
-        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_ADD, (a, b, alpha), sig)
+        name = _EXACT_HITS.get(sig) or _choose_exact(_ADD, (a, b, alpha), sig)
         return _ADD.implementation(name)(a, b, alpha)
     args = (a, b, alpha)
     return _ADD.implementation(dispatch.choose(_ADD, backend, args))(*args)
@@ -196,7 +197,7 @@ def _run_relu_scale(x, scale, backend: str) -> torch.Tensor:
         scale = float(scale)
     elif backend == "auto" and _auto_unforced(_RELU_SCALE):  # as in _run_add
         sig = ("relu_scale", x.shape, dtype, x.get_device(), x.is_contiguous())
-        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_RELU_SCALE, (x, scale), sig)
+        name = _EXACT_HITS.get(sig) or _choose_exact(_RELU_SCALE, (x, scale), sig)
         return _RELU_SCALE.implementation(name)(x, scale)
     args = (x, scale)
     return _RELU_SCALE.implementation(dispatch.choose(_RELU_SCALE, backend, args))(*args)
@@ -276,7 +277,7 @@ def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor
             "linear_gelu", x.shape, x.stride(), weight.shape, weight.stride(), dtype,
             x.get_device(), bias is None, approximate, dtype is _F32 and _tf32(),
         )  # fmt: skip
-        name = _EXACT_HITS.get(sig) or dispatch.auto_exact(_LINEAR_GELU, args, sig)
+        name = _EXACT_HITS.get(sig) or _choose_exact(_LINEAR_GELU, args, sig)
         return _LINEAR_GELU.implementation(name)(*args)
     return _LINEAR_GELU.implementation(dispatch.choose(_LINEAR_GELU, backend, args))(*args)
 
