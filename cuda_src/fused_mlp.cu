@@ -331,8 +331,6 @@ const char* reason(const char* format, Args... args) {
   return g_reason;
 }
 
-int element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
-
 template <Activation kAct> struct SimtPick {
   static KernelFn kernel() { return fused_mlp_simt_kernel<kAct>; }
 };

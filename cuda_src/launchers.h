@@ -11,6 +11,7 @@ namespace dualk {
 
 // Element types, numbered as dualk/backends/cuda.py passes them.
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+inline int element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }  // bytes
 
 // Activations applied to an fp32 value before the down-cast; same numbering as dualk/registry.py.
 enum class Activation : int { kNone = 0, kRelu = 1, kGeluTanh = 2, kGeluErf = 3, kSilu = 4 };

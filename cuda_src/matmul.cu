@@ -34,7 +34,7 @@ cudaError_t launch_partials(const GemmArgs& part, cudaStream_t stream) {
 // Here, not in gemm_select.cuh: matmul.cu and linear_gelu.cu both split, and the partial-product
 // kernels (no bias, no activation, fp32 out) are the same for both, so they compile once.
 cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cudaStream_t stream) {
-  const int64_t kElem = args.dtype == DType::kFloat32 ? 4 : 2;
+  const int64_t elem = element_size(args.dtype);
   const int64_t full = args.k / plan.slice;  // slices of plan.slice; then one shorter, if any
   const int64_t tail = args.k - full * plan.slice;
   const int64_t b_slice_step = args.b_k_major ? plan.slice : plan.slice * args.stride_b_outer;
@@ -57,8 +57,8 @@ cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cu
   if (err != cudaSuccess || tail == 0) return err;
   part.batch = 1;
   part.k = tail;
-  part.a = static_cast<const char*>(args.a) + full * plan.slice * kElem;
-  part.b = static_cast<const char*>(args.b) + full * b_slice_step * kElem;
+  part.a = static_cast<const char*>(args.a) + full * plan.slice * elem;
+  part.b = static_cast<const char*>(args.b) + full * b_slice_step * elem;
   part.c = args.workspace + full * args.m * args.n;
   part.stride_a_batch = part.stride_b_batch = 0;
   return launch(part, stream);
