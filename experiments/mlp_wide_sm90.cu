@@ -1,4 +1,5 @@
-// Experiment (session 9; compiled here, NOT yet run on a GPU): a 16-bit MLP whose widths are up to
+// Experiment (session 9; its first GPU run failed at launch, then restructured to 384 threads +
+// setmaxnreg: compiled here, NOT yet run on a GPU in this form): a 16-bit MLP whose widths are up to
 // 256 in one launch on Hopper, the design of NOTES-mlp.md "Next: 16-bit widths 129-256". Standalone
 // (no torch): checks the kernel against a CPU reference with the same roundings, then times it.
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
@@ -6,8 +7,8 @@
 // What it needs of the MLP: 2 to kMaxLayers layers, widths multiples of 8 (TMA rows of 16 bytes)
 // and at most 256, contiguous weights (out, in) and x rows with a 16-byte aligned stride.
 //
-// Per CTA (persistent over 128-row tiles): warpgroups 0 and 1 consume (64 rows each, wgmma
-// m64n256k16 with 128 fp32 accumulators per thread), warp 8 produces (one lane issues TMA).
+// Per CTA (persistent over 128-row tiles): warpgroup 0 produces (one thread issues TMA),
+// warpgroups 1 and 2 consume (64 rows each, wgmma m64n256k16 with 128 fp32 accumulators per thread).
 //   * Layer 0 reads A (x) from shared memory: the tile's x arrives as 64-column panels (128-byte
 //     swizzle; TMA zero-fills columns past the width), in its own buffer with full/empty barriers,
 //     so the next tile's x loads while this tile's later layers run.
@@ -18,9 +19,18 @@
 //     layer's width, so every hidden layer runs as 256 x 256); both consumers read every panel.
 //   * Biases are staged once per CTA as fp32 (zero past each width: padded columns stay 0 through
 //     relu / gelu / silu, and meet zero weight columns in the next layer).
-// 288 threads (2 warpgroups + 1 warp): __launch_bounds__(288, 1) lets ptxas give each thread ~224
-// registers, which 128 accumulators + 64 A-fragment registers need; with a full producer
-// warpgroup the cap would be 168 (ptxas compiles every role under the entry cap).
+// Registers: 384 threads (the layout of gemm_sm90.cuh), __launch_bounds__(384, 1) (entry cap 168,
+// what ptxas -v reports), then setmaxnreg: the producer warpgroup drops to 24, the consumers rise
+// to 240, and ptxas allocates the code after setmaxnreg.inc under 240 (128 accumulators + 64
+// A-fragment registers need ~216; the SASS uses up to R237 there, the producer's code R0-R4 and
+// uniform registers). The register file is 4 sub-partitions of 16384 and warp w lives in
+// sub-partition w % 4, so the limit holds per sub-partition: each has one producer warp and one
+// warp of each consumer, 32 x 24 + 2 x 32 x 240 = 16128 <= 16384. (The first GPU run, 288
+// threads at __maxnreg__(224), failed "too many resources requested for launch": 3 of the 9 warps
+// share a sub-partition, 3 x 32 x 224 = 21504 > 16384; 168 is the most that 9 warps can have,
+// which is why __launch_bounds__(288, 1) capped ptxas at 168.) 24 / 240 rather than 40 / 232:
+// at 232 the gelu kernel with a 64-wide last layer spilled its tile counter (8 bytes); at 240
+// every 64-wide-last-layer kernel has no spills (FA3's Hopper kernels use the same 24 / 240).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -53,7 +63,16 @@ constexpr int kMaxLayers = 8;
 constexpr int kMaxWidth = 256;
 constexpr int kXPanelBytes = kRows * 128;   // 64 columns x 128 rows, 16 KB
 constexpr int kWPanelBytes = kMaxWidth * 128;  // 64 k x 256 n, 32 KB
-constexpr int kThreads = 288;
+constexpr int kThreads = 384;        // warpgroup 0 produces, warpgroups 1 and 2 consume
+constexpr int kEntryRegs = 168;      // ptxas cap for 384 threads at one CTA per SM (65536 / 384, floor 8)
+constexpr int kProducerRegs = 24;    // setmaxnreg's minimum; the producer's SASS uses R0-R4
+constexpr int kConsumerRegs = 240;
+// setmaxnreg.inc blocks until the CTA's pool holds the registers it asks for, which only the
+// producer's .dec puts there: the pool must cover the consumers' increase (at 168 it does, with
+// nothing to spare), and each sub-partition (one producer warp + two consumer warps) must fit
+// its 16384 registers.
+static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs), "register pool");
+static_assert(32 * kProducerRegs + 2 * 32 * kConsumerRegs <= 16384, "registers per sub-partition");
 constexpr int kXBytes = 4 * kXPanelBytes;
 constexpr int kRingBytes = kStages * kWPanelBytes;
 constexpr int kBiasBytes = kMaxLayers * kMaxWidth * 4;
@@ -113,6 +132,15 @@ WIDE_DEFINE_RS(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_3
 #undef WIDE_DEFINE_SS
 #undef WIDE_DEFINE_RS
 
+// Executed by every thread of a warpgroup (.sync.aligned): moves registers between the warpgroup
+// and the CTA's pool (gemm_sm90.cuh has the same two, in a header this file does not include).
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // bias + activation in fp32 on this thread's accumulators (columns 8 j + 2 (lane % 4) + e), then
 // the down-cast into the next layer's A fragments: k16 step kt takes n8 blocks 2 kt and 2 kt + 1.
 template <typename T, Activation kAct>
@@ -137,15 +165,19 @@ __device__ __forceinline__ void to_a_fragments(float (&acc)[128], const float* b
 // One layer's main loop over `panels` (<= 4) weight panels of the ring: wait for each, let
 // issue(q, stage) issue its 4 k16 wgmma, keep one group in flight and release a stage once its
 // group retired; returns with every wgmma of the layer complete. Unrolled, so that issue's
-// register A fragments are indexed with constants.
+// register A fragments are indexed with constants. `pos` counts the panels this consumer took from
+// the ring (stage pos % kStages, parity (pos / kStages) % 2): one register where stage + phase
+// took two, which at 240 registers cost the relu kernel with a 64-wide last layer ptxas C7511
+// ("wgmma.mma_async instructions are serialized due to insufficient register resources").
 template <int kAccN, typename Issue>
-__device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, int& stage, uint32_t& phase,
-                                               uint32_t w_full, uint32_t w_empty, int lane, const Issue& issue) {
+__device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, uint32_t& pos, uint32_t w_full,
+                                               uint32_t w_empty, int lane, const Issue& issue) {
   int prev = 0;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     if (q >= panels) break;
-    mbar_wait(w_full + 8 * stage, phase);
+    const int stage = pos % kStages;
+    mbar_wait(w_full + 8 * stage, (pos / kStages) & 1);
     fence_acc(acc);
     wgmma_fence();
     issue(q, stage);
@@ -156,10 +188,7 @@ __device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, 
       if (lane == 0) mbar_arrive(w_empty + 8 * prev);
     }
     prev = stage;
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    ++pos;
   }
   wgmma_wait<0>();
   fence_acc(acc);
@@ -168,7 +197,7 @@ __device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, 
 #endif
 
 template <typename T, Activation kAct, int kLastN>
-__global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps maps, const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) mlp_wide_kernel(const __grid_constant__ Maps maps, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -187,7 +216,9 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
   }
   if (threadIdx.x == 0) {
     mbar_init(x_full, 1);
-    mbar_init(x_empty, 8);  // lane 0 of each consumer warp
+    // full: the producer's arrive_expect_tx + the TMA bytes; empty: lane 0 of each of the 8
+    // consumer warps (warps 4-11). No named barriers: the roles meet only at these mbarriers.
+    mbar_init(x_empty, 8);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(w_full + 8 * s, 1);
       mbar_init(w_empty + 8 * s, 8);
@@ -198,9 +229,11 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
 
   const int warp_id = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (warp_id == 8) {
-    // ---------------- producer: x panels, then every layer's weight panels, tile by tile
-    if (lane != 0) return;
+  if (warp_id < 4) {
+    // ---------------- producer (warpgroup 0): x panels, then every layer's weight panels, tile
+    // by tile. All 128 threads give registers back; thread 0 alone issues the TMA.
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
     prefetch_tensor_map(&maps.x);
     int stage = 0;
     uint32_t phase = 0;
@@ -226,11 +259,12 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
     return;
   }
 
-  // ---------------- consumers: warpgroup wg owns rows [64 wg, 64 wg + 64) of each tile
-  const int wg = warp_id / 4;
+  // ---------------- consumers (warpgroups 1, 2): consumer wg owns rows [64 wg, 64 wg + 64) of
+  // each tile
+  setmaxnreg_inc<kConsumerRegs>();
+  const int wg = warp_id / 4 - 1;
   const int warp = warp_id % 4;
-  int stage = 0;
-  uint32_t phase = 0;
+  uint32_t pos = 0;  // weight panels consumed: ring stage pos % kStages, parity (pos / kStages) % 2
   const int x_panels = (p.widths[0] + 63) / 64;
   float acc[128];
   uint32_t a[16][4];
@@ -239,7 +273,7 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++it) {
     // Layer 0: A = x from shared memory.
     mbar_wait(x_full, it & 1);
-    layer_mainloop(acc, x_panels, stage, phase, w_full, w_empty, lane, [&](int q, int s) {
+    layer_mainloop(acc, x_panels, pos, w_full, w_empty, lane, [&](int q, int s) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         const uint64_t da = desc_k_major(x_buf + q * kXPanelBytes + wg * 64 * 128 + ks * 32);
@@ -260,8 +294,8 @@ __global__ void __maxnreg__(224) mlp_wide_kernel(const __grid_constant__ Maps ma
         for (int ks = 0; ks < 4; ++ks)
           wgmma_rs(acc64, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
       };
-      if (kLastN == 256 || l < p.num_layers - 1) layer_mainloop(acc, 4, stage, phase, w_full, w_empty, lane, hidden);
-      else layer_mainloop(acc64, 4, stage, phase, w_full, w_empty, lane, narrow);
+      if (kLastN == 256 || l < p.num_layers - 1) layer_mainloop(acc, 4, pos, w_full, w_empty, lane, hidden);
+      else layer_mainloop(acc64, 4, pos, w_full, w_empty, lane, narrow);
     }
     // Output: the last layer's accumulators + bias (no activation), rows and columns clipped.
     const int out_w = p.widths[p.num_layers];
@@ -360,11 +394,72 @@ struct Case {
   bool time;
 };
 
+// Before an instantiation's first launch: what the driver says about the kernel, and whether a
+// CTA fits an SM, so that a failed launch's log says why. false: do not launch (it would fail, or
+// could hang in setmaxnreg.inc).
+static bool check_kernel(const void* kernel, const char* name) {
+  cudaFuncAttributes fa;
+  int dev = 0, regs_sm = 0, smem_optin = 0, blocks = 0;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, wide::kThreads, wide::kSmemBytes) != cudaSuccess) {
+    printf("%s: attribute/occupancy query failed: %s\n", name, cudaGetErrorString(cudaGetLastError()));
+    return false;
+  }
+  // Registers are allocated per warp in units of 256, and warp w sits in sub-partition w % 4,
+  // which holds a quarter of the SM's registers.
+  const int warps = wide::kThreads / 32;
+  const int warp_regs = (fa.numRegs * 32 + 255) / 256 * 256;
+  const int part_need = (warps + 3) / 4 * warp_regs, part_have = regs_sm / 4;
+  // setmaxnreg.inc waits for registers that the producer's .dec returned to the CTA's pool.
+  const int pool = 128 * (fa.numRegs - wide::kProducerRegs);
+  const int pool_need = 256 * (wide::kConsumerRegs - fa.numRegs);
+  printf("%s: numRegs %d, maxThreadsPerBlock %d, localSizeBytes %zu (spills), block %d threads, dyn smem %d "
+         "(opt-in max %d), registers per sub-partition %d of %d, setmaxnreg %d -> %d / %d -> %d (pool %d, "
+         "needs %d), CTAs per SM %d\n",
+         name, fa.numRegs, fa.maxThreadsPerBlock, fa.localSizeBytes, wide::kThreads, wide::kSmemBytes, smem_optin,
+         part_need, part_have, fa.numRegs, wide::kProducerRegs, fa.numRegs, wide::kConsumerRegs, pool, pool_need,
+         blocks);
+  bool ok = true;
+  if (wide::kThreads > fa.maxThreadsPerBlock) {
+    printf("  LAUNCH WOULD FAIL: %d threads > maxThreadsPerBlock %d (%d registers per thread)\n", wide::kThreads,
+           fa.maxThreadsPerBlock, fa.numRegs);
+    ok = false;
+  }
+  if (part_need > part_have) {
+    printf("  LAUNCH WOULD FAIL: %d warps x %d registers put %d registers in one sub-partition, which has %d\n",
+           warps, fa.numRegs, part_need, part_have);
+    ok = false;
+  }
+  if (wide::kSmemBytes > smem_optin) {
+    printf("  LAUNCH WOULD FAIL: %d bytes of dynamic shared memory > opt-in max %d\n", wide::kSmemBytes, smem_optin);
+    ok = false;
+  }
+  if (ok && blocks < 1) {
+    printf("  LAUNCH WOULD FAIL: the occupancy calculator fits no CTA on an SM\n");
+    ok = false;
+  }
+  if (pool < pool_need) {
+    printf("  NOT LAUNCHED, MAY HANG: the producer's setmaxnreg.dec frees %d registers, the consumers' .inc "
+           "waits for %d (numRegs %d < %d)\n",
+           pool, pool_need, fa.numRegs, wide::kEntryRegs);
+    ok = false;
+  }
+  return ok;
+}
+
 template <Activation kAct, int kLastN>
 static cudaError_t launch(const wide::Maps& maps, const wide::Params& p, int grid) {
   auto kernel = wide::mlp_wide_kernel<bf16, kAct, kLastN>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wide::kSmemBytes);
   if (e != cudaSuccess) return e;
+  static const bool fits = [&] {  // once per instantiation, after the shared-memory attribute
+    char name[64];
+    snprintf(name, sizeof name, "mlp_wide_kernel<bf16, act %d, last N %d>", static_cast<int>(kAct), kLastN);
+    return check_kernel(reinterpret_cast<const void*>(kernel), name);
+  }();
+  if (!fits) return cudaErrorLaunchOutOfResources;
   kernel<<<grid, wide::kThreads, wide::kSmemBytes>>>(maps, p);
   return cudaGetLastError();
 }
