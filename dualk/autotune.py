@@ -14,8 +14,8 @@ miss does more:
 2. The on-disk cache (below): a winner recorded there by any earlier process is used as is.
 3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton compiles and
    tunes its configs, the CUDA extension loads), then a few repetitions timed with CUDA events
-   within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates); the
-   median decides. A candidate that raises is skipped and recorded with its reason. Inputs are
+   within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
+   TUNE_ROUNDS passes that take the candidates in turn; the median decides. A candidate that raises is skipped and recorded with its reason. Inputs are
    never modified (each implementation allocates fresh outputs).
 4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
    heuristic below decides, and its choice is not recorded as tuned (the next call outside
@@ -83,6 +83,7 @@ except ImportError:  # pragma: no cover - Windows: writes still merge, without t
 
 SCHEMA = 1
 TUNE_BUDGET_MS = 60.0  # timing budget per key, split among the candidates
+TUNE_ROUNDS = 3  # passes over the candidates (_measure)
 MAX_REPS = 25
 BACKEND_SECTION = "backend"
 
@@ -481,9 +482,12 @@ def _remember(key: tuple, details: dict) -> dict:
 
 
 def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str, str]]:
+    """Each candidate's time: the median of TUNE_ROUNDS passes that take the candidates in turn,
+    so that the GPU's clock drift during tuning falls on all of them alike (timed one after the
+    other, 8192^3 GEMMs 5-9% apart were ranked by whichever ran first on a cool GPU)."""
     timer = _timer or cuda_event_timer
-    budget = TUNE_BUDGET_MS / len(available)
-    times: dict[str, float] = {}
+    budget = TUNE_BUDGET_MS / len(available) / TUNE_ROUNDS
+    runs: dict[str, Callable[[], object]] = {}
     errors: dict[str, str] = {}
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -495,9 +499,19 @@ def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str,
 
             try:
                 run()  # untimed: compiles, builds, tunes Triton configs
-                times[name] = float(timer(run, name, budget))
+                runs[name] = run
             except Exception as exc:  # any failure only removes this candidate
                 errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
+        passes: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(TUNE_ROUNDS):
+            for name, run in runs.items():
+                if name in errors:
+                    continue
+                try:
+                    passes[name].append(float(timer(run, name, budget)))
+                except Exception as exc:
+                    errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
+    times = {name: statistics.median(p) for name, p in passes.items() if name not in errors}
     return times, errors
 
 
