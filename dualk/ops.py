@@ -221,12 +221,39 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
 
 
 def _run_matmul(a, b, backend: str) -> torch.Tensor:
-    _check_matmul(a, b)
+    dtype, index, a_shape, b_shape = _check_matmul(a, b)
     args = (a, b)
+    if backend == "auto" and _auto_unforced(_MATMUL):  # as in _run_add
+        # Both shapes give the dims, batch, m, k and n of the key; "contiguous, else the
+        # strides" its layouts (cheaper to hash than strides every call).
+        sig = (
+            "matmul", a_shape, a.is_contiguous() or a.stride(), b_shape,
+            b.is_contiguous() or b.stride(), dtype, index,
+            dtype is _F32 and _tf32(),
+        )  # fmt: skip
+        name = _EXACT_HITS.get(sig) or _choose_exact(_MATMUL, args, sig)
+        return _MATMUL.implementation(name)(*args)
     return _MATMUL.implementation(dispatch.choose(_MATMUL, backend, args))(*args)
 
 
-def _check_matmul(a, b) -> None:
+def _check_matmul(a, b) -> tuple:
+    """Raises unless a @ b is a valid call; returns (dtype, a's get_device(), a's shape, b's
+    shape) for the caller's dispatch."""
+    tensor = torch.Tensor
+    # One expression for the common case, as in _check_linear; the checks below explain the rest.
+    if (
+        isinstance(a, tensor)
+        and isinstance(b, tensor)
+        and (dtype := a.dtype) in validate.FLOAT_DTYPES
+        and b.dtype is dtype
+        and b.get_device() == (index := a.get_device())
+        and (index >= 0 or a.device == b.device)
+        and 2 <= len(sa := a.shape) <= 3
+        and 2 <= len(sb := b.shape) <= 3
+        and sa[-1] == sb[-2]
+        and (len(sa) == 2 or len(sb) == 2 or sa[0] == sb[0])
+    ):
+        return dtype, index, sa, sb
     validate.tensor("matmul", "a", a)
     validate.tensor("matmul", "b", b)
     validate.same_dtype_and_device("matmul", {"a": a, "b": b})
@@ -244,6 +271,7 @@ def _check_matmul(a, b) -> None:
         raise ShapeError(
             f"dualk.matmul: batch sizes differ: 'a' has {a.shape[0]}, 'b' has {b.shape[0]}"
         )
+    return a.dtype, a.get_device(), a.shape, b.shape
 
 
 # --------------------------------------------------------------------------------- linear_gelu
@@ -266,23 +294,28 @@ def linear_gelu(
 
 
 def _run_linear_gelu(x, weight, bias, approximate, backend: str) -> torch.Tensor:
-    _check_linear("linear_gelu", x, weight, bias)
-    validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
+    dtype, weight_shape, index = _check_linear("linear_gelu", x, weight, bias)
+    if approximate not in GELU_APPROXIMATIONS:
+        validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
     args = (x, weight, bias, approximate)
     if backend == "auto" and _auto_unforced(_LINEAR_GELU):  # as in _run_add
-        # Shapes and strides give the rows, k, n and both layouts; the TF32 switch is read per
-        # call, as autotune's key does.
-        dtype = x.dtype
+        # Shapes give the rows, k and n; "contiguous, else the strides" both layouts (as in
+        # _run_matmul); the TF32 switch is read per call, as autotune's key does. dtype,
+        # weight's shape and the device index come from the check (reading them again cost
+        # 0.2 us of the ~0.8 us an auto hit paid here on a CPU-only host).
         sig = (
-            "linear_gelu", x.shape, x.stride(), weight.shape, weight.stride(), dtype,
-            x.get_device(), bias is None, approximate, dtype is _F32 and _tf32(),
+            "linear_gelu", x.shape, x.is_contiguous() or x.stride(), weight_shape,
+            weight.is_contiguous() or weight.stride(), dtype, index,
+            bias is None, approximate, dtype is _F32 and _tf32(),
         )  # fmt: skip
         name = _EXACT_HITS.get(sig) or _choose_exact(_LINEAR_GELU, args, sig)
         return _LINEAR_GELU.implementation(name)(*args)
     return _LINEAR_GELU.implementation(dispatch.choose(_LINEAR_GELU, backend, args))(*args)
 
 
-def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
+def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> tuple:
+    """Raises unless x, weight and bias make one nn.Linear call; returns (x's dtype, weight's
+    shape, x's get_device()) for the caller's dispatch."""
     tensor = torch.Tensor
     # One expression for the common case (tensors that fit); the checks below explain the
     # rest. get_device() is -1 for every non-CUDA device, so those are compared exactly (on the
@@ -310,7 +343,7 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
             )
         )
     ):
-        return
+        return dtype, ws, index
     validate.tensor(op, "x", x)
     validate.tensor(op, wname, weight)
     if bias is not None:
@@ -330,6 +363,7 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> None:
         raise ShapeError(
             f"dualk.{op}: '{bname}' must have shape ({weight.shape[0]},), got {tuple(bias.shape)}"
         )
+    return x.dtype, weight.shape, x.get_device()
 
 
 # ----------------------------------------------------------------------------------- fused_mlp
@@ -386,15 +420,28 @@ def _mlp_lists(weights, biases) -> tuple[list, list]:
 
 
 def _run_fused_mlp(x, weights, biases, activation, backend: str) -> torch.Tensor:
-    _check_mlp(x, weights, biases, activation)
+    dtype, index, shapes, no_bias = _check_mlp(x, weights, biases, activation)
     args = (x, weights, biases, activation)
-    name = dispatch.choose(_FUSED_MLP, backend, args)
+    if backend == "auto" and _auto_unforced(_FUSED_MLP):  # as in _run_add
+        # x's shape and layout (as in _run_matmul) give the rows and layout; the weights'
+        # shapes (read by the check, as the bit mask of absent biases) the widths and biases
+        # of the key (autotune._key_fused_mlp). Comprehensions here cost 1.2 us, the check's
+        # lists 0.1.
+        sig = (
+            "fused_mlp", x.shape, x.is_contiguous() or x.stride(), dtype, index, activation,
+            dtype is _F32 and _tf32(), no_bias, *shapes,
+        )  # fmt: skip
+        name = _EXACT_HITS.get(sig) or _choose_exact(_FUSED_MLP, args, sig)
+    else:
+        name = dispatch.choose(_FUSED_MLP, backend, args)
     if name != "torch" and mlp_fallback_reason(name, x, weights) is not None:
         return _mlp_chain(name, x, weights, biases, activation)
     return _FUSED_MLP.implementation(name)(*args)
 
 
-def _check_mlp(x, weights, biases, activation) -> None:
+def _check_mlp(x, weights, biases, activation) -> tuple:
+    """Raises unless the call is one valid MLP; returns (x's dtype, x's get_device(), the
+    weights' shapes, a bit mask of the layers without a bias) for the caller's dispatch."""
     if activation not in MLP_ACTIVATIONS:
         validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     validate.tensor("fused_mlp", "x", x)
@@ -404,6 +451,8 @@ def _check_mlp(x, weights, biases, activation) -> None:
     # device, so off the GPU the exact devices are compared below.
     index = x.get_device()
     tensor = torch.Tensor
+    shapes = []
+    no_bias = 0
     for i, (w, b) in enumerate(zip(weights, biases)):
         # One cheap test per layer on the hot path; the detailed checks only explain a failure.
         if not (
@@ -425,9 +474,13 @@ def _check_mlp(x, weights, biases, activation) -> None:
         ):
             _explain_bad_layer(x, i, width, w, b)
         width = ws[0]
+        shapes.append(ws)
+        if b is None:
+            no_bias |= 1 << i
     if index < 0:
         for i, (w, b) in enumerate(zip(weights, biases)):
             validate.same_pair("fused_mlp", ("x", x), (f"weights[{i}]", w), (f"biases[{i}]", b))
+    return dtype, index, shapes, no_bias
 
 
 def _explain_bad_layer(x, i, width, w, b) -> None:

@@ -493,13 +493,14 @@ def test_hit_path_cost():
 # ------------------------------------------------------- the exact-signature table (ops.py)
 @pytest.fixture
 def ran(fake_gpu, monkeypatch):
-    """fake_gpu, and every backend's add / relu_scale / linear_gelu records its name in the
-    returned list before running the reference; named backends are available too."""
+    """fake_gpu, and every backend of every op records its name in the returned list before
+    running the reference; named backends are available too."""
     from dualk import dispatch
 
     monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device: None)
+    monkeypatch.setattr("dualk.ops.mlp_fallback_reason", lambda backend, x, weights: None)
     calls: list[str] = []
-    for op in ("add", "relu_scale", "linear_gelu"):
+    for op in OPS:
         spec = OPS[op]
         for b in ("cuda", "triton", "torch"):
 
@@ -594,6 +595,22 @@ def test_exact_table_never_outranks_an_override(ran, monkeypatch, tmp_path):
          lambda: (r(8, 16), r(16, 32).t(), None, "tanh")),
         ("linear_gelu", lambda: (r(8, 16), r(32, 16), None, "tanh"),
          lambda: (r(9, 16), r(32, 16), None, "tanh")),
+        ("matmul", lambda: (r(8, 16), r(16, 32)), lambda: (r(16, 8).t(), r(16, 32))),
+        ("matmul", lambda: (r(8, 16), r(16, 32)), lambda: (r(8, 16), r(32, 16).t())),
+        ("matmul", lambda: (r(8, 16), r(16, 32)), lambda: (r(8, 16), r(16, 33))),
+        ("matmul", lambda: (r(8, 16), r(16, 32)), lambda: (r(2, 8, 16), r(16, 32))),
+        ("matmul", lambda: (r(8, 16), r(16, 32)), lambda: (r(9, 16), r(16, 32))),
+        ("matmul", lambda: (r(8, 16), r(16, 32)),
+         lambda: (r(8, 16, dtype=torch.float16), r(16, 32, dtype=torch.float16))),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]), lambda: mlp_args(8, [16, 32, 8], bias=False)),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]),
+         lambda: mlp_args(8, [16, 32, 8], activation="gelu")),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]), lambda: mlp_args(8, [16, 32, 9])),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]), lambda: mlp_args(8, [16, 24, 8])),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]), lambda: mlp_args(9, [16, 32, 8])),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]),
+         lambda: (r(16, 8).t(), *mlp_args(8, [16, 32, 8])[1:])),
+        ("fused_mlp", lambda: mlp_args(8, [16, 32, 8]), lambda: mlp_args(8, [16, 32, 32, 8])),
     ],
 )  # fmt: skip
 def test_exact_table_entries_of_other_keys_never_answer(ran, op, first, second):
@@ -606,6 +623,10 @@ def test_exact_table_entries_of_other_keys_never_answer(ran, op, first, second):
             return dualk.add(args[0], args[1], alpha=args[2])
         if op == "linear_gelu":
             return dualk.linear_gelu(*args[:3], approximate=args[3])
+        if op == "fused_mlp":
+            return dualk.fused_mlp(*args[:3], activation=args[3])
+        if op == "matmul":
+            return dualk.matmul(*args)
         return dualk.relu_scale(*args)
 
     a1, a2 = first(), second()
@@ -628,20 +649,25 @@ def test_exact_table_holds_no_heuristic_answer(ran, monkeypatch):
     assert last_backend(ran, lambda: dualk.add(a, b)) == "triton"  # timed now
 
 
-def test_linear_gelu_exact_table_keeps_the_tf32_switch(ran, monkeypatch):
+@pytest.mark.parametrize("op", ["linear_gelu", "matmul", "fused_mlp"])
+def test_gemm_exact_tables_keep_the_tf32_switch(ran, monkeypatch, op):
     import dualk
 
-    args = (r(8, 16), r(32, 16), None, "tanh")
+    args, call = {
+        "linear_gelu": ((r(8, 16), r(32, 16), None, "tanh"), lambda a: dualk.linear_gelu(*a[:3])),
+        "matmul": ((r(8, 16), r(16, 32)), lambda a: dualk.matmul(*a)),
+        "fused_mlp": (mlp_args(8, [16, 32, 8]), lambda a: dualk.fused_mlp(*a[:3])),
+    }[op]  # fmt: skip
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.ops._tf32", lambda: False)
-    plant("linear_gelu", args, "cuda")
+    plant(op, args, "cuda")
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
-    plant("linear_gelu", args, "triton")
+    plant(op, args, "triton")
     monkeypatch.setattr("dualk.ops._tf32", lambda: True)
-    assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "triton"
+    assert last_backend(ran, lambda: call(args)) == "triton"
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.ops._tf32", lambda: False)
-    assert last_backend(ran, lambda: dualk.linear_gelu(*args[:3])) == "cuda"
+    assert last_backend(ran, lambda: call(args)) == "cuda"
 
 
 # ---------------------------------------------------------------------------- Triton configs
