@@ -243,6 +243,15 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// Executed by every thread of a warpgroup (.sync.aligned): gives registers back to the CTA's pool
+// (dec) or takes them from it (inc, which waits until the pool holds them), so warp-specialized
+// kernels can run a light producer beside heavy consumers.
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
 #pragma unroll

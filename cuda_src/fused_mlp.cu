@@ -1,11 +1,15 @@
 // fused_mlp: a whole Linear/activation stack in one launch.
 //   out = L_{n-1}(act(... act(L_0(x)))),  L_i(h) = h @ W_i^T + b_i,  W_i: (out_i, in_i) row-major.
 //
-// Five kernels behind one launcher:
+// Six kernels behind one launcher:
 //   * fp16/bf16, every width <= 128 and all weights resident: on Hopper (sm_90a),
 //     fused_mlp_wgmma_kernel (fused_mlp_sm90.cu: wgmma with the activations as the register A
 //     operand); elsewhere fused_mlp_mma_padded_kernel (fused_mlp_mma.cu). Each layer is zero-padded to the
 //     64/128 bucket so that all loops and offsets are compile-time.
+//   * fp16/bf16 with a width in 129-256 on Hopper, where TMA can read x and the weights
+//     (wide::unfit_reason): fused_mlp_wide_kernel (fused_mlp_wide.cu: weights streamed through a
+//     TMA ring, m64n256 wgmma, activations in registers. H100, 256-256-256-64 bf16 at 2^18 rows:
+//     150 us in its harness, where the mma.sync kernel below took 579 us and eager PyTorch 471).
 //   * fp16/bf16 otherwise (fused_mlp_mma.cu): tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
 //     rows and keeps their activations in registers from the first layer to the last: the m16n8
 //     C fragments of layer i, after bias + activation + down-cast, are exactly the m16k16 A
@@ -35,6 +39,7 @@
 #include <cstdio>
 
 #include "fused_mlp_kernels.cuh"
+#include "fused_mlp_wide.cuh"
 
 namespace dualk {
 namespace mlp {
@@ -319,6 +324,7 @@ struct MlpPlan {
   MlpKernelParams params;
   KernelFn kernel;
   Tf32KernelFn tf32_kernel;  // when set, launched instead of `kernel` (with the weights' tensor maps)
+  wide::KernelFn wide_kernel;  // likewise (with its own arguments: tensor maps of x and the weights)
   int threads;
   int smem_bytes;
 };
@@ -336,8 +342,9 @@ template <Activation kAct> struct SimtPick {
 };
 
 // Fills `plan` (when not null) or returns why the fused kernel cannot run these arguments.
-// Shape-only callers (plan == nullptr) may leave pointers, m and num_sms zero.
-const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
+// Shape-only callers (plan == nullptr) may leave pointers, m and num_sms zero. allow_wide false
+// leaves fused_mlp_wide.cu's kernel out (the launcher's fallback when its tensor maps fail).
+const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide = true) {
   if (a.num_layers < 1 || a.num_layers > kMaxMlpLayers)
     return reason("the fused CUDA kernel takes 1 to %d layers, got %d", kMaxMlpLayers, a.num_layers);
   if (a.dtype != DType::kFloat32 && a.dtype != DType::kFloat16 && a.dtype != DType::kBFloat16)
@@ -376,6 +383,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
   int threads = 0, smem = 0;
   KernelFn kernel = nullptr;
   Tf32KernelFn tf32_kernel = nullptr;
+  wide::KernelFn wide_kernel = nullptr;
 
   if (a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
@@ -418,7 +426,12 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
       }
     }
   }
-  if (kernel == nullptr && a.dtype != DType::kFloat32) {
+  if (allow_wide && a.dtype != DType::kFloat32 && max_width > 128) {
+    // Hopper: one launch that streams the weights (fused_mlp_wide.cu), where TMA allows.
+    wide_kernel = plan_fused_mlp_wide(a, device, p, smem);
+    if (wide_kernel != nullptr) threads = wide::kThreads;
+  }
+  if (kernel == nullptr && wide_kernel == nullptr && a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
     const int warp_rows = 16 * (bucket == 64    ? MmaConfig<64>::kMTiles
                                 : bucket == 128 ? MmaConfig<128>::kMTiles
@@ -548,6 +561,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan) {
     plan->params = p;
     plan->kernel = kernel;
     plan->tf32_kernel = tf32_kernel;
+    plan->wide_kernel = wide_kernel;
     plan->threads = threads;
     plan->smem_bytes = smem;
   }
@@ -569,9 +583,17 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   if (args.x == nullptr || args.out == nullptr) return cudaErrorInvalidValue;
   for (int i = 0; i < args.num_layers; ++i)
     if (args.weights[i] == nullptr) return cudaErrorInvalidValue;
+  // The wide kernel's tensor maps: should the driver refuse one that wide::unfit_reason let
+  // through, the MLP takes the kernel it took before the wide one existed, not an error.
+  wide::Maps wide_maps;
+  wide::Params wide_params;
+  if (plan.wide_kernel != nullptr && !wide::make_launch_args(args, wide_maps, wide_params) &&
+      plan_fused_mlp(args, &plan, /*allow_wide=*/false) != nullptr)
+    return cudaErrorInvalidValue;
 
-  const void* kernel = plan.tf32_kernel != nullptr ? reinterpret_cast<const void*>(plan.tf32_kernel)
-                                                   : reinterpret_cast<const void*>(plan.kernel);
+  const void* kernel = plan.tf32_kernel != nullptr   ? reinterpret_cast<const void*>(plan.tf32_kernel)
+                       : plan.wide_kernel != nullptr ? reinterpret_cast<const void*>(plan.wide_kernel)
+                                                     : reinterpret_cast<const void*>(plan.kernel);
   cudaError_t err = ensure_dynamic_smem(kernel, plan.smem_bytes);
   if (err != cudaSuccess) return err;
   const int num_sms = args.num_sms > 0 ? args.num_sms : device_props().num_sms;
@@ -588,6 +610,11 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
     params.p = plan.params;
     if (!encode_tf32x3_maps(args, params)) return cudaErrorInvalidValue;
     plan.tf32_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(params);
+    return cudaGetLastError();
+  }
+  if (plan.wide_kernel != nullptr) {
+    plan.wide_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(wide_maps,
+                                                                                           wide_params);
     return cudaGetLastError();
   }
   plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);

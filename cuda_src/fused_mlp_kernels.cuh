@@ -1,7 +1,8 @@
 // Definitions shared by the fused_mlp translation units (fused_mlp.cu: planner, launcher and the
 // fp32 SIMT kernel; fused_mlp_mma.cu: the fp16/bf16 mma.sync kernels; fused_mlp_sm90.cu: the
-// Hopper wgmma kernel; fused_mlp_tf32.cu: the Hopper fp32 3xTF32 kernel). One file would take
-// over a minute to compile for sm_90a; four compile in parallel.
+// Hopper wgmma kernel; fused_mlp_tf32.cu: the Hopper fp32 3xTF32 kernel; fused_mlp_wide.cu: the
+// Hopper kernel for 16-bit widths 129-256, declared in fused_mlp_wide.cuh). One file would take
+// over a minute to compile for sm_90a; five compile in parallel.
 #pragma once
 
 #include <cstdint>

@@ -194,14 +194,8 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-// wgmma_fence / commit / wait and fence_acc live in common.cuh (the fused MLP uses them too).
+// setmaxnreg_dec / inc, wgmma_fence / commit / wait and fence_acc live in common.cuh (the fused
+// MLP uses them too).
 
 // Shared-memory matrix descriptor with 128-byte swizzle; byte offsets as in the header comment.
 __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {

@@ -316,13 +316,16 @@ def _lg_cost(s: Sample) -> Cost:
 
 # ---- fused_mlp
 def mlp_parameters(widths, dtype, device, gen, bias=True):
-    """nn.Linear-like weights (uniform +-1/sqrt(fan_in)) and biases for the given widths."""
+    """nn.Linear-like weights (uniform +-1/sqrt(fan_in)) and biases for the given widths; `bias`
+    is one flag for every layer or one per layer (None where it is false)."""
     weights, biases = [], []
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+    layers = len(widths) - 1
+    has_bias = tuple(bias) if isinstance(bias, (tuple, list)) else (bias,) * layers
+    for fan_in, fan_out, with_bias in zip(widths[:-1], widths[1:], has_bias, strict=True):
         bound = 1.0 / math.sqrt(fan_in)
         w = (torch.rand((fan_out, fan_in), generator=gen) * 2 - 1) * bound
         weights.append(w.to(dtype).to(device))
-        if bias:
+        if with_bias:
             b = (torch.rand(fan_out, generator=gen) * 2 - 1) * bound
             biases.append(b.to(dtype).to(device))
         else:
@@ -340,6 +343,7 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
         return _case(label, make, **flags)
 
     seed = (100, 128, 64, 10)
+    wide = {"gpu_only": True, "bench_dtypes": BF16, "test_dtypes": HALF_DTYPES}
     return (
         mlp(1, seed, "seed_b1"),
         mlp(32, seed, "seed_b32", bench=True, quick=True, bench_dtypes=FP32),
@@ -364,6 +368,27 @@ def _mlp_cases() -> tuple[ShapeCase, ...]:
         mlp(2**20, (64, 64, 64, 64, 16), "64x4_b2^20", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
         mlp(2**20, (128, 128, 128, 128, 16), "128x4_b2^20", gpu_only=True, bench=True, bench_dtypes=FP16),
         mlp(2**18, (256, 256, 256, 64), "256x3_b2^18", gpu_only=True, bench=True, bench_dtypes=BF16),
+        # 16-bit, a width in 129-256, on Hopper: fused_mlp_wide.cu (tails of the 128-row tile, one
+        # hidden layer, x narrower than a 64-column box, a 256-wide output, missing biases, a
+        # strided x, one row), then shapes it must leave to the mma.sync kernel
+        # (wide::unfit_reason): erf-gelu and tanh-gelu into more than 64 outputs (their builds
+        # spill), a hidden width not a multiple of 8, an x off 16 bytes.
+        mlp(4133, (256, 256, 256, 64), "wide_relu_tail_b4133", **wide),
+        mlp(1000, (200, 256, 136, 16), "wide_gelu_b1000", activation="gelu", **wide),
+        mlp(777, (256, 256, 256, 256), "wide_silu_out256_b777", activation="silu", **wide),
+        mlp(300, (136, 144, 40), "wide_two_layers_b300", **wide),
+        mlp(300, (24, 256, 256, 32), "wide_narrow_input_b300", activation="gelu", **wide),
+        mlp(1, (256, 256, 64), "wide_b1", **wide),
+        mlp(513, (256, 192, 256, 10), "wide_partial_bias_b513", activation="none",
+            bias=(True, False, True), **wide),
+        mlp(129, (256, 256, 72), "wide_no_bias_b129", activation="silu", bias=False, **wide),
+        mlp(1000, (256, 256, 64), "wide_row_stride_b1000", **wide,
+            x_view=lambda dt, dev, g: randn((1000, 264), dt, dev, g)[:, :256]),
+        mlp(300, (256, 256, 64), "wide_gelu_erf_fallback", activation="gelu_erf", **wide),
+        mlp(300, (256, 256, 128), "wide_gelu_out128_fallback", activation="gelu", **wide),
+        mlp(300, (200, 250, 64), "wide_width250_fallback", **wide),
+        mlp(300, (256, 256, 64), "wide_misaligned_x_fallback", **wide,
+            x_view=lambda dt, dev, g: _misaligned((300, 256), dt, dev, g)),
     )  # fmt: skip
 
 
@@ -406,8 +431,11 @@ OPS: Mapping[str, OpSpec] = {
         # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
         # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
         # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. Not benchmarked:
-        # 16-bit widths above 128 (the mma.sync kernel) and GPUs before Hopper, where the padded
-        # mma.sync kernel (100 us at 64 wide on the H200) trails Triton.
+        # 16-bit widths above 128 through dualk since the wide kernel (fused_mlp_wide.cu) took them
+        # on Hopper: 150 us in its harness at 256x3_b2^18 bf16 on an H100, where dualk's mma.sync
+        # path measured 579 us, Triton 848, eager 471 (bench/results/2026-11-25-h100-default-s10-a);
+        # and GPUs before Hopper, where the padded mma.sync kernel (100 us at 64 wide on the H200)
+        # trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
     )

@@ -1,6 +1,7 @@
-"""Host-side planning code of the CUDA GEMM family, compiled with nvcc and run on the CPU (no GPU
-needed: split_k_plan is integer arithmetic over GemmArgs and DeviceProps). The GPU tests check
-the results of these plans; this checks the plans themselves, which only the GPU exercised."""
+"""Host-side planning code of the CUDA GEMM family and of the wide fused-MLP kernel, compiled with
+nvcc and run on the CPU (no GPU needed: split_k_plan and wide::unfit_reason are arithmetic over
+the launch arguments and DeviceProps). The GPU tests check the results of these plans; this
+checks the plans themselves, which only the GPU exercised."""
 
 import subprocess
 import textwrap
@@ -65,11 +66,11 @@ EXPECTED = [
 ]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_split_k_plans(tmp_path: Path):
-    src = tmp_path / "plans.cu"
-    src.write_text(PROGRAM)
-    exe = tmp_path / "plans"
+def build_and_run(tmp_path: Path, program: str) -> list[str]:
+    """The program's output lines (host code only: built for sm_80, run on the CPU)."""
+    src = tmp_path / "host_logic.cu"
+    src.write_text(program)
+    exe = tmp_path / "host_logic"
     build = subprocess.run(
         [str(NVCC), "-std=c++17", f"-I{SRC}", "-gencode=arch=compute_80,code=sm_80", "-o", str(exe),
          str(src)],
@@ -78,5 +79,105 @@ def test_split_k_plans(tmp_path: Path):
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    plans = [tuple(int(v) for v in line.split()) for line in run.stdout.splitlines()]
+    return run.stdout.splitlines()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_split_k_plans(tmp_path: Path):
+    plans = [tuple(int(v) for v in line.split()) for line in build_and_run(tmp_path, PROGRAM)]
     assert plans == EXPECTED
+
+
+WIDE_PROGRAM = textwrap.dedent(
+    r"""
+    #include <climits>
+    #include <cstdio>
+    #include <utility>
+    #include <vector>
+    #include "fused_mlp_wide.cuh"
+    using namespace dualk;
+    static char buf[1 << 12] __attribute__((aligned(256)));
+    int main() {
+      DeviceProps h100;
+      h100.num_sms = 132; h100.smem_optin = 232448; h100.cc_major = 9; h100.cc_minor = 0;
+      DeviceProps a100 = h100;
+      a100.cc_major = 8; a100.smem_optin = 166912;
+      DeviceProps sm90_small_smem = h100;
+      sm90_small_smem.smem_optin = 101376;
+      const auto args = [](std::initializer_list<int> widths, Activation act, long long m) {
+        FusedMlpArgs a{};
+        a.num_layers = static_cast<int>(widths.size()) - 1;
+        int i = 0;
+        for (int w : widths) a.widths[i++] = w;
+        a.x = buf; a.out = buf; a.m = m; a.stride_xm = a.widths[0];
+        for (int l = 0; l < a.num_layers; ++l) { a.weights[l] = buf; a.biases[l] = nullptr; }
+        a.activation = act; a.dtype = DType::kBFloat16;
+        return a;
+      };
+      const Activation relu = Activation::kRelu;
+      std::vector<std::pair<FusedMlpArgs, DeviceProps>> cases;
+      const auto add = [&](const FusedMlpArgs& a, const DeviceProps& d) { cases.emplace_back(a, d); };
+      add(args({256, 256, 256, 64}, relu, 4133), h100);
+      { auto a = args({256, 256, 256, 64}, relu, 4133); a.dtype = DType::kFloat16; add(a, h100); }
+      { auto a = args({256, 256, 256, 64}, relu, 4133); a.dtype = DType::kFloat32; add(a, h100); }
+      add(args({256, 256, 256, 64}, relu, 4133), a100);
+      add(args({256, 256, 256, 64}, relu, 4133), sm90_small_smem);
+      add(args({128, 128, 128, 64}, relu, 4133), h100);               // the resident kernels' case
+      add(args({256, 64}, relu, 300), h100);                          // one layer
+      add(args({256, 256, 64}, Activation::kGeluTanh, 300), h100);
+      add(args({256, 256, 128}, Activation::kGeluTanh, 300), h100);   // spills: not built
+      add(args({256, 256, 64}, Activation::kGeluErf, 300), h100);     // spills: not built
+      add(args({256, 256, 128}, Activation::kSilu, 300), h100);
+      add(args({200, 250, 64}, relu, 300), h100);                     // hidden width % 8 != 0
+      add(args({256, 256, 10}, Activation::kNone, 300), h100);        // any output width
+      add(args({32, 320, 16}, relu, 300), h100);
+      { auto a = args({256, 256, 64}, relu, 300); a.x = buf + 2; add(a, h100); }
+      { auto a = args({256, 256, 64}, relu, 300); a.weights[1] = buf + 8; add(a, h100); }
+      { auto a = args({256, 256, 64}, relu, 300); a.stride_xm = 260; add(a, h100); }
+      { auto a = args({256, 256, 64}, relu, 300); a.stride_xm = 264; add(a, h100); }
+      { auto a = args({256, 256, 64}, relu, 300); a.stride_xm = 128; add(a, h100); }  // rows overlap
+      { auto a = args({256, 256, 64}, relu, 1); a.stride_xm = 3; add(a, h100); }      // one row
+      add(args({256, 256, 64}, relu, INT_MAX - 127LL), h100);
+      add(args({256, 256, 64}, relu, INT_MAX - 128LL), h100);
+      add(args({256, 256, 64}, relu, 0), h100);
+      for (const auto& [a, device] : cases) {
+        const char* why = mlp::wide::unfit_reason(a, device);
+        printf("%s\n", why == nullptr ? "ok" : why);
+      }
+      return 0;
+    }
+    """
+)
+
+WIDE_EXPECTED = [
+    "ok",
+    "ok",
+    "not fp16 / bf16",
+    "not compute capability 9.0 (sm_90a code)",
+    "shared memory",
+    "no width above 128",
+    "layer count",
+    "ok",
+    "no spill-free build for this activation and output width",
+    "no spill-free build for this activation and output width",
+    "ok",
+    "an input width not a multiple of 8",
+    "ok",
+    "width out of 1..256",
+    "x not 16-byte aligned",
+    "weights not 16-byte aligned",
+    "x row stride",
+    "ok",
+    "x row stride",
+    "ok",
+    "rows",
+    "ok",
+    "ok",
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_wide_mlp_eligibility(tmp_path: Path):
+    """Which MLPs fused_mlp_wide.cu's kernel takes (wide::unfit_reason): the planner falls back to
+    the mma.sync kernel for every other one."""
+    assert build_and_run(tmp_path, WIDE_PROGRAM) == WIDE_EXPECTED

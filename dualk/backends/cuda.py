@@ -44,8 +44,8 @@ from . import allow_tf32
 
 KERNEL_SOURCES = (
     "add.cu", "relu_scale.cu", "matmul.cu", "linear_gelu.cu",
-    # fused_mlp: one operator, four translation units sharing fused_mlp_kernels.cuh (compile time)
-    "fused_mlp.cu", "fused_mlp_mma.cu", "fused_mlp_sm90.cu", "fused_mlp_tf32.cu",
+    # fused_mlp: one operator, five translation units sharing fused_mlp_kernels.cuh (compile time)
+    "fused_mlp.cu", "fused_mlp_mma.cu", "fused_mlp_sm90.cu", "fused_mlp_tf32.cu", "fused_mlp_wide.cu",
 )  # fmt: skip
 BINDING_SOURCE = "binding.cpp"
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # launchers.h DType
