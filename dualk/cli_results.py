@@ -102,9 +102,18 @@ def compare_and_gate(
 @click.option(
     "--csv", "csv_path", type=FILE_PATH, help="Write the rows as CSV, environment included."
 )
+@click.option(
+    "--update",
+    "update_paths",
+    type=EXISTING_FILE,
+    multiple=True,
+    help="A later partial run on the same GPU model (repeatable, in order): its rows replace "
+    "the same op/shape/dtype rows of JSON_FILE; the page names the rows it took from each.",
+)
 @compare_options
 def report_command(
     json_file: Path,
+    update_paths: tuple[Path, ...],
     markdown_path: Path | None,
     plot_path: Path | None,
     csv_path: Path | None,
@@ -116,6 +125,14 @@ def report_command(
     plot, a BENCHMARKS.md page, or a comparison with an older run."""
     check_compare_options(compare_path, fail_if_slower)
     report = load(json_file)
+    updates = []  # (file, its date, the (op, shape, dtype) groups taken from it)
+    for path in update_paths:
+        newer = load(path)
+        try:
+            report, groups = results.merge_update(report, newer, str(path))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--update") from None
+        updates.append((path, newer.env.get("date", "?"), groups))
     if plot_path is not None:
         if results.is_smoke(report):
             raise click.UsageError(
@@ -131,6 +148,8 @@ def report_command(
     if markdown_path is not None:
         base = markdown_path.resolve().parent
         command = ["dualk", "report", str(json_file), "--markdown", str(markdown_path)]
+        for path, _, _ in updates:
+            command += ["--update", str(path)]
         if plotted:
             command += ["--plot", str(plot_path)]
         text = render_markdown(
@@ -138,6 +157,9 @@ def report_command(
             source=os.path.relpath(json_file.resolve(), base),
             plot=os.path.relpath(plot_path.resolve(), base) if plotted else None,
             command=shlex.join(command),
+            updates=[
+                (os.path.relpath(p.resolve(), base), date, groups) for p, date, groups in updates
+            ],
         )
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text(text)

@@ -42,12 +42,18 @@ def _md_escape(text: str) -> str:
 
 
 def render_markdown(
-    report: Report, *, source: str, plot: str | None = None, command: str = ""
+    report: Report,
+    *,
+    source: str,
+    plot: str | None = None,
+    command: str = "",
+    updates: list | None = None,
 ) -> str:
     """BENCHMARKS.md: environment, ceilings, one table per operator (winner bold and `*`, speedup
     vs eager, % of roofline, relative error), dispatch overhead, and the plot if given. `source`
     (the JSON file) and `plot` are links relative to the markdown file; `command` is the command
-    that regenerates the page."""
+    that regenerates the page; `updates` lists (file, date, [(op, shape, dtype)]) for rows that a
+    later partial run replaced (report.merge_update)."""
     env = report.env
     by = f" by `{command}`" if command else " by `dualk report`"
     lines = [
@@ -57,6 +63,15 @@ def render_markdown(
         "",
         f"Generated from [`{source}`]({source}){by}; do not edit by hand, regenerate it.",
         "",
+    ]
+    for path, date, groups in updates or ():
+        cases = ", ".join(f"{op} {shape} {dtype}" for op, shape, dtype in groups)
+        lines += [
+            f"Rows of {cases} are from the later run [`{path}`]({path}) ({date}, same GPU "
+            "model; see its environment there).",
+            "",
+        ]
+    lines += [
         "## Environment",
         "",
     ]

@@ -430,12 +430,11 @@ OPS: Mapping[str, OpSpec] = {
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
         # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
         # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
-        # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. Not benchmarked:
-        # 16-bit widths above 128 through dualk since the wide kernel (fused_mlp_wide.cu) took them
-        # on Hopper: 150 us in its harness at 256x3_b2^18 bf16 on an H100, where dualk's mma.sync
-        # path measured 579 us, Triton 848, eager 471 (bench/results/2026-11-25-h100-default-s10-a);
-        # and GPUs before Hopper, where the padded mma.sync kernel (100 us at 64 wide on the H200)
-        # trails Triton.
+        # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. 16-bit widths
+        # 129-256 on Hopper (the wide kernel, fused_mlp_wide.cu), H100: 256x3_b2^18 bf16 CUDA 155 us,
+        # Triton 848, eager 471 (bench/results/2026-11-25-h100-fused-mlp-s10). Not benchmarked: the
+        # wide kernel on an H200, and GPUs before Hopper, where the padded mma.sync kernel (100 us
+        # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
     )

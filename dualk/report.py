@@ -75,6 +75,31 @@ def is_smoke(report: Report) -> bool:
     return report.env.get("mode") == SMOKE_MODE
 
 
+def merge_update(base: Report, newer: Report, source: str = "<update>") -> tuple[Report, list]:
+    """`base` with every (op, shape, dtype) group that `newer` measured replaced by newer's rows
+    (groups only newer has are appended; the dispatch-overhead rows stay base's): a partial rerun
+    after a kernel change updates a full run without rerunning it all. Both runs must come from
+    the same GPU model (a ValueError otherwise). Returns the merged report and the (op, shape,
+    dtype) groups taken from `newer`, for the page to say so."""
+    gpu, newer_gpu = base.env.get("gpu"), newer.env.get("gpu")
+    if gpu != newer_gpu:
+        raise ValueError(f"{source}: measured on {newer_gpu!r}, the base run on {gpu!r}")
+    taken = {(r.op, r.shape, r.dtype) for r in measured_rows(newer)}
+    rows: list[Row] = []
+    placed: set = set()
+    for r in base.rows:
+        key = (r.op, r.shape, r.dtype)
+        if r.kind == "overhead" or key not in taken:
+            rows.append(r)
+        elif key not in placed:  # newer's rows of the group, where base had the group
+            placed.add(key)
+            rows += [n for n in measured_rows(newer) if (n.op, n.shape, n.dtype) == key]
+    rows += [n for n in measured_rows(newer) if (n.op, n.shape, n.dtype) not in placed]
+    keys = ((r.op, r.shape, r.dtype) for r in rows if r.kind != "overhead")
+    groups = [k for k in dict.fromkeys(keys) if k in taken]  # in the page's order
+    return Report(dict(base.env), dict(base.ceilings), rows), groups
+
+
 # ---------------------------------------------------------------------------- files
 def report_from_json(data: dict, source: str = "<json>") -> Report:
     """A Report from `Report.to_json()` output; unknown row keys are ignored (newer files)."""

@@ -394,3 +394,34 @@ def test_plot_without_matplotlib_says_how_to_install(runner, tmp_path, monkeypat
         runner, "bench", "--op", "add", "--backend", "torch", "--plot", str(tmp_path / "p.png")
     )
     assert result.exit_code == 0 and "the CPU smoke check has no timings to plot" in result.output
+
+
+def test_report_update_replaces_the_rerun_groups_and_names_their_file(runner, tmp_path):
+    base = fake_report()
+    extra = Row("add", "n=4", "4", "float32", "dualk:cuda", "dualk", us=3.0, ok=True)
+    base = Report(base.env, base.ceilings, [*base.rows[:-1], extra, base.rows[-1]])
+    newer = fake_report(cuda_us=7.0, triton_us=9.0)  # the matmul group rerun
+    newer.env["date"] = "2026-12-01T00:00:00+00:00"
+    merged, groups = rep.merge_update(base, newer, "newer.json")
+    assert groups == [("matmul", "1024x1024x1024", "bfloat16")]
+    by_impl = {r.impl: r for r in merged.rows if r.op == "matmul"}
+    assert by_impl["dualk:cuda"].us == 7.0 and by_impl["dualk:triton"].us == 9.0
+    assert len(merged.rows) == len(base.rows)  # replaced, not appended twice
+    assert [r.op for r in merged.rows if r.kind != "overhead"][-1] == "add"  # base order kept
+    assert merged.rows[-1].kind == "overhead" and merged.env == base.env
+
+    other_gpu = fake_report()
+    other_gpu.env["gpu"] = "NVIDIA H200"
+    with pytest.raises(ValueError, match="H200"):
+        rep.merge_update(base, other_gpu, "h200.json")
+
+    src, upd = save(base, tmp_path / "base.json"), save(newer, tmp_path / "newer.json")
+    md = tmp_path / "BENCHMARKS.md"
+    result = invoke(runner, "report", str(src), "--update", str(upd), "--markdown", str(md))
+    assert result.exit_code == 0, result.output
+    text = md.read_text()
+    assert "Rows of matmul 1024x1024x1024 bfloat16 are from the later run [`newer.json`]" in text
+    assert f"--update {upd}" in text and "| 7.00 |" in text
+    bad = save(other_gpu, tmp_path / "h200.json")
+    result = invoke(runner, "report", str(src), "--update", str(bad))
+    assert result.exit_code == 2 and "H200" in result.output
