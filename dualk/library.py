@@ -253,7 +253,9 @@ def _fused_mlp_backward(ctx, grad):
     # backwards need the registered op.
     args = (x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
             ctx.needs_input_grad[0])  # fmt: skip
-    if getattr(ctx, "direct", False):
+    # create_graph=True (grad mode on in a backward) takes the direct call too: it records the
+    # backward on PyTorch's ops (mlp_backward._recorded_backward), which the op could not.
+    if getattr(ctx, "direct", False) or torch.is_grad_enabled():
         # Autograd takes the gradients as they come: views of one buffer need no copies.
         grad_x, grad_w, grad_b = run_fused_mlp_backward(*args, own_outputs=False)
     else:

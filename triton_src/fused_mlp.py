@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dualk import _alloc
+
 from .common import (
     ACT_NONE,
     KernelLauncher,
@@ -415,7 +417,7 @@ def fused_mlp(
             raise ValueError(f"activation must be one of {_MLP_ACTIVATIONS}, got {activation!r}")
         consts = _plans[plan_key] = _plan(list(widths), dtype, activation_id(activation), bias_mask)
     M = x2d.shape[0]
-    out = torch.empty((M, widths[-1]), dtype=dtype, device=x2d.device)
+    out = _alloc.empty((M, widths[-1]), dtype, x2d.device)  # NaN under DUALK_POISON
     if M == 0:
         return out
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from dualk import _alloc
+
 from .common import ACT_GELU_ERF, ACT_GELU_TANH
 from .matmul import _gemm
 
@@ -37,7 +39,7 @@ def linear_gelu(
         row = torch.nn.functional.gelu(bias.float(), approximate=approximate).to(x2d.dtype)
         return row.expand(M, N).contiguous()
 
-    c = torch.empty((M, N), dtype=x2d.dtype, device=x2d.device)
+    c = _alloc.empty((M, N), x2d.dtype, x2d.device)  # NaN under DUALK_POISON
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # (N,): the kernel reads it with unit stride
     # weight.t() is B (K, N) with stride_bk = weight.stride(1) (1 for a contiguous weight): the

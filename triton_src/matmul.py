@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dualk import _alloc
+
 from .common import (
     ACT_NONE,
     KernelLauncher,
@@ -667,7 +669,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool) -> torch.Tenso
             return torch.empty((M, N), dtype=a.dtype, device=a.device)
         if K == 0:
             return torch.zeros((M, N), dtype=a.dtype, device=a.device)
-        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        c = _alloc.empty((M, N), a.dtype, a.device)  # NaN under DUALK_POISON
         sa, sb = a.stride(), b.stride()
         _gemm(
             a, b, None, c, 1, M, N, K, 0, sa[0], sa[1], 0, sb[0], sb[1], 0, N, 1, ACT_NONE,
@@ -687,14 +689,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool) -> torch.Tenso
     # A batched A times a shared 2-D B whose batch rows are evenly spaced is one tall GEMM:
     # bigger tiles along M and no per-batch tail tiles.
     if a_dim == 3 and b_dim == 2 and sa[0] == M * sa[1]:
-        c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+        c = _alloc.empty(out_shape, a.dtype, a.device)
         _gemm(
             a, b, None, c, 1, batch * M, N, K, 0, sa[1], sa[2], 0, sb[1], sb[2], 0, N, 1,
             ACT_NONE, allow_tf32,
         )  # fmt: skip
         return c
 
-    c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+    c = _alloc.empty(out_shape, a.dtype, a.device)
     _gemm(
         a, b, None, c, batch, M, N, K, sa[0], sa[1], sa[2], sb[0], sb[1], sb[2], M * N, N, 1,
         ACT_NONE, allow_tf32,
