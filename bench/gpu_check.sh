@@ -8,7 +8,7 @@
 #   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
 # A carried build/cuda-cache.tgz seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE writes one.
 set -uo pipefail
-OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench] [suite] [bench args...]}
+OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench|integration|tests+integration] [suite] [bench args...]}
 STAGE=${2:-all}
 SUITE=${3:-default}
 shift $(( $# < 3 ? $# : 3 ))
