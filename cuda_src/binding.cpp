@@ -227,9 +227,10 @@ py::object fused_mlp_unsupported_reason(const std::vector<int64_t>& widths, int6
   return py::str(reason);
 }
 
-void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-               const std::vector<std::optional<at::Tensor>>& biases, at::Tensor& out,
-               int64_t activation) {
+// The launcher's arguments for these tensors (checked); the caller holds a device guard.
+dualk::FusedMlpArgs mlp_args(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                             const std::vector<std::optional<at::Tensor>>& biases,
+                             const at::Tensor& out, int64_t activation) {
   const size_t layers = weights.size();
   TORCH_CHECK(layers >= 1 && layers <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
                   biases.size() == layers,
@@ -245,7 +246,6 @@ void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
     widths.push_back(w.size(0));
   }
   auto args = mlp_shape(widths, dtype_code(out), activation);
-  const c10::cuda::CUDAGuard guard(out.device());
   args.x = x.data_ptr();
   args.stride_xm = x.stride(0);
   args.out = out.data_ptr();
@@ -261,6 +261,14 @@ void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
     }
   }
   args.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return args;
+}
+
+void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+               const std::vector<std::optional<at::Tensor>>& biases, at::Tensor& out,
+               int64_t activation) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  const auto args = mlp_args(x, weights, biases, out, activation);
   // The launcher plans the launch itself and refuses what it cannot hold; only then is the
   // (second) planning pass for the message worth its cost.
   const cudaError_t err = dualk::launch_fused_mlp(args, at::cuda::getCurrentCUDAStream());
@@ -269,6 +277,15 @@ void fused_mlp(const at::Tensor& x, const std::vector<at::Tensor>& weights,
     TORCH_CHECK(false, "dualk.fused_mlp: ", reason != nullptr ? reason : "invalid arguments");
   }
   check_launch("fused_mlp", err);
+}
+
+py::object fused_mlp_kernel(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                            const std::vector<std::optional<at::Tensor>>& biases,
+                            const at::Tensor& out, int64_t activation) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  const char* name = dualk::fused_mlp_kernel_name(mlp_args(x, weights, biases, out, activation));
+  if (name == nullptr) return py::none();
+  return py::str(name);
 }
 
 }  // namespace
@@ -284,4 +301,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_mlp", &fused_mlp, "the whole MLP in one launch");
   m.def("fused_mlp_unsupported_reason", &fused_mlp_unsupported_reason,
         "None if the fused kernel holds these widths on chip, else why not");
+  m.def("fused_mlp_kernel", &fused_mlp_kernel,
+        "which kernel fused_mlp launches for these tensors (None: it would refuse them)");
 }

@@ -327,6 +327,7 @@ struct MlpPlan {
   wide::KernelFn wide_kernel;  // likewise (with its own arguments: tensor maps of x and the weights)
   int threads;
   int smem_bytes;
+  const char* kernel_name;  // what fused_mlp_kernel_name reports (tests and dualk.explain)
 };
 
 thread_local char g_reason[256];
@@ -384,6 +385,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
   KernelFn kernel = nullptr;
   Tf32KernelFn tf32_kernel = nullptr;
   wide::KernelFn wide_kernel = nullptr;
+  const char* kernel_name = nullptr;
 
   if (a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
@@ -422,14 +424,19 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
         smem = padded_smem;
         kernel = pick_padded_kernel(a.dtype, bucket, a.activation);
         // Hopper: the same MLP on wgmma (fused_mlp_sm90.cu) when its plan fits; else as above.
-        plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem);
+        kernel_name = plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem)
+                          ? "sm90 wgmma, resident weights"
+                          : "mma.sync, resident padded weights";
       }
     }
   }
   if (allow_wide && a.dtype != DType::kFloat32 && max_width > 128) {
     // Hopper: one launch that streams the weights (fused_mlp_wide.cu), where TMA allows.
     wide_kernel = plan_fused_mlp_wide(a, device, p, smem);
-    if (wide_kernel != nullptr) threads = wide::kThreads;
+    if (wide_kernel != nullptr) {
+      threads = wide::kThreads;
+      kernel_name = "sm90 wgmma wide, TMA-streamed weights";
+    }
   }
   if (kernel == nullptr && wide_kernel == nullptr && a.dtype != DType::kFloat32) {
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
@@ -484,6 +491,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     smem = p.act_area_offset + warps * per_warp_bytes;
     p.num_tiles = ceil_div(a.m, static_cast<int64_t>(warps) * warp_rows);
     kernel = pick_mma_kernel(a.dtype, bucket, a.activation);
+    kernel_name = p.num_groups == 1 ? "mma.sync, resident weights" : "mma.sync, weight groups";
   }
   if (a.dtype == DType::kFloat32) {
     // Rows per block tile: one tile per SM, so a batch fills the GPU in one wave and each SM
@@ -547,11 +555,15 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     p.bulk_weights = bulk && p.k_slab == 0;
     p.num_tiles = ceil_div(a.m, p.tile_rows);
     kernel = pick_by_activation<SimtPick>(a.activation);
+    kernel_name = p.k_slab > 0 ? "fp32 SIMT, k-slab weights" : "fp32 SIMT, resident weights";
     // 32-row tiles (batches of >= ~31 rows per SM) on Hopper: the tensor-core kernel, when the
     // weights allow TMA and everything fits in shared memory (fused_mlp_tf32.cu).
     if (p.tile_rows == 32) {
       tf32_kernel = plan_fused_mlp_tf32x3(a, device, p, smem);
-      if (tf32_kernel != nullptr) threads = kTf32Threads;
+      if (tf32_kernel != nullptr) {
+        threads = kTf32Threads;
+        kernel_name = "sm90 3xTF32 wgmma";
+      }
     }
   }
   if (smem > smem_limit)
@@ -564,8 +576,21 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     plan->wide_kernel = wide_kernel;
     plan->threads = threads;
     plan->smem_bytes = smem;
+    plan->kernel_name = kernel_name;
   }
   return nullptr;
+}
+
+// The launcher's plan for these arguments, with its fallback when the driver refuses the wide
+// kernel's tensor maps (a null kernel name and the reason when nothing can run them).
+const char* launch_plan(const FusedMlpArgs& args, MlpPlan& plan, wide::Maps& maps,
+                        wide::Params& params) {
+  const char* why = plan_fused_mlp(args, &plan);
+  // The wide kernel's tensor maps: should the driver refuse one that wide::unfit_reason let
+  // through, the MLP takes the kernel it took before the wide one existed, not an error.
+  if (why == nullptr && plan.wide_kernel != nullptr && !wide::make_launch_args(args, maps, params))
+    why = plan_fused_mlp(args, &plan, /*allow_wide=*/false);
+  return why;
 }
 
 }  // namespace
@@ -575,21 +600,24 @@ const char* fused_mlp_unsupported_reason(const FusedMlpArgs& args) {
   return mlp::plan_fused_mlp(args, nullptr);
 }
 
+const char* fused_mlp_kernel_name(const FusedMlpArgs& args) {
+  mlp::MlpPlan plan;
+  mlp::wide::Maps maps;
+  mlp::wide::Params params;
+  return mlp::launch_plan(args, plan, maps, params) == nullptr ? plan.kernel_name : nullptr;
+}
+
 cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   using namespace mlp;
-  MlpPlan plan;
-  if (plan_fused_mlp(args, &plan) != nullptr) return cudaErrorInvalidValue;
-  if (args.m == 0) return cudaSuccess;
+  if (args.m == 0)
+    return plan_fused_mlp(args, nullptr) == nullptr ? cudaSuccess : cudaErrorInvalidValue;
   if (args.x == nullptr || args.out == nullptr) return cudaErrorInvalidValue;
   for (int i = 0; i < args.num_layers; ++i)
     if (args.weights[i] == nullptr) return cudaErrorInvalidValue;
-  // The wide kernel's tensor maps: should the driver refuse one that wide::unfit_reason let
-  // through, the MLP takes the kernel it took before the wide one existed, not an error.
+  MlpPlan plan;
   wide::Maps wide_maps;
   wide::Params wide_params;
-  if (plan.wide_kernel != nullptr && !wide::make_launch_args(args, wide_maps, wide_params) &&
-      plan_fused_mlp(args, &plan, /*allow_wide=*/false) != nullptr)
-    return cudaErrorInvalidValue;
+  if (launch_plan(args, plan, wide_maps, wide_params) != nullptr) return cudaErrorInvalidValue;
 
   const void* kernel = plan.tf32_kernel != nullptr   ? reinterpret_cast<const void*>(plan.tf32_kernel)
                        : plan.wide_kernel != nullptr ? reinterpret_cast<const void*>(plan.wide_kernel)

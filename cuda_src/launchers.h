@@ -103,6 +103,9 @@ struct FusedMlpArgs {
 // nullptr when launch_fused_mlp can hold this MLP on chip, else a static string saying why not
 // (the Python layer then falls back to a per-layer chain and dualk.explain shows the reason).
 const char* fused_mlp_unsupported_reason(const FusedMlpArgs& args);
+// Which kernel launch_fused_mlp takes for these arguments (pointers included: alignment
+// decides some plans), as a static string; nullptr where it would refuse them.
+const char* fused_mlp_kernel_name(const FusedMlpArgs& args);
 cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream);
 
 }  // namespace dualk

@@ -581,16 +581,19 @@ def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
         _check_linear("linear_gelu", a["x"], a["weight"], a["bias"])
         validate.choice("linear_gelu", "approximate", a["approximate"], GELU_APPROXIMATIONS)
         return (a["x"], a["weight"], a["bias"], a["approximate"]), backend
-    weights, biases = _mlp_lists(a["weights"], a["biases"])
-    _check_mlp(a["x"], weights, biases, a["activation"])
-    return (a["x"], weights, biases, a["activation"]), backend
+    if op_name == "fused_mlp":
+        weights, biases = _mlp_lists(a["weights"], a["biases"])
+        _check_mlp(a["x"], weights, biases, a["activation"])
+        return (a["x"], weights, biases, a["activation"]), backend
+    raise NotImplementedError(f"dualk.explain: no argument mapping for operator {op_name!r}")
 
 
 def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:
     """Which backend `dualk.<op_name>(*args, **kwargs)` would run on, where that choice came
     from, and why each other backend is or is not available. Arguments as in the call itself,
-    positional or by keyword (backend= included). Runs nothing but, for "auto" on a GPU, the
-    autotuner's timing when this shape class has not been timed yet."""
+    positional or by keyword (backend= included). Runs no kernel and never times: for "auto" on
+    a shape class not tuned yet it says so (the first call will time the candidates). For
+    fused_mlp on the CUDA backend it names the kernel the planner takes."""
     from .registry import get
 
     spec = get(op_name)
@@ -602,4 +605,10 @@ def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:
             expl.notes.append(
                 f"not fused: {reason}; runs as a per-layer chain of {expl.backend} kernels"
             )
+        elif expl.backend == "cuda" and impl_args[0].is_cuda:
+            from .backends import cuda as cuda_backend
+
+            with _device_of(impl_args[0]):
+                kernel = cuda_backend.fused_mlp_kernel(*impl_args)
+            expl.notes.append(f"CUDA kernel: {kernel}")
     return expl

@@ -90,3 +90,31 @@ def test_cuda_and_triton_agree(op, dtype):
             f"{case.name}: cuda and triton differ by {diff.max().item():.3g} "
             f"(PyTorch's own error {torch_err:.3g}) at {divmod(int(diff.argmax()), ref.shape[-1])}"
         )
+
+
+WIDE_CASES = [c.name for c in OPS["fused_mlp"].cases if c.name.startswith("wide_")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case_name", WIDE_CASES)
+def test_wide_fused_mlp_cases_take_the_kernel_they_test(case_name, dtype):
+    """The wide_* cases above pass on any kernel; this one checks that on Hopper the planner
+    gives the one-launch wide kernel every case not named *_fallback, and the others not (a
+    planner slip would otherwise cost 3-4x silently: 155 vs 579 us at 256x3, H100), and that
+    dualk.explain names that kernel."""
+    if not HAS_CUDA or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wide fused MLP kernel is built for compute capability 9.0 only")
+    reason = unavailable_reason("cuda", DEVICE)
+    if reason is not None:
+        pytest.skip(reason)
+    from dualk.backends import cuda as cuda_backend
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"wide-kernel/{case_name}".encode()))
+    sample = OPS["fused_mlp"].case(case_name).make(dtype, DEVICE, gen)
+    x, weights, biases = sample.args
+    activation = sample.kwargs.get("activation", "relu")
+    kernel = cuda_backend.fused_mlp_kernel(x, weights, biases, activation)
+    wide = kernel is not None and "wide" in kernel
+    assert wide != case_name.endswith("_fallback"), f"{case_name}/{dtype}: planner took {kernel!r}"
+    notes = dualk.explain("fused_mlp", x, weights, biases, activation=activation, backend="cuda")
+    assert f"CUDA kernel: {kernel}" in notes.notes, notes

@@ -474,6 +474,25 @@ def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> s
     return extension().fused_mlp_unsupported_reason(list(widths), DTYPE_CODES[dtype], 0)
 
 
+def fused_mlp_kernel(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    activation: str = "relu",
+) -> str | None:
+    """Which CUDA kernel fused_mlp would launch for these tensors (the planner's choice, with its
+    fallbacks; alignment and the GPU decide some), e.g. "sm90 wgmma wide, TMA-streamed weights";
+    None where it would refuse them. Launches nothing (dualk.explain and the tests ask it)."""
+    x2d = as_rows(x)
+    if not _unit_stride(x2d, 1):
+        x2d = x2d.contiguous()
+    out = torch.empty((x2d.shape[0], weights[-1].shape[0]), dtype=x.dtype, device=x.device)
+    return extension().fused_mlp_kernel(
+        x2d, [w.contiguous() for w in weights],
+        [None if b is None else b.contiguous() for b in biases], out, ACTIVATION_CODES[activation],
+    )  # fmt: skip
+
+
 def fused_mlp(
     x: torch.Tensor,
     weights: Sequence[torch.Tensor],
