@@ -20,7 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dualk import autotune, cli
+from dualk import autotune, cli, registry
 from dualk.backends import torch_ref
 from dualk.registry import OPS
 
@@ -811,3 +811,28 @@ def test_cli_tune_without_gpu_says_it_cannot(monkeypatch):
     assert "No CUDA GPU found: cannot tune" in res.output
     res = CliRunner().invoke(cli.main, ["tune", "--op", "add", "--shape", "nope"])
     assert res.exit_code == 2 and "no shape case" in res.output
+
+
+def test_heuristic_gives_wide_mlps_to_cuda_only_where_the_planner_takes_the_wide_kernel(
+    monkeypatch,
+):
+    """The untimed rule for fused_mlp: CUDA up to 128 wide; 129-256 wide only where the CUDA
+    planner says its wide Hopper kernel runs the call (asked, here faked), else torch. The GPU
+    side (the planner's real answers) is tests/test_parity.py's wide-kernel test."""
+    spec = OPS["fused_mlp"]
+    gen = torch.Generator().manual_seed(7)
+
+    def args(widths):
+        weights, biases = registry.mlp_parameters(widths, torch.float16, "cpu", gen)
+        return (registry.randn((5, widths[0]), torch.float16, "cpu", gen), weights, biases, "relu")
+
+    everything = ["cuda", "triton", "torch"]
+    assert autotune.heuristic(spec, args((64, 128, 10)), everything)[0] == "cuda"
+    for planner_says, expected in ((True, "cuda"), (False, "torch")):
+        monkeypatch.setattr(autotune, "_takes_wide_mlp_kernel", lambda a, s=planner_says: s)
+        chosen, rule = autotune.heuristic(spec, args((256, 256, 64)), everything)
+        assert chosen == expected, rule
+    assert autotune.heuristic(spec, args((256, 320, 64)), everything)[0] == "torch"  # > 256
+    assert autotune.heuristic(spec, args((64, 128, 10)), ["triton", "torch"])[0] == "torch"
+    monkeypatch.undo()
+    assert not autotune._takes_wide_mlp_kernel(args((256, 256, 64)))  # CPU tensors: never

@@ -118,3 +118,9 @@ def test_wide_fused_mlp_cases_take_the_kernel_they_test(case_name, dtype):
     assert wide != case_name.endswith("_fallback"), f"{case_name}/{dtype}: planner took {kernel!r}"
     notes = dualk.explain("fused_mlp", x, weights, biases, activation=activation, backend="cuda")
     assert f"CUDA kernel: {kernel}" in notes.notes, notes
+    # auto's untimed rule (capture, tracing, DUALK_AUTOTUNE=0) follows the planner.
+    from dualk import autotune
+
+    args = (x, weights, biases, activation)
+    chosen, rule = autotune.heuristic(OPS["fused_mlp"], args, ["cuda", "triton", "torch"])
+    assert chosen == ("cuda" if wide else "torch"), rule
