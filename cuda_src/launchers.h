@@ -13,7 +13,8 @@ namespace dualk {
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 inline int element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }  // bytes
 
-// Activations applied to an fp32 value before the down-cast; same numbering as dualk/registry.py.
+// Activations applied to an fp32 value before the down-cast; numbered as dualk/backends/cuda.py
+// (ACTIVATION_CODES) and triton_src/common.py (ACT_*) number them.
 enum class Activation : int { kNone = 0, kRelu = 1, kGeluTanh = 2, kGeluErf = 3, kSilu = 4 };
 
 // ---------------------------------------------------------------- elementwise (add, relu_scale)
@@ -62,7 +63,10 @@ struct GemmArgs {
   int64_t stride_c_batch, stride_cm;
   DType dtype;
   Activation activation;
-  bool allow_tf32;  // fp32 only: PyTorch's torch.backends.cuda.matmul.allow_tf32
+  // PyTorch's torch.backends.cuda.matmul.allow_tf32, passed along but read by no kernel: the
+  // CUDA GEMMs compute fp32 exactly whatever the switch says (auto's key keeps TF32 calls a
+  // class of their own, where PyTorch's TF32 path competes).
+  bool allow_tf32;
   // Split-K scratch (fp32 partial products), sized by gemm_split_k_workspace_floats; nullptr
   // (the default) runs without split-K.
   float* workspace;

@@ -314,11 +314,3 @@ def _(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
 
 
 fused_mlp.register_autograd(_fused_mlp_backward, setup_context=_fused_mlp_setup)
-
-OPERATORS = {
-    "add": add,
-    "relu_scale": relu_scale,
-    "matmul": matmul,
-    "linear_gelu": linear_gelu,
-    "fused_mlp": fused_mlp,
-}

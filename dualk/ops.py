@@ -44,7 +44,6 @@ GELU_APPROXIMATIONS = ("tanh", "none")
 _FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
-_PLAIN = (torch.Tensor, Parameter)
 _Tensor = torch.Tensor
 _F32 = torch.float32
 

@@ -202,3 +202,24 @@ def test_auto_order_can_differ_by_dtype():
     assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float32)][0] == "cuda"
     assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float16)][0] == "triton"
     assert [b for b, _ in dispatch.auto_candidates(spec, cpu, torch.float16)][-1] == "torch"
+
+
+def test_every_per_operator_table_covers_exactly_the_registry():
+    """The registry is the one list of operators; the few tables keyed by operator elsewhere
+    (hot-path code that cannot afford a registry lookup, autotune's key functions) must name
+    exactly its operators, or a new operator would fail far from where it was added."""
+    from dualk import autotune, eager_autograd, library, ops
+    from dualk.registry import OPS
+
+    names = set(OPS)
+    tables = {
+        "autotune.KEY_FUNCTIONS": autotune.KEY_FUNCTIONS,
+        "autotune.FIELDS": autotune.FIELDS,
+        "eager_autograd._OPS": eager_autograd._OPS,
+        "ops._PUBLIC": ops._PUBLIC,
+    }
+    for where, table in tables.items():
+        assert set(table) == names, f"{where} has {sorted(table)}, the registry {sorted(names)}"
+    for name in names:  # a public function, a registered op, a custom-op wrapper each
+        assert callable(getattr(ops, name)) and hasattr(torch.ops.dualk, name)
+        assert callable(getattr(library, f"run_{name}"))

@@ -78,7 +78,7 @@ from .common import (
     ptr_spec,
     tuned_config,
 )
-from .fused_mlp import MAX_LAYERS, _load_rows, _load_weight, _padded
+from .fused_mlp import MAX_LAYERS, _load_rows, _load_weight, _m_bucket, _padded
 
 # Widest padded layer: the backward holds a tile's activations of every layer plus dZ / dH
 # blocks in registers at once; 256 (the forward's limit) leaves no room at any BLOCK_M. fp32
@@ -91,8 +91,6 @@ MAX_PADDED_WIDTH_BWD_FP32 = 64
 # the backward dot in two layouts. Checked by compiling for sm_90a with Triton 3.9: 64x8 fp16
 # takes 172 KiB, 128-128-128-16 fp16 (68 KiB of weights, rejected) would take 220 KiB.
 MAX_RESIDENT_WEIGHT_BYTES_BWD = 128 * 1024
-
-_MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 
 
 def fused_mlp_backward_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
@@ -699,13 +697,6 @@ class _Plan:
         return mask
 
 
-def _m_bucket(m: int) -> int:
-    for bucket, limit in enumerate((64, 1024, 16384, 262144)):
-        if m <= limit:
-            return bucket
-    return 4
-
-
 def _candidate_configs(m: int, dtype: torch.dtype) -> list[tuple]:
     configs = fused_mlp_backward_configs(dtype)
     limit = max(16, triton.next_power_of_2(m))
@@ -744,8 +735,6 @@ def fused_mlp_backward(
     plan_key = (widths, dtype, activation, bias_mask)
     plan = _plans.get(plan_key)
     if plan is None:
-        if activation not in _MLP_ACTIVATIONS:
-            raise ValueError(f"activation must be one of {_MLP_ACTIVATIONS}, got {activation!r}")
         plan = _plans[plan_key] = _Plan(list(widths), dtype, activation_id(activation), bias_mask)
     M = x2d.shape[0]
     if tuple(grad_out2d.shape) != (M, widths[-1]):
