@@ -116,6 +116,25 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* smem_r
                : "r"(addr));
 }
 
+// 32-bit shared-memory address forms of the copy/ldmatrix wrappers above: main loops keep one
+// 32-bit base per operand instead of 64-bit generic pointers.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+}
+__device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_u32(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // D = A * B + D for one 16x8x16 tile, fp32 accumulators. T is __half or __nv_bfloat16.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
@@ -168,8 +187,13 @@ template <> __device__ __forceinline__ uint32_t relu2<__nv_bfloat16>(uint32_t v)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace sm90 {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+using ::dualk::smem_u32;  // callers write sm90::smem_u32 beside the other sm90 primitives
+
+// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before reads of
+// the async proxy (TMA, wgmma's shared operands); a barrier then makes them visible to the
+// other threads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {

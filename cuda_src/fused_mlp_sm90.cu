@@ -94,13 +94,8 @@ constexpr int kWgmmaWarpRows = 16;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mlp_sm90 {
 
-using namespace ::dualk::sm90;  // smem_u32, wgmma_fence / commit / wait, fence_acc (common.cuh)
+using namespace ::dualk::sm90;  // smem_u32, fence_proxy_async, wgmma_fence / commit / wait, fence_acc (common.cuh)
 
-// Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before reads of
-// the async proxy (wgmma's B operand); a barrier then makes them visible to the other threads.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 // Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle, split in its two
 // 32-bit words: low = start address >> 4 (bits 0-13) | LBO 1 (unused with swizzle, bits 16-29);
 // high = SBO 1024 >> 4 (8-row groups, bits 32-45) | swizzle mode 1 (bits 62-63). Offsets inside
@@ -168,11 +163,6 @@ __device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* src, bo
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
                "l"(src), "r"(static_cast<int>(pred))
                : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // relu(lo), relu(hi) rounded and packed in one instruction (cvt.rn.relu: negative -> 0, NaN

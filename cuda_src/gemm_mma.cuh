@@ -33,25 +33,6 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
     return row * 32 + ((chunk ^ ((row >> 1) & 3)) * 8);
 }
 
-// 32-bit shared-memory address forms of the common.cuh copy/ldmatrix wrappers: the main loop keeps
-// one 32-bit base per operand instead of 64-bit generic pointers.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem_src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
-}
-__device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans_u32(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // Tile: kBlockM x kBlockN x kBlockK block tile, kWarpsM x kWarpsN warps, kStages-deep cp.async
 // pipeline, kMinBlocks for __launch_bounds__ (see TcLarge/TcMedium/TcSmall below).
 template <typename Tile, bool kBKMajor>
