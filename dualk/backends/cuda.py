@@ -410,28 +410,30 @@ def _unit_stride(t: torch.Tensor, dim: int) -> bool:
     return t.stride(dim) == 1 or t.size(dim) <= 1
 
 
-def _as_gemm_a(a3: torch.Tensor) -> torch.Tensor:
-    """(batch, m, k) with unit stride along k: native for row-major and sliced views; a
+def _as_gemm_a(a: torch.Tensor) -> torch.Tensor:
+    """(m, k) or (batch, m, k) with unit stride along k: native for row-major and sliced views; a
     transposed A is copied once (the kernels read A along k)."""
-    return a3 if _unit_stride(a3, 2) else a3.contiguous()
+    return a if _unit_stride(a, -1) else a.contiguous()
 
 
-def _as_gemm_b(b3: torch.Tensor) -> torch.Tensor:
-    """(batch, k, n) with unit stride along n (row-major B) or along k (an nn.Linear weight's
-    transpose): both native; anything else is copied once."""
-    return b3 if _unit_stride(b3, 2) or _unit_stride(b3, 1) else b3.contiguous()
+def _as_gemm_b(b: torch.Tensor) -> torch.Tensor:
+    """(k, n) or (batch, k, n) with unit stride along n (row-major B) or along k (an nn.Linear
+    weight's transpose): both native; anything else is copied once."""
+    return b if _unit_stride(b, -1) or _unit_stride(b, -2) else b.contiguous()
 
 
+# The launchers take 2-dim operands as one batch entry and an nn.Linear weight as it is: no view
+# ops here (unsqueeze, t(), out[0], reshape cost ~1 us of host time each).
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    batched = a.dim() == 3 or b.dim() == 3
-    a3 = a if a.dim() == 3 else a.unsqueeze(0)
-    b3 = b if b.dim() == 3 else b.unsqueeze(0)
-    batch = a3.shape[0] if a.dim() == 3 else b3.shape[0]  # a 2-dim operand is broadcast
-    m, n = a3.shape[1], b3.shape[2]
-    out = _alloc.empty((batch, m, n), a.dtype, a.device)
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        out = _alloc.empty((m, n), a.dtype, a.device)
+    else:
+        batch = a.shape[0] if a.dim() == 3 else b.shape[0]  # a 2-dim operand is broadcast
+        out = _alloc.empty((batch, m, n), a.dtype, a.device)
     if out.numel():
-        extension().matmul(_as_gemm_a(a3), _as_gemm_b(b3), out, allow_tf32(a.dtype))
-    return out if batched else out[0]
+        extension().matmul(_as_gemm_a(a), _as_gemm_b(b), out, allow_tf32(a.dtype))
+    return out
 
 
 def linear_gelu(
@@ -441,14 +443,17 @@ def linear_gelu(
     approximate: str = "tanh",
 ) -> torch.Tensor:
     x2d = as_rows(x)
-    out = _alloc.empty((1, x2d.shape[0], weight.shape[0]), x.dtype, x.device)
+    out = _alloc.empty((x2d.shape[0], weight.shape[0]), x.dtype, x.device)
     if out.numel():
         act = ACTIVATION_CODES["gelu_tanh" if approximate == "tanh" else "gelu_erf"]
+        if not (_unit_stride(weight, 1) or _unit_stride(weight, 0)):
+            weight = weight.contiguous()  # B = weight^T needs unit stride along k or n
         bias = None if bias is None else bias.contiguous()
         extension().linear_gelu(
-            _as_gemm_a(x2d.unsqueeze(0)), _as_gemm_b(weight.t().unsqueeze(0)), bias, out, act,
-            allow_tf32(x.dtype),
+            _as_gemm_a(x2d), weight, bias, out, act, allow_tf32(x.dtype)
         )  # fmt: skip
+    if x.dim() == 2:
+        return out
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
