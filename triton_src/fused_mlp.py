@@ -24,6 +24,7 @@ from .common import (
     dot_in_fp32,
     int_spec,
     interpreting,
+    next_pow2,
     num_sms,
     ptr_spec,
     tuned_config,
@@ -346,7 +347,7 @@ def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[tuple]:
         configs = list(
             _CLASS_CONFIGS["w64" if widest <= 64 else "w128" if widest <= 128 else "w256"]
         )
-    limit = max(16, triton.next_power_of_2(m))
+    limit = max(16, next_pow2(m))
     fitting = [c for c in configs if c[0] <= limit]
     return fitting or [min(configs, key=lambda c: c[0])]
 
