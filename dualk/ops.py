@@ -42,10 +42,38 @@ MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
 
 _FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
+# torch.autocast: one C call when it is off (the common case); Dynamo traces the per-device
+# checks in _autocast_dtype itself, so under torch.compile those are asked directly.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_F64 = torch.float64
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _F32 = torch.float32
+
+
+def _autocast_dtype(t) -> torch.dtype | None:
+    """The dtype torch.autocast runs matmul-like ops in on t's device type, or None when autocast
+    is off there (or t is no tensor: the checks then name it)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    device_type = t.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _autocast(dtype: torch.dtype, t):
+    """Autocast's cast for matmul-like ops (as for F.linear / torch.mm): floating tensors other
+    than float64 to the autocast dtype; differentiable, so gradients reach fp32 parameters."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype is not dtype
+        and t.dtype is not _F64
+        and t.is_floating_point()
+    ):
+        return t.to(dtype)
+    return t
 
 
 def _recorded(*tensors) -> bool:
@@ -211,7 +239,10 @@ def _check_relu_scale(x, scale) -> None:
 def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """`a @ b` for (M, K) @ (K, N) -> (M, N) and (B, M, K) @ (B, K, N) -> (B, M, N) (a 2-dim
     operand is broadcast over the other's batch). fp32 accumulation; fp32 inputs use TF32 only
-    when torch.backends.cuda.matmul.allow_tf32 allows it."""
+    when torch.backends.cuda.matmul.allow_tf32 allows it. Under torch.autocast the inputs are
+    cast to its dtype first, as for torch.matmul."""
+    if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(a)) is not None:
+        a, b = _autocast(dtype, a), _autocast(dtype, b)
     if _direct(a, b):
         return _run_matmul(a, b, backend)
     if _recorded(a, b):
@@ -283,7 +314,10 @@ def linear_gelu(
     backend: str = "auto",
 ) -> torch.Tensor:
     """`gelu(x @ weight.T + bias)` with nn.Linear's layout: x (..., in), weight (out, in), bias
-    (out,) or None; `approximate` as in torch.nn.functional.gelu ("tanh" or "none")."""
+    (out,) or None; `approximate` as in torch.nn.functional.gelu ("tanh" or "none"). Under
+    torch.autocast the inputs are cast to its dtype first, as for F.linear."""
+    if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
+        x, weight, bias = _autocast(dtype, x), _autocast(dtype, weight), _autocast(dtype, bias)
     if _direct(x, weight, bias):
         return _run_linear_gelu(x, weight, bias, approximate, backend)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
@@ -379,8 +413,13 @@ def fused_mlp(
     weights[i] in nn.Linear layout (out_i, in_i); biases[i] (out_i,) or None (or `biases=None`
     for none at all); the activation ("relu", "gelu" = "gelu_tanh", "gelu_erf", "silu" or "none")
     follows every layer but the last; x (..., in_0). Widths too large for the fused kernels run
-    as a per-layer chain of the same backend's kernels (dualk.explain says so)."""
+    as a per-layer chain of the same backend's kernels (dualk.explain says so). Under
+    torch.autocast x, the weights and the biases are cast to its dtype first, as for F.linear."""
     weights, biases = _mlp_lists(weights, biases)
+    if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
+        x = _autocast(dtype, x)
+        weights = [_autocast(dtype, w) for w in weights]
+        biases = [_autocast(dtype, b) for b in biases]
     if _direct(x, *weights, *biases):
         return _run_fused_mlp(x, weights, biases, activation, backend)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
