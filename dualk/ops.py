@@ -45,6 +45,10 @@ _FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
 # torch.autocast: one C call when it is off (the common case); Dynamo traces the per-device
 # checks in _autocast_dtype itself, so under torch.compile those are asked directly.
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+# torch.func transforms (vmap, grad, jacrev, ...) wrap tensors that have no storage for a kernel
+# to read, and dualk's autograd.Function does not compose with them: under a transform the ops
+# run PyTorch's implementation, which does (0.04 us a call to ask).
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _F64 = torch.float64
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
@@ -93,7 +97,7 @@ def _direct(*tensors) -> bool:
     torch.Tensor or nn.Parameter (fake tensors and other subclasses go through the custom op),
     and no gradient to record. Non-tensors also take the direct route, whose validation names
     them (the custom op's schema check would not)."""
-    if _is_compiling():
+    if _is_compiling() or _transforms_active():
         return False
     grad = _is_grad_enabled()
     for t in tensors:
@@ -147,8 +151,12 @@ def add(
         and ((cls := type(a)) is _Tensor or cls is Parameter)
         and ((cls := type(b)) is _Tensor or cls is Parameter)
         and not (_is_grad_enabled() and (a.requires_grad or b.requires_grad))
+        and not _transforms_active()
     ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
+    if not _is_compiling() and _transforms_active():
+        _check_add(a, b, alpha)
+        return _ADD.implementation("torch")(a, b, float(alpha))
     alpha = validate.real_number("add", "alpha", alpha)
     if _recorded(a, b):
         return eager_autograd.apply("add", a, b, alpha, backend)
@@ -208,8 +216,12 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
         not _is_compiling()
         and ((cls := type(x)) is _Tensor or cls is Parameter)
         and not (_is_grad_enabled() and x.requires_grad)
+        and not _transforms_active()
     ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
+    if not _is_compiling() and _transforms_active():
+        _check_relu_scale(x, scale)
+        return _RELU_SCALE.implementation("torch")(x, float(scale))
     scale = validate.real_number("relu_scale", "scale", scale)
     if _recorded(x):
         return eager_autograd.apply("relu_scale", x, scale, backend)
@@ -243,6 +255,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     cast to its dtype first, as for torch.matmul."""
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(a)) is not None:
         a, b = _autocast(dtype, a), _autocast(dtype, b)
+    if not _is_compiling() and _transforms_active():
+        _check_matmul(a, b)
+        return _MATMUL.implementation("torch")(a, b)
     if _direct(a, b):
         return _run_matmul(a, b, backend)
     if _recorded(a, b):
@@ -318,6 +333,10 @@ def linear_gelu(
     torch.autocast the inputs are cast to its dtype first, as for F.linear."""
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x, weight, bias = _autocast(dtype, x), _autocast(dtype, weight), _autocast(dtype, bias)
+    if not _is_compiling() and _transforms_active():
+        _check_linear("linear_gelu", x, weight, bias)
+        validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
+        return _LINEAR_GELU.reference(x, weight, bias, approximate)
     if _direct(x, weight, bias):
         return _run_linear_gelu(x, weight, bias, approximate, backend)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
@@ -420,6 +439,9 @@ def fused_mlp(
         x = _autocast(dtype, x)
         weights = [_autocast(dtype, w) for w in weights]
         biases = [_autocast(dtype, b) for b in biases]
+    if not _is_compiling() and _transforms_active():
+        _check_mlp(x, weights, biases, activation)
+        return _FUSED_MLP.implementation("torch")(x, weights, biases, activation)
     if _direct(x, *weights, *biases):
         return _run_fused_mlp(x, weights, biases, activation, backend)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
