@@ -12,6 +12,7 @@ import torch
 from conftest import DEVICE
 from torch import nn
 
+import dualk
 from dualk.backends import unavailable_reason
 from dualk.nn import FusedMLP, LinearGELU
 
@@ -427,3 +428,31 @@ def test_inference_plan_is_not_pickled():
     with torch.no_grad():
         x = torch.randn(3, 8, device=DEVICE)
         assert torch.equal(copied(x), m(x))
+
+
+def test_torch_export_keeps_dualk_ops_with_a_dynamic_batch():
+    """torch.export of a model using dualk's modules and ops: one dualk custom-op node per call
+    (no decomposition into PyTorch ops), a dynamic batch dimension, and the eager answer."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = dualk.nn.LinearGELU(8, 16)
+            self.mlp = dualk.nn.FusedMLP((16, 32, 4), activation="relu")
+
+        def forward(self, x):
+            h = self.mlp(self.block(x))
+            return dualk.add(h, dualk.relu_scale(h, 2.0))
+
+    torch.manual_seed(0)
+    model = Model().to(DEVICE)
+    x = torch.randn(5, 8, device=DEVICE)
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert targets == ["dualk.linear_gelu.default", "dualk.fused_mlp.default",
+                       "dualk.relu_scale.default", "dualk.add.default"], targets  # fmt: skip
+    with torch.no_grad():
+        for rows in (5, 11):
+            x = torch.randn(rows, 8, device=DEVICE)
+            assert torch.equal(program.module()(x), model(x))
