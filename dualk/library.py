@@ -253,9 +253,15 @@ def _fused_mlp_backward(ctx, grad):
     # backwards need the registered op.
     args = (x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
             ctx.needs_input_grad[0])  # fmt: skip
-    # create_graph=True (grad mode on in a backward) takes the direct call too: it records the
-    # backward on PyTorch's ops (mlp_backward._recorded_backward), which the op could not.
-    if getattr(ctx, "direct", False) or torch.is_grad_enabled():
+    if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
+        from .mlp_backward import recorded_backward
+
+        full = _unpack_biases(n, biases, ctx.bias_mask)
+        grad_x, grad_w, grad_full = recorded_backward(
+            x, weights, full, ctx.activation, grad, ctx.needs_input_grad[0]
+        )
+        grad_b = [grad_full[i] for i in _bias_layers(n, ctx.bias_mask)]
+    elif getattr(ctx, "direct", False):
         # Autograd takes the gradients as they come: views of one buffer need no copies.
         grad_x, grad_w, grad_b = run_fused_mlp_backward(*args, own_outputs=False)
     else:

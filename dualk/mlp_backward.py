@@ -75,9 +75,9 @@ def _find_fused_kernel(x: torch.Tensor, weights, backend: str):
 
 
 def fused_mlp_backward(x, weights, biases, activation, grad, backend: str, need_x_grad: bool):
-    """(grad_x or None, [grad_W_i], [grad_b_i or None]) of fused_mlp at (x, weights, biases)."""
-    if torch.is_grad_enabled():  # autograd records this backward: create_graph=True
-        return _recorded_backward(x, weights, biases, activation, grad, need_x_grad)
+    """(grad_x or None, [grad_W_i], [grad_b_i or None]) of fused_mlp at (x, weights, biases),
+    on dualk's kernels (not differentiable: autograd formulas that must record their backward
+    call recorded_backward instead)."""
     name, _ = _resolved(backend)
     x2d, g2d = as_rows(x), as_rows(grad)
     kernel = _fused_kernel(x, weights, name)
@@ -97,21 +97,28 @@ def fused_mlp_backward(x, weights, biases, activation, grad, backend: str, need_
     return grad_x, grad_w, grad_b
 
 
-def _recorded_backward(x, weights, biases, activation, grad, need_x_grad):
-    """The backward when autograd records it (create_graph=True, a double backward to follow):
-    dualk's backward kernels are not differentiable, so their gradients would enter the next
-    backward as constants and the second derivatives would be silently wrong. PyTorch's own ops
-    on the reference MLP give recorded gradients instead (slower; taken only then)."""
+def recorded_backward(x, weights, biases, activation, grad, need_x_grad):
+    """fused_mlp's backward for an autograd formula running with grad mode on (create_graph=True,
+    a double backward to follow): dualk's backward kernels are not differentiable, so their
+    gradients would enter the next backward as constants and the second derivatives would be
+    silently wrong. PyTorch's own ops on the reference MLP give recorded gradients instead
+    (slower; taken only then). Each position gets its own alias, so a tensor passed twice (tied
+    layers) gets each position's gradient once, as from any other backward."""
     from .backends import torch_ref
 
-    wanted = [x, *weights, *(b for b in biases if b is not None)]
-    needed = [t for t in wanted if t.requires_grad]
-    out = torch_ref.fused_mlp(x, weights, biases, activation)
-    found = torch.autograd.grad(out, needed, grad, create_graph=True, allow_unused=True)
-    by_id = {id(t): g for t, g in zip(needed, found)}
-    grad_w = [by_id.get(id(w)) for w in weights]
-    grad_b = [None if b is None else by_id.get(id(b)) for b in biases]
-    return (by_id.get(id(x)) if need_x_grad else None), grad_w, grad_b
+    x_alias = x.view_as(x)
+    w_alias = [w.view_as(w) for w in weights]
+    b_alias = [None if b is None else b.view_as(b) for b in biases]
+    aliases = [x_alias, *w_alias, *(b for b in b_alias if b is not None)]
+    needed = [a for a in aliases if a.requires_grad]
+    found = torch.autograd.grad(
+        torch_ref.fused_mlp(x_alias, w_alias, b_alias, activation), needed, grad,
+        create_graph=True, allow_unused=True,
+    )  # fmt: skip
+    by_alias = {id(a): g for a, g in zip(needed, found)}
+    grad_w = [by_alias.get(id(w)) for w in w_alias]
+    grad_b = [None if b is None else by_alias.get(id(b)) for b in b_alias]
+    return (by_alias.get(id(x_alias)) if need_x_grad else None), grad_w, grad_b
 
 
 _warned: set[str] = set()

@@ -150,6 +150,7 @@ class LinearGELU(nn.Module):
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _any_autocast = ops._any_autocast
+_transforms_active = ops._transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
 
 
@@ -311,9 +312,11 @@ class FusedMLP(nn.Module):
         layers = self.layers
         weights = [lin.weight for lin in layers]
         biases = [lin.bias for lin in layers]
-        # Inference (no gradient to record, not tracing, no autocast): the plan from an earlier
-        # full call.
-        planned = not (_is_grad_enabled() or _is_compiling() or _any_autocast())
+        # Inference (no gradient to record, not tracing, no autocast, no torch.func transform):
+        # the plan from an earlier full call.
+        planned = not (
+            _is_grad_enabled() or _is_compiling() or _any_autocast() or _transforms_active()
+        )
         if planned:
             plan = self.__dict__.get("_plan")
             if plan is not None:

@@ -62,7 +62,8 @@ def _autocast_dtype(t) -> torch.dtype | None:
     if not isinstance(t, torch.Tensor):
         return None
     device_type = t.device.type
-    if torch.is_autocast_enabled(device_type):
+    # Autocast knows cuda and cpu (dualk's devices); asking it about others (meta) raises.
+    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
 
@@ -155,6 +156,7 @@ def add(
     ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
     if not _is_compiling() and _transforms_active():
+        dispatch.check_name(backend, "the backend= argument")
         _check_add(a, b, alpha)
         return _ADD.implementation("torch")(a, b, float(alpha))
     alpha = validate.real_number("add", "alpha", alpha)
@@ -220,6 +222,7 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
     ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
     if not _is_compiling() and _transforms_active():
+        dispatch.check_name(backend, "the backend= argument")
         _check_relu_scale(x, scale)
         return _RELU_SCALE.implementation("torch")(x, float(scale))
     scale = validate.real_number("relu_scale", "scale", scale)
@@ -256,6 +259,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(a)) is not None:
         a, b = _autocast(dtype, a), _autocast(dtype, b)
     if not _is_compiling() and _transforms_active():
+        dispatch.check_name(backend, "the backend= argument")
         _check_matmul(a, b)
         return _MATMUL.implementation("torch")(a, b)
     if _direct(a, b):
@@ -334,6 +338,7 @@ def linear_gelu(
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x, weight, bias = _autocast(dtype, x), _autocast(dtype, weight), _autocast(dtype, bias)
     if not _is_compiling() and _transforms_active():
+        dispatch.check_name(backend, "the backend= argument")
         _check_linear("linear_gelu", x, weight, bias)
         validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
         return _LINEAR_GELU.reference(x, weight, bias, approximate)
@@ -440,6 +445,7 @@ def fused_mlp(
         weights = [_autocast(dtype, w) for w in weights]
         biases = [_autocast(dtype, b) for b in biases]
     if not _is_compiling() and _transforms_active():
+        dispatch.check_name(backend, "the backend= argument")
         _check_mlp(x, weights, biases, activation)
         return _FUSED_MLP.implementation("torch")(x, weights, biases, activation)
     if _direct(x, *weights, *biases):

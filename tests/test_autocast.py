@@ -99,3 +99,11 @@ def test_autocast_under_compile_fullgraph():
         out, eager = compiled(tensors), call(tensors)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), eager.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_devices_autocast_does_not_know_are_left_alone():
+    """A meta-device dry run inside an autocast region: autocast is not asked about 'meta'."""
+    a, b = torch.randn(4, 5, device="meta"), torch.randn(5, 3, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dualk.matmul(a, b)
+    assert out.device.type == "meta" and out.shape == (4, 3)

@@ -5,6 +5,8 @@ PyTorch's implementation (README: "torch.func")."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,3 +67,21 @@ def test_bad_input_under_vmap_is_still_a_dualk_error():
     b = _r(5, 4)
     with pytest.raises(dualk.DualkError, match="inner sizes differ"):
         torch.vmap(lambda x: dualk.matmul(x, b))(_r(2, 3, 8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_over_a_planned_fused_mlp_module(backend):
+    """FusedMLP's inference plan (made by an earlier no-grad call) steps aside under vmap."""
+    torch.manual_seed(0)
+    module = dualk.nn.FusedMLP((8, 16, 4), activation="relu", backend=backend).to(DEVICE)
+    reference = module.to_sequential()
+    xs = _r(3, 5, 8)
+    with torch.no_grad():
+        with contextlib.suppress(dualk.DualkError):  # a backend that cannot run here
+            module(xs[0])  # plans
+        torch.testing.assert_close(torch.vmap(module)(xs), reference(xs))
+
+
+def test_unknown_backend_name_under_vmap_is_an_error():
+    with pytest.raises(dualk.DualkError, match="unknown backend"):
+        torch.vmap(lambda x: dualk.relu_scale(x, 2.0, backend="cdua"))(_r(2, 3))
