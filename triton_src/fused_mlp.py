@@ -46,31 +46,48 @@ def _padded(width: int) -> int:
     return max(16, 1 << (width - 1).bit_length()) if width > 0 else 16
 
 
-def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
-    """None when ``fused_mlp`` can run the MLP with these widths ([in, hidden..., out]) and dtype
-    in one kernel, else why not (dualk then runs a per-layer chain)."""
+def fit_reason(
+    op: str,
+    widths: Sequence[int],
+    dtype: torch.dtype,
+    width_limit: int,
+    width_why: str,
+    byte_limit: int,
+    bytes_why: str,
+    weight_copies: int = 1,
+) -> str | None:
+    """Why the one-kernel MLP ``op`` (the forward here, the backward in fused_mlp_backward.py)
+    cannot run these widths ([in, hidden..., out]) and dtype, or None: 1..MAX_LAYERS layers, a
+    supported dtype, every padded width <= width_limit (registers), the padded weights (times
+    weight_copies layouts) <= byte_limit bytes (shared memory)."""
     widths = list(widths)
     layers = len(widths) - 1
     if not 1 <= layers <= MAX_LAYERS:
-        return f"fused_mlp runs 1 to {MAX_LAYERS} layers in one kernel, got {layers}"
+        return f"{op} runs 1 to {MAX_LAYERS} layers in one kernel, got {layers}"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"fused_mlp supports float32, float16 and bfloat16, got {dtype}"
+        return f"{op} supports float32, float16 and bfloat16, got {dtype}"
     if min(widths) < 1:
-        return f"fused_mlp needs every width >= 1, got widths {widths}"
+        return f"{op} needs every width >= 1, got widths {widths}"
     padded = [_padded(w) for w in widths]
-    if max(padded) > MAX_PADDED_WIDTH:
-        return (
-            f"width {max(widths)} pads to {max(padded)} > {MAX_PADDED_WIDTH}: one row tile of "
-            "activations would not fit in registers"
-        )
+    if max(padded) > width_limit:
+        return f"width {max(widths)} pads to {max(padded)} > {width_limit}{width_why}"
     element = torch.empty((), dtype=dtype).element_size()
-    weight_bytes = sum(padded[i] * padded[i + 1] * element for i in range(layers))
-    if weight_bytes > MAX_RESIDENT_WEIGHT_BYTES:
+    weight_bytes = sum(padded[i] * padded[i + 1] * element for i in range(layers)) * weight_copies
+    if weight_bytes > byte_limit:
         return (
-            f"padded weights take {weight_bytes // 1024} KiB > "
-            f"{MAX_RESIDENT_WEIGHT_BYTES // 1024} KiB that fit on chip with a row tile"
+            f"padded weights take {weight_bytes // 1024} KiB{bytes_why.format(byte_limit // 1024)}"
         )
     return None
+
+
+def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
+    """None when ``fused_mlp`` can run the MLP with these widths ([in, hidden..., out]) and dtype
+    in one kernel, else why not (dualk then runs a per-layer chain)."""
+    return fit_reason(
+        "fused_mlp", widths, dtype,
+        MAX_PADDED_WIDTH, ": one row tile of activations would not fit in registers",
+        MAX_RESIDENT_WEIGHT_BYTES, " > {} KiB that fit on chip with a row tile",
+    )  # fmt: skip
 
 
 @triton.jit

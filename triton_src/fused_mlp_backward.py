@@ -79,7 +79,7 @@ from .common import (
     ptr_spec,
     tuned_config,
 )
-from .fused_mlp import MAX_LAYERS, _load_rows, _load_weight, _m_bucket, _padded
+from .fused_mlp import MAX_LAYERS, _load_rows, _load_weight, _m_bucket, _padded, fit_reason
 
 # Widest padded layer: the backward holds a tile's activations of every layer plus dZ / dH
 # blocks in registers at once; 256 (the forward's limit) leaves no room at any BLOCK_M. fp32
@@ -108,30 +108,17 @@ _unsupported_reasons: dict = {}
 
 
 def _unsupported_reason(widths: list, dtype: torch.dtype) -> str | None:
-    layers = len(widths) - 1
-    if not 1 <= layers <= MAX_LAYERS:
-        return f"fused_mlp_backward runs 1 to {MAX_LAYERS} layers in one kernel, got {layers}"
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"fused_mlp_backward supports float32, float16 and bfloat16, got {dtype}"
-    if min(widths) < 1:
-        return f"fused_mlp_backward needs every width >= 1, got widths {widths}"
-    padded = [_padded(w) for w in widths]
-    limit = MAX_PADDED_WIDTH_BWD_FP32 if dtype == torch.float32 else MAX_PADDED_WIDTH_BWD
-    if max(padded) > limit:
-        return (
-            f"width {max(widths)} pads to {max(padded)} > {limit} ({str(dtype)[6:]}): the "
-            "backward keeps every layer's activations of a row tile in registers"
-        )
-    element = torch.empty((), dtype=dtype).element_size()
-    copies = 1 if dtype == torch.float32 else 2
-    weight_bytes = sum(padded[i] * padded[i + 1] * element for i in range(layers)) * copies
-    if weight_bytes > MAX_RESIDENT_WEIGHT_BYTES_BWD:
-        return (
-            f"padded weights take {weight_bytes // 1024} KiB of shared memory"
-            f"{' (two layouts)' if copies == 2 else ''} > {MAX_RESIDENT_WEIGHT_BYTES_BWD // 1024}"
-            " KiB that fit on chip with the backward's row tiles"
-        )
-    return None
+    fp32 = dtype == torch.float32
+    return fit_reason(
+        "fused_mlp_backward", widths, dtype,
+        MAX_PADDED_WIDTH_BWD_FP32 if fp32 else MAX_PADDED_WIDTH_BWD,
+        f" ({str(dtype)[6:]}): the backward keeps every layer's activations of a row tile in "
+        "registers",
+        MAX_RESIDENT_WEIGHT_BYTES_BWD,
+        f" of shared memory{'' if fp32 else ' (two layouts)'} > {{}} KiB that fit on chip with "
+        "the backward's row tiles",
+        weight_copies=1 if fp32 else 2,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- device helpers
