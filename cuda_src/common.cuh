@@ -17,6 +17,11 @@
 
 namespace dualk {
 
+// 16-byte alignment: vector loads and stores, cp.async / bulk copies and TMA all need it.
+__host__ __device__ __forceinline__ bool is_aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
 // ---- element conversions: compute in fp32, store in the tensor's own type ----
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }

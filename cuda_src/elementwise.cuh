@@ -110,16 +110,14 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
 }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 template <typename T, int kArity, typename Op, typename Shape = DefaultShape>
 cudaError_t launch_typed(const Operands<kArity>& in, void* out, const ElementwiseShape& plan,
                          bool dense, Op op, cudaStream_t stream) {
   if (plan.numel == 0) return cudaSuccess;
   constexpr int kThreads = Shape::kThreads;
   constexpr int64_t kPerBlock = int64_t{kThreads} * Shape::kVecsPerThread;
-  bool all_aligned = aligned16(out);
-  for (int i = 0; i < kArity; ++i) all_aligned = all_aligned && aligned16(in.data[i]);
+  bool all_aligned = is_aligned16(out);
+  for (int i = 0; i < kArity; ++i) all_aligned = all_aligned && is_aligned16(in.data[i]);
   T* typed_out = static_cast<T*>(out);
   if (dense && all_aligned) {
     constexpr int kVec = 16 / sizeof(T);

@@ -378,7 +378,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     p.biases[i] = a.biases[i];
   }
   const int elem = element_size(a.dtype);
-  const bool x_aligned = (reinterpret_cast<uintptr_t>(a.x) & 15) == 0 &&
+  const bool x_aligned = is_aligned16(a.x) &&
                          (a.m <= 1 || ((a.stride_xm * elem) & 15) == 0);
   p.x_vectorized = x_aligned;
   int threads = 0, smem = 0;
@@ -391,7 +391,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     const int bucket = max_width <= 64 ? 64 : max_width <= 128 ? 128 : 256;
     const int out_w = a.widths[a.num_layers];
     p.out_pitch = mma_row_pitch(round_up(out_w, 16));
-    p.out_vectorized = (reinterpret_cast<uintptr_t>(a.out) & 15) == 0 && (out_w * elem) % 16 == 0;
+    p.out_vectorized = is_aligned16(a.out) && (out_w * elem) % 16 == 0;
     p.out_chunks_shift = -1;
     if (p.out_vectorized) {
       const int chunks = out_w * elem / 16;
@@ -523,7 +523,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     // broadcast.)
     bool bulk = device.cc_major >= 9;
     for (int i = 0; i < a.num_layers; ++i)
-      bulk = bulk && a.widths[i] % 4 == 0 && (reinterpret_cast<uintptr_t>(a.weights[i]) & 15) == 0;
+      bulk = bulk && a.widths[i] % 4 == 0 && is_aligned16(a.weights[i]);
     const bool dense_rows = bulk && p.tile_rows <= 2;
     int resident_bytes = 0, max_out_pad = 0, max_in_pad = 0;
     for (int i = 0; i < a.num_layers; ++i) {

@@ -59,10 +59,6 @@ struct MlpKernelParams {
   int barrier_offset;      // bytes; simt with bulk_weights: one mbarrier per layer
 };
 
-__device__ __forceinline__ bool is_aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
 // A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tensor's
 // last row, whose 16-byte window may pass the end of the tensor. cp.async with a short src-size
 // reads only the real bytes, but memcheck flags the window and no access should leave the tensor:

@@ -330,7 +330,7 @@ Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& dev
   if (!DUALK_FP32_TENSOR_CORES || device.cc_major != 9) return nullptr;
   int max_width = 0;
   for (int i = 0; i < a.num_layers; ++i) {
-    if (a.widths[i] % 4 != 0 || a.weights[i] == nullptr || (reinterpret_cast<uintptr_t>(a.weights[i]) & 15) != 0)
+    if (a.widths[i] % 4 != 0 || a.weights[i] == nullptr || !is_aligned16(a.weights[i]))
       return nullptr;
     max_width = max_width > a.widths[i] ? max_width : a.widths[i];
   }

@@ -345,9 +345,9 @@ inline const char* unfit_reason(const FusedMlpArgs& a, const DeviceProps& device
   // output width is any (its weight map's rows past it read as zeros, its stores are masked).
   for (int i = 0; i < a.num_layers; ++i) {
     if (a.widths[i] % 8 != 0) return "an input width not a multiple of 8";
-    if ((reinterpret_cast<uintptr_t>(a.weights[i]) & 15) != 0) return "weights not 16-byte aligned";
+    if (!is_aligned16(a.weights[i])) return "weights not 16-byte aligned";
   }
-  if ((reinterpret_cast<uintptr_t>(a.x) & 15) != 0) return "x not 16-byte aligned";
+  if (!is_aligned16(a.x)) return "x not 16-byte aligned";
   if (a.m > 1 && (a.stride_xm % 8 != 0 || a.stride_xm < a.widths[0] || a.stride_xm >= (int64_t{1} << 39)))
     return "x row stride";
   return nullptr;

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kSimtWideThreads, kSimtWideMinBlocks)
   // n % 4 == 0, so that a 4-column run (starting at a multiple of 4) is wholly inside or outside.
   const float* __restrict__ bias = static_cast<const float*>(args.bias);
   float* __restrict__ c = static_cast<float*>(args.c) + coord.batch * args.stride_c_batch;
-  const bool c_vec = reinterpret_cast<uintptr_t>(args.c) % 16 == 0 && args.n % 4 == 0 &&
+  const bool c_vec = is_aligned16(args.c) && args.n % 4 == 0 &&
                      (args.m <= 1 || args.stride_cm % 4 == 0) &&
                      (args.batch <= 1 || args.stride_c_batch % 4 == 0);
   float bias_v[kTN];

@@ -569,7 +569,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   const bool c_batched = args.batch > 1;
   bool c_tma = false;
   if constexpr (Cfg::kTmaStore) {
-    c_tma = reinterpret_cast<uintptr_t>(args.c) % 16 == 0 && tma_stride_ok(args.m, args.stride_cm) &&
+    c_tma = is_aligned16(args.c) && tma_stride_ok(args.m, args.stride_cm) &&
             (!c_batched || tma_stride_ok(args.batch, args.stride_c_batch)) &&
             make_operand_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched, args.batch,
                              args.stride_c_batch, Cfg::kWgRows, CU_TENSOR_MAP_L2_PROMOTION_NONE);
