@@ -456,3 +456,24 @@ def test_torch_export_keeps_dualk_ops_with_a_dynamic_batch():
         for rows in (5, 11):
             x = torch.randn(rows, 8, device=DEVICE)
             assert torch.equal(program.module()(x), model(x))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_activation_checkpointing_gives_the_same_gradients(backend, use_reentrant):
+    """torch.utils.checkpoint over a FusedMLP (the forward runs again in the backward): the
+    gradients of the parameters and the input equal those of the nn.Linear stack."""
+    from torch.utils.checkpoint import checkpoint
+
+    _skip(backend)
+    torch.manual_seed(0)
+    module = FusedMLP((8, 16, 4), activation="gelu", backend=backend).to(DEVICE)
+    reference = module.to_sequential()
+    x = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    checkpoint(module, x, use_reentrant=use_reentrant).square().sum().backward()
+    ours = [t.grad.clone() for t in (*module.parameters(), x)]
+    for t in (*module.parameters(), x):
+        t.grad = None
+    reference(x).square().sum().backward()
+    for g, t in zip(ours, (*module.parameters(), x)):
+        torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
