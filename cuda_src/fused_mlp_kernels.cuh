@@ -184,6 +184,68 @@ template <> struct MmaConfig<256> {
   static constexpr int kMTiles = 1, kMinBlocks = 1;
 };
 
+// ---- the register-resident chaining of the mma.sync kernels (fused_mlp_mma.cu), per 32-column
+// chunk of a layer's outputs: acc[mt][j] (j = 0..3) holds the chunk's n-tiles j as C fragments.
+
+// acc += the activations' k-tile kt times the chunk's 32 weight rows, read from shared memory at
+// w_lo (rows 0-15 of the chunk, columns 16 kt..) and w_hi (rows 16-31).
+template <typename T, int kMTiles, int kKTiles>
+__device__ __forceinline__ void mma_chunk_k_tile(float (&acc)[kMTiles][4][4],
+                                                 const uint32_t (&act)[kMTiles][kKTiles][4], int kt,
+                                                 const T* w_lo, const T* w_hi) {
+  uint32_t b[2][4];
+  ldmatrix_x4(b[0], w_lo);
+  ldmatrix_x4(b[1], w_hi);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t b_lo[2] = {b[h][0], b[h][1]};
+    const uint32_t b_hi[2] = {b[h][2], b[h][3]};
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
+      mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
+    }
+  }
+}
+
+// C fragments of n-tiles (2q, 2q+1) (q = 0, 1) = the A fragment of next k-tile 2*chunk + q,
+// g = quad_row, 2t = quad_col:
+//   a0 = (row g, k 2t..2t+1) = C(2q)[0,1]      a1 = (row g+8, k 2t..) = C(2q)[2,3]
+//   a2 = (row g, k 8+2t..)   = C(2q+1)[0,1]    a3 = (row g+8, k 8+2t..) = C(2q+1)[2,3]
+template <typename T, int kKTiles>
+__device__ __forceinline__ void pack_chunk(uint32_t (&next)[kKTiles][4], int chunk,
+                                           const float (&acc)[4][4]) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    next[2 * chunk + q][0] = pack2<T>(acc[2 * q][0], acc[2 * q][1]);
+    next[2 * chunk + q][1] = pack2<T>(acc[2 * q][2], acc[2 * q][3]);
+    next[2 * chunk + q][2] = pack2<T>(acc[2 * q + 1][0], acc[2 * q + 1][1]);
+    next[2 * chunk + q][3] = pack2<T>(acc[2 * q + 1][2], acc[2 * q + 1][3]);
+  }
+}
+
+// A chunk past the layer's width: zeros, which the next layer's k padding expects.
+template <int kMTiles, int kKTiles>
+__device__ __forceinline__ void zero_chunk(uint32_t (&next)[kMTiles][kKTiles][4], int chunk) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
+}
+
+template <int kMTiles, int kKTiles>
+__device__ __forceinline__ void copy_fragments(uint32_t (&dst)[kMTiles][kKTiles][4],
+                                               const uint32_t (&src)[kMTiles][kKTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int kt = 0; kt < kKTiles; ++kt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dst[mt][kt][i] = src[mt][kt][i];
+}
+
 __device__ __forceinline__ void store_shared_u32(void* smem, uint32_t v) {
   *reinterpret_cast<uint32_t*>(smem) = v;
 }

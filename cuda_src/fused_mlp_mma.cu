@@ -138,28 +138,11 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
           }
           const T* w_rows = w + (chunk * 32 + b_row) * pitch + b_col;
 #pragma unroll
-          for (int kt = 0; kt < kKTiles; ++kt) {
-            if (kt / 4 < k_groups) {
-              uint32_t b[2][4];
-              ldmatrix_x4(b[0], w_rows + kt * 16);
-              ldmatrix_x4(b[1], w_rows + 16 * pitch + kt * 16);
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t b_lo[2] = {b[h][0], b[h][1]};
-                const uint32_t b_hi[2] = {b[h][2], b[h][3]};
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                  mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
-                  mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
-                }
-              }
-            }
-          }
-          // C fragments of n-tiles (2q, 2q+1) (q = 0, 1) = the A fragment of next k-tile
-          // 2*chunk + q, g = quad_row, 2t = quad_col:
-          //   a0 = (row g, k 2t..2t+1) = C(2q)[0,1]      a1 = (row g+8, k 2t..) = C(2q)[2,3]
-          //   a2 = (row g, k 8+2t..)   = C(2q+1)[0,1]    a3 = (row g+8, k 8+2t..) = C(2q+1)[2,3]
-          // The last layer packs too (no activation): the output is stored from the same layout.
+          for (int kt = 0; kt < kKTiles; ++kt)
+            if (kt / 4 < k_groups)
+              mma_chunk_k_tile<T>(acc, act, kt, w_rows + kt * 16, w_rows + 16 * pitch + kt * 16);
+          // The C fragments become the next layer's A fragments (pack_chunk); the last layer
+          // packs too (no activation): the output is stored from the same layout.
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             if (hidden) {
@@ -175,30 +158,13 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
                   acc[mt][j][e] =
                       j * 8 + (e & 1) < room ? apply_activation<kAct>(acc[mt][j][e]) : 0.0f;
             }
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
-              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
-              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
-              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
-            }
+            pack_chunk<T>(next[mt], chunk, acc[mt]);
           }
         } else {
-          // Past this layer's width: zeros, which the next layer's k padding expects.
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
+          zero_chunk(next, chunk);  // past this layer's width
         }
       }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
+      copy_fragments(act, next);
     }
 
     store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
@@ -333,21 +299,9 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
             }
           }
 #pragma unroll
-          for (int kt = 0; kt < kKTiles; ++kt) {
-            uint32_t b[2][4];
-            ldmatrix_x4(b[0], w_rows + (chunk * 32) * kPitch + kt * 16);
-            ldmatrix_x4(b[1], w_rows + (chunk * 32 + 16) * kPitch + kt * 16);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t b_lo[2] = {b[h][0], b[h][1]};
-              const uint32_t b_hi[2] = {b[h][2], b[h][3]};
-#pragma unroll
-              for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_16816<T>(acc[mt][2 * h], act[mt][kt], b_lo);
-                mma_16816<T>(acc[mt][2 * h + 1], act[mt][kt], b_hi);
-              }
-            }
-          }
+          for (int kt = 0; kt < kKTiles; ++kt)
+            mma_chunk_k_tile<T>(acc, act, kt, w_rows + (chunk * 32) * kPitch + kt * 16,
+                                w_rows + (chunk * 32 + 16) * kPitch + kt * 16);
           // relu runs on the packed pairs (one instruction per two values); other activations on
           // the fp32 accumulator.
           if constexpr (kAct != Activation::kRelu) {
@@ -361,14 +315,7 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
             }
           }
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              next[mt][2 * chunk + q][0] = pack2<T>(acc[mt][2 * q][0], acc[mt][2 * q][1]);
-              next[mt][2 * chunk + q][1] = pack2<T>(acc[mt][2 * q][2], acc[mt][2 * q][3]);
-              next[mt][2 * chunk + q][2] = pack2<T>(acc[mt][2 * q + 1][0], acc[mt][2 * q + 1][1]);
-              next[mt][2 * chunk + q][3] = pack2<T>(acc[mt][2 * q + 1][2], acc[mt][2 * q + 1][3]);
-            }
+          for (int mt = 0; mt < kMTiles; ++mt) pack_chunk<T>(next[mt], chunk, acc[mt]);
           if constexpr (kAct == Activation::kRelu) {
             if (hidden) {
 #pragma unroll
@@ -396,20 +343,10 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
               }
           }
         } else {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) next[mt][2 * chunk + q][i] = 0u;
+          zero_chunk(next, chunk);
         }
       }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) act[mt][kt][i] = next[mt][kt][i];
+      copy_fragments(act, next);
     }
 
     store_warp_rows<T, kMTiles, kKTiles>(act, p, out_smem, out + warp_row0 * out_w,
