@@ -122,27 +122,11 @@ def activation_id(name: str) -> int:
 
 
 @functools.cache
-def _environment_reader(name: str):
-    """A function returning the environment variable `name` as os.environ holds it (bytes on
-    POSIX), read from os.environ's own dict: os.environ.get costs ~1.1 us a call (key encoding,
-    Mapping machinery) and a Triton GEMM launch asked it up to six times. Stays in step with
-    os.environ (its setters write that dict); any other platform takes os.environ.get."""
-    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
-    if not isinstance(data, dict) or encode is None:
-        return lambda: os.environ.get(name)
-    key = encode(name)
-    return lambda: data.get(key)
-
-
-_interpret_setting = _environment_reader("TRITON_INTERPRET")
-
-
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): launchers then
-    use one small fixed config instead of autotuning, which would take minutes there. Read at
-    each call (dualk's smoke check sets it at run time), cheaply."""
-    value = _interpret_setting()
-    return value is not None and value not in ("", "0", b"", b"0")
+    use one small fixed config instead of autotuning, which would take minutes there. Read once
+    (the first launch), as Triton itself decides at @triton.jit time."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def dot_in_fp32(dtype: torch.dtype) -> bool:
@@ -179,12 +163,6 @@ try:
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older Triton: always the ordinary path
     _knobs = None
-
-
-def next_pow2(n: int) -> int:
-    """The least power of two >= n (1 for n <= 1): triton.next_power_of_2 costs ~2.7 us of host
-    time a call (Triton 3.9), too much on a launch path."""
-    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 def cdiv(a: int, b: int) -> int:
@@ -367,5 +345,6 @@ def tuned_config(device, namespace, class_key, candidates, launch_with, allowed=
 
 
 def pow2_bucket(n: int) -> int:
-    """n rounded up to a power of two (0 stays 0): the class of a batch-like size."""
+    """n rounded up to a power of two (0 stays 0), as triton.next_power_of_2, which costs ~2.7 us
+    of host time a call (Triton 3.9, a constexpr function): launch paths round with this."""
     return 1 << (n - 1).bit_length() if n > 0 else 0

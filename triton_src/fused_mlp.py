@@ -24,8 +24,8 @@ from .common import (
     dot_in_fp32,
     int_spec,
     interpreting,
-    next_pow2,
     num_sms,
+    pow2_bucket,
     ptr_spec,
     tuned_config,
 )
@@ -41,9 +41,7 @@ MAX_RESIDENT_WEIGHT_BYTES = 160 * 1024
 
 def _padded(width: int) -> int:
     """Width as the kernel holds it: a power of two, at least 16 (tl.dot's smallest K and N)."""
-    # (w - 1).bit_length(): triton.next_power_of_2 is a constexpr function in Triton 3.6
-    # (~2 us a call on the host), and this runs on every launch.
-    return max(16, 1 << (width - 1).bit_length()) if width > 0 else 16
+    return max(16, pow2_bucket(width))
 
 
 def fit_reason(
@@ -364,7 +362,7 @@ def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[tuple]:
         configs = list(
             _CLASS_CONFIGS["w64" if widest <= 64 else "w128" if widest <= 128 else "w256"]
         )
-    limit = max(16, next_pow2(m))
+    limit = max(16, pow2_bucket(m))
     fitting = [c for c in configs if c[0] <= limit]
     return fitting or [min(configs, key=lambda c: c[0])]
 

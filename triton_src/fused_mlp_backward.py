@@ -74,8 +74,8 @@ from .common import (
     int_spec,
     interpreting,
     libdevice,
-    next_pow2,
     num_sms,
+    pow2_bucket,
     ptr_spec,
     tuned_config,
 )
@@ -687,7 +687,7 @@ class _Plan:
 
 def _candidate_configs(m: int, dtype: torch.dtype) -> list[tuple]:
     configs = fused_mlp_backward_configs(dtype)
-    limit = max(16, next_pow2(m))
+    limit = max(16, pow2_bucket(m))
     fitting = [c for c in configs if c[0] <= limit]
     return fitting or [min(configs, key=lambda c: c[0])]
 

@@ -26,7 +26,6 @@ from .common import (
     grouped_tile,
     int_spec,
     interpreting,
-    next_pow2,
     num_sms,
     pow2_bucket,
     ptr_spec,
@@ -410,8 +409,8 @@ def _candidate_configs(kind, batch, M, N, device):
     problem (rounded up to a power of two, at least 64), and persistent configs when there are
     fewer tiles than SMs (each program then runs one tile anyway). A large problem that is thin
     along M or N (no large tile fits) takes the small class's configs."""
-    limit_m = max(64, next_pow2(M))
-    limit_n = max(64, next_pow2(N))
+    limit_m = max(64, pow2_bucket(M))
+    limit_n = max(64, pow2_bucket(N))
     sms = num_sms(device)
     out = []
     for cls in dict.fromkeys((problem_class(batch, M, N, device), "small")):
@@ -623,7 +622,7 @@ def _split_k_launch(
 
     # Outputs per reduce program: about two programs per SM, 32-256 outputs each.
     total = M * N
-    block = max(32, min(256, next_pow2(max(1, total // (2 * num_sms(c.device))))))
+    block = max(32, min(256, pow2_bucket(max(1, total // (2 * num_sms(c.device))))))
     rconsts = (bias is not None, activation, fast_act, 8, block)
     rkey = (c.dtype, int_spec(splits), int_spec(M), int_spec(N), int_spec(sc1), int_spec(sc2),
             ptr_spec(c), bias is not None and ptr_spec(bias), ptr_spec(ws), rconsts)  # fmt: skip
