@@ -84,19 +84,24 @@ def merge_update(base: Report, newer: Report, source: str = "<update>") -> tuple
     gpu, newer_gpu = base.env.get("gpu"), newer.env.get("gpu")
     if gpu != newer_gpu:
         raise ValueError(f"{source}: measured on {newer_gpu!r}, the base run on {gpu!r}")
-    taken = {(r.op, r.shape, r.dtype) for r in measured_rows(newer)}
+    fresh = {
+        (op, shape, dtype): group
+        for op, by_case in group_rows(measured_rows(newer)).items()
+        for (shape, dtype), group in by_case.items()
+    }
     rows: list[Row] = []
-    placed: set = set()
+    groups: list = []  # in the page's order: where base had them, then the new ones
     for r in base.rows:
         key = (r.op, r.shape, r.dtype)
-        if r.kind == "overhead" or key not in taken:
+        if r.kind == "overhead" or key not in fresh:
             rows.append(r)
-        elif key not in placed:  # newer's rows of the group, where base had the group
-            placed.add(key)
-            rows += [n for n in measured_rows(newer) if (n.op, n.shape, n.dtype) == key]
-    rows += [n for n in measured_rows(newer) if (n.op, n.shape, n.dtype) not in placed]
-    keys = ((r.op, r.shape, r.dtype) for r in rows if r.kind != "overhead")
-    groups = [k for k in dict.fromkeys(keys) if k in taken]  # in the page's order
+        elif key not in groups:
+            groups.append(key)
+            rows += fresh[key]
+    for key, group in fresh.items():
+        if key not in groups:
+            groups.append(key)
+            rows += group
     return Report(dict(base.env), dict(base.ceilings), rows), groups
 
 
