@@ -81,6 +81,14 @@ def _autocast(dtype: torch.dtype, t):
     return t
 
 
+def _reference_under_transform(spec, backend):
+    """What runs under a torch.func transform (callers test `not _is_compiling() and
+    _transforms_active()` inline: one C call on the hot path): the operator's PyTorch reference,
+    which composes with transforms, after the backend name is checked."""
+    dispatch.check_name(backend, "the backend= argument")
+    return spec.reference
+
+
 def _recorded(*tensors) -> bool:
     """The call needs autograd and may take the eager autograd.Function route (not tracing,
     plain tensors or parameters only): dualk/eager_autograd.py."""
@@ -156,9 +164,8 @@ def add(
     ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
     if not _is_compiling() and _transforms_active():
-        dispatch.check_name(backend, "the backend= argument")
         _check_add(a, b, alpha)
-        return _ADD.implementation("torch")(a, b, float(alpha))
+        return _reference_under_transform(_ADD, backend)(a, b, float(alpha))
     alpha = validate.real_number("add", "alpha", alpha)
     if _recorded(a, b):
         return eager_autograd.apply("add", a, b, alpha, backend)
@@ -222,9 +229,8 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
     ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
     if not _is_compiling() and _transforms_active():
-        dispatch.check_name(backend, "the backend= argument")
         _check_relu_scale(x, scale)
-        return _RELU_SCALE.implementation("torch")(x, float(scale))
+        return _reference_under_transform(_RELU_SCALE, backend)(x, float(scale))
     scale = validate.real_number("relu_scale", "scale", scale)
     if _recorded(x):
         return eager_autograd.apply("relu_scale", x, scale, backend)
@@ -259,9 +265,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(a)) is not None:
         a, b = _autocast(dtype, a), _autocast(dtype, b)
     if not _is_compiling() and _transforms_active():
-        dispatch.check_name(backend, "the backend= argument")
         _check_matmul(a, b)
-        return _MATMUL.implementation("torch")(a, b)
+        return _reference_under_transform(_MATMUL, backend)(a, b)
     if _direct(a, b):
         return _run_matmul(a, b, backend)
     if _recorded(a, b):
@@ -338,10 +343,9 @@ def linear_gelu(
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x, weight, bias = _autocast(dtype, x), _autocast(dtype, weight), _autocast(dtype, bias)
     if not _is_compiling() and _transforms_active():
-        dispatch.check_name(backend, "the backend= argument")
         _check_linear("linear_gelu", x, weight, bias)
         validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
-        return _LINEAR_GELU.reference(x, weight, bias, approximate)
+        return _reference_under_transform(_LINEAR_GELU, backend)(x, weight, bias, approximate)
     if _direct(x, weight, bias):
         return _run_linear_gelu(x, weight, bias, approximate, backend)
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
@@ -445,9 +449,8 @@ def fused_mlp(
         weights = [_autocast(dtype, w) for w in weights]
         biases = [_autocast(dtype, b) for b in biases]
     if not _is_compiling() and _transforms_active():
-        dispatch.check_name(backend, "the backend= argument")
         _check_mlp(x, weights, biases, activation)
-        return _FUSED_MLP.implementation("torch")(x, weights, biases, activation)
+        return _reference_under_transform(_FUSED_MLP, backend)(x, weights, biases, activation)
     if _direct(x, *weights, *biases):
         return _run_fused_mlp(x, weights, biases, activation, backend)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
