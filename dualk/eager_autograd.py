@@ -118,18 +118,15 @@ class _FusedMlpFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         n = ctx.layers
         need_x = ctx.needs_input_grad[0]
-        # create_graph=True (grad mode on here): a backward autograd records, on PyTorch's ops.
-        run = mlp_backward.recorded_backward if torch.is_grad_enabled() else None
-        if run is not None:
-            grad_x, grad_w, grad_b = run(
-                saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :]), ctx.activation, grad,
-                need_x,
-            )  # fmt: skip
+        x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
+        if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
+            grad_x, grad_w, grad_b = mlp_backward.recorded_backward(
+                x, weights, biases, ctx.activation, grad, need_x
+            )
         else:
             grad_x, grad_w, grad_b = mlp_backward.fused_mlp_backward(
-                saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :]), ctx.activation, grad,
-                ctx.backend, need_x,
-            )  # fmt: skip
+                x, weights, biases, ctx.activation, grad, ctx.backend, need_x
+            )
         # Gradients of the parameters come as views of one buffer: autograd takes them as they
         # are (no copies); one for an input that needs none is dropped by autograd.
         return (grad_x if need_x else None), None, None, None, *grad_w, *grad_b

@@ -488,13 +488,20 @@ def fused_mlp_kernel(
     """Which CUDA kernel fused_mlp would launch for these tensors (the planner's choice, with its
     fallbacks; alignment and the GPU decide some), e.g. "sm90 wgmma wide, TMA-streamed weights";
     None where it would refuse them. Launches nothing (dualk.explain and the tests ask it)."""
+    x2d, weights, biases = _mlp_operands(x, weights, biases)
+    out = torch.empty((x2d.shape[0], weights[-1].shape[0]), dtype=x.dtype, device=x.device)
+    return extension().fused_mlp_kernel(x2d, weights, biases, out, ACTIVATION_CODES[activation])
+
+
+def _mlp_operands(x, weights, biases) -> tuple[torch.Tensor, list, list]:
+    """fused_mlp's operands as the launcher takes them: x as rows with unit inner stride, the
+    weights and biases contiguous."""
     x2d = as_rows(x)
     if not _unit_stride(x2d, 1):
         x2d = x2d.contiguous()
-    out = torch.empty((x2d.shape[0], weights[-1].shape[0]), dtype=x.dtype, device=x.device)
-    return extension().fused_mlp_kernel(
+    return (
         x2d, [w.contiguous() for w in weights],
-        [None if b is None else b.contiguous() for b in biases], out, ACTIVATION_CODES[activation],
+        [None if b is None else b.contiguous() for b in biases],
     )  # fmt: skip
 
 
@@ -504,16 +511,10 @@ def fused_mlp(
     biases: Sequence[torch.Tensor | None],
     activation: str = "relu",
 ) -> torch.Tensor:
-    x2d = as_rows(x)
-    if not _unit_stride(x2d, 1):
-        x2d = x2d.contiguous()
+    x2d, weights, biases = _mlp_operands(x, weights, biases)
     out = _alloc.empty((x2d.shape[0], weights[-1].shape[0]), x.dtype, x.device)
     if out.numel():
-        extension().fused_mlp(
-            x2d, [w.contiguous() for w in weights],
-            [None if b is None else b.contiguous() for b in biases], out,
-            ACTIVATION_CODES[activation],
-        )  # fmt: skip
+        extension().fused_mlp(x2d, weights, biases, out, ACTIVATION_CODES[activation])
     if x.dim() == 2:  # the common case: no reshape (a dispatcher call) on the hot path
         return out
     return out.reshape(*x.shape[:-1], weights[-1].shape[0])
