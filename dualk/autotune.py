@@ -89,7 +89,7 @@ TUNE_ROUNDS = 3  # passes over the candidates (_measure)
 MAX_REPS = 25
 BACKEND_SECTION = "backend"
 
-Timer = Callable[[Callable[[], object], str, float], float]
+Timer = Callable[[Callable[[], object], str, float], "float | tuple[float, float]"]
 
 
 class AutotuneCacheWarning(UserWarning):
@@ -338,8 +338,8 @@ def clear_memory() -> None:
 
 
 def set_timer(timer: Timer | None) -> None:
-    """Replace the timer: `timer(run, backend, budget_ms) -> microseconds per call` (the median);
-    `run()` makes one call. None restores the CUDA-event timer. Tests pass a fake."""
+    """Replace the timer: `timer(run, backend, budget_ms)` -> microseconds per call (the median),
+    or a (device, host) pair of them; `run()` makes one call. None restores the CUDA-event timer. Tests pass a fake."""
     global _timer
     _timer = timer
 
@@ -451,6 +451,7 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
                 {
                     **base, "backend": entry["winner"], "source": "cache",
                     "times_us": dict(entry.get("times_us", {})),
+                    "device_host_us": dict(entry.get("device_host_us", {})),
                     "rejected": {**entry.get("rejected", {}), **rejected},
                     "cache_file": str(store.path),
                 },
@@ -479,13 +480,17 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
             winner = "torch"
             return {**base, "backend": winner, "source": "heuristic", "rejected": rejected,
                     "rule": "every candidate raised when tried"}  # fmt: skip
-        winner = min(times, key=times.get)
-        times_us = {name: round(t, 3) for name, t in times.items()}
+        winner = min(times, key=lambda name: times[name][0])
+        times_us = {name: round(t[0], 3) for name, t in times.items()}
+        # What each score was made of (a real timer's device and host medians), for explain.
+        parts_us = {name: [round(t[1], 3), round(t[2], 3)] for name, t in times.items()
+                    if (t[1], t[2]) != (t[0], t[0])}  # fmt: skip
         store.put(
             BACKEND_SECTION,
             skey,
             {
-                "winner": winner, "times_us": times_us, "rejected": errors,
+                "winner": winner, "times_us": times_us, "device_host_us": parts_us,
+                "rejected": errors,
                 "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds"),
             },
@@ -494,7 +499,7 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
         return _remember(
             key,
             {**base, "backend": winner, "source": "tuned", "times_us": times_us,
-             "rejected": rejected, "cache_file": str(store.path)},
+             "device_host_us": parts_us, "rejected": rejected, "cache_file": str(store.path)},
         )  # fmt: skip
 
 
@@ -528,17 +533,29 @@ def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str,
                 runs[name] = run
             except Exception as exc:  # any failure only removes this candidate
                 errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
-        passes: dict[str, list[float]] = {name: [] for name in runs}
+        passes: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
         for _ in range(TUNE_ROUNDS):
             for name, run in runs.items():
                 if name in errors:
                     continue
                 try:
-                    passes[name].append(float(timer(run, name, budget)))
+                    passes[name].append(_as_score(timer(run, name, budget)))
                 except Exception as exc:
                     errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
-    times = {name: statistics.median(p) for name, p in passes.items() if name not in errors}
+    times = {
+        name: tuple(statistics.median(p[i] for p in ps) for i in range(3))
+        for name, ps in passes.items() if name not in errors
+    }  # fmt: skip
     return times, errors
+
+
+def _as_score(measured: float | tuple[float, float]) -> tuple[float, float, float]:
+    """(score, device, host) microseconds from a timer's answer: a (device, host) pair, scored
+    as max(device, host), or one number (a fake timer), which is all three."""
+    if isinstance(measured, tuple):
+        device, host = float(measured[0]), float(measured[1])
+        return max(device, host), device, host
+    return float(measured), float(measured), float(measured)
 
 
 # GPU cycles of torch.cuda._sleep queued before each timed call (~100 us on an H100/H200), so
@@ -557,9 +574,11 @@ def _l2_flush_buffer() -> torch.Tensor | None:
         return None
 
 
-def cuda_event_timer(run: Callable[[], object], backend: str, budget_ms: float) -> float:
-    """Microseconds per call as an eager loop pays them: max(median device time, median host
-    time). Device time: CUDA events around the call, each call after an L2 flush and a GPU
+def cuda_event_timer(
+    run: Callable[[], object], backend: str, budget_ms: float
+) -> tuple[float, float]:
+    """Microseconds per call (median device time, median host time); the candidate's score is
+    their max, what an eager loop pays (`_as_score`). Device time: CUDA events around the call, each call after an L2 flush and a GPU
     sleep, so the window holds the kernels only and they start from a cold L2, as `dualk bench`
     measures and as in a model whose other layers evict this call's operands (timed L2-warm,
     add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked kernels that lose once the 4-9 MB
@@ -591,7 +610,7 @@ def cuda_event_timer(run: Callable[[], object], backend: str, budget_ms: float) 
         device.append((s, e))
     device[-1][1].synchronize()
     device_ms = statistics.median(s.elapsed_time(e) for s, e in device)
-    return max(device_ms, statistics.median(host)) * 1e3
+    return device_ms * 1e3, statistics.median(host) * 1e3
 
 
 # ---------------------------------------------------------------------------- fingerprint

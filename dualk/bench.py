@@ -317,9 +317,11 @@ def _auto_choice(spec: OpSpec, sample: Sample) -> str:
     import dualk
 
     try:
-        return dualk.explain(spec.name, *sample.args, **sample.kwargs).backend
+        explained = dualk.explain(spec.name, *sample.args, **sample.kwargs)
     except Exception as exc:  # the note is informative only
         return f"? ({type(exc).__name__})"
+    measured = [n for n in explained.notes if n.startswith("measured: ")]
+    return f"{explained.backend} ({explained.source}{'; ' + measured[0] if measured else ''})"
 
 
 def dispatch_overhead(calls: int = 2000) -> list[Row]:

@@ -168,7 +168,12 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         for cand, reason in info.get("rejected", {}).items():
             availability[cand] = reason
         if info.get("times_us"):
-            times = ", ".join(f"{b} {t:.1f} us" for b, t in info["times_us"].items())
+            parts = info.get("device_host_us", {})
+            times = ", ".join(
+                f"{b} {t:.1f} us"
+                + (" (device {:.1f}, host {:.1f})".format(*parts[b]) if b in parts else "")
+                for b, t in info["times_us"].items()
+            )
             notes.append(f"measured: {times}")
         if info.get("rule"):
             notes.append(f"rule: {info['rule']}")

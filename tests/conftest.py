@@ -3,6 +3,7 @@ interpreter (TRITON_INTERPRET must be set before Triton is imported); outputs ar
 NaN so an unwritten element fails."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,29 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["DUALK_POISON"] = "1"
+
+
+def _private_autotune_cache() -> None:
+    """Point DUALK_CACHE_DIR at a fresh directory for this test process whose cuda/ is the real
+    build cache: the suite's "auto" calls tune under load (xdist workers share the GPU) and must
+    not leave their winners in the user's autotune cache, where a later `dualk bench` or model
+    would read them as tuned (a GPU run did: launch-bound linear_gelu ran cuda, 1.45x cuBLASLt).
+    The CUDA extension is still built once and shared."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from dualk.backends.cuda import cache_root
+
+    real = cache_root() / "cuda"
+    real.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix="dualk-test-cache-"))
+    (private / "cuda").symlink_to(real, target_is_directory=True)
+    os.environ["DUALK_CACHE_DIR"] = str(private)
+    atexit.register(shutil.rmtree, private, ignore_errors=True)  # unlinks cuda/, keeps its target
+
+
+_private_autotune_cache()
 
 import dualk._alloc  # noqa: E402
 

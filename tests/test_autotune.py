@@ -20,6 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import dualk
 from dualk import autotune, cli, registry
 from dualk.backends import torch_ref
 from dualk.registry import OPS
@@ -315,6 +316,23 @@ def test_one_slow_pass_does_not_decide_and_a_candidate_failing_later_is_dropped(
     info = autotune.explain(OPS["add"], add_args(100))
     assert info["times_us"] == {"cuda": 1.0, "triton": 2.0}
     assert "lost the GPU" in info["rejected"]["torch"]
+
+
+def test_device_and_host_times_score_by_their_max_and_are_explained(fake_gpu):
+    """A real timer answers (device, host) medians: a call is as slow as the larger (an eager
+    loop waits for whichever is behind), so a fast kernel behind a slow launch path loses; the
+    parts are kept for explain and the cache file."""
+    parts = {"cuda": (4.0, 9.0), "triton": (2.0, 30.0), "torch": (6.0, 5.0)}
+    autotune.set_timer(lambda run, backend, budget_ms: parts[backend])
+    args = add_args(100)
+    assert autotune.choose(OPS["add"], args) == "torch"
+    info = autotune.explain(OPS["add"], args)
+    assert info["times_us"] == {"cuda": 9.0, "triton": 30.0, "torch": 6.0}
+    assert info["device_host_us"] == {b: list(p) for b, p in parts.items()}
+    text = str(dualk.explain("add", args[0], args[1], backend="auto"))
+    assert "triton 30.0 us (device 2.0, host 30.0)" in text
+    autotune.clear_memory()  # the next process reads both from disk
+    assert autotune.explain(OPS["add"], args)["device_host_us"]["cuda"] == [4.0, 9.0]
 
 
 def test_explain_without_tune_runs_nothing(fake_gpu):
