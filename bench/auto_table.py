@@ -40,10 +40,33 @@ def merge_runs(reports: list[dict]) -> dict:
     return {"env": reports[0]["env"], "rows": rows}
 
 
-def table(report: dict, limit: float = 1.05) -> tuple[list[str], int]:
-    lines = ["| op | shape | dtype | auto (us) | best PyTorch | ratio | best dualk backend | ratio | ok |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    misses = 0
+# The PyTorch peer row that the "torch" backend runs, per operator (16-bit linear_gelu: cuBLASLt's
+# fused epilogue; fp32: eager), to tell when auto ran the best path's own kernel.
+def _torch_backend_row(op: str, dtype: str) -> tuple[str, ...]:
+    if op == "linear_gelu" and dtype != "float32":
+        return ("cuBLASLt addmm+gelu",)
+    return ("torch eager", "cuBLAS (torch.matmul)")
+
+
+def _ran(auto: dict) -> str:
+    note = auto.get("note") or ""
+    return note.split()[1] if note.startswith("ran ") and len(note.split()) > 1 else "?"
+
+
+def _same_kernel(auto: dict, best: dict, op: str, dtype: str) -> bool:
+    ran = _ran(auto)
+    if ran in ("cuda", "triton"):
+        return best["impl"] == f"dualk:{ran}"
+    return ran == "torch" and best["impl"].startswith(_torch_backend_row(op, dtype))
+
+
+def table(report: dict, limit: float = 1.05) -> tuple[list[str], int, int]:
+    """Markdown lines, the misses, and how many of them are ties: auto ran the best path's own
+    kernel and the gap is within the larger inter-quartile range of the two rows (launch-bound
+    rows of 6-10 us have an IQR of ~0.9 us on an H100, so 5% is below what the timer resolves)."""
+    lines = ["| op | shape | dtype | auto (us) | auto ran | best PyTorch | ratio | best dualk backend | ratio | ok |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    misses = ties = 0
     for (op, case, dtype), rows in rows_by_case(report).items():
         auto = next((r for r in rows if r["impl"] == "dualk:auto"), None)
         peers = [r for r in rows if r["kind"] == "peer"]
@@ -55,13 +78,20 @@ def table(report: dict, limit: float = 1.05) -> tuple[list[str], int]:
         r_peer = auto["us"] / peer["us"]
         r_kernel = auto["us"] / kernel["us"] if kernel else 1.0
         ok = r_peer <= limit and r_kernel <= limit
-        misses += not ok
+        verdict = "yes"
+        if not ok:
+            misses += 1
+            best = peer if r_peer > limit else kernel
+            noise = max(auto.get("iqr_us") or 0.0, best.get("iqr_us") or 0.0)
+            tie = _same_kernel(auto, best, op, dtype) and auto["us"] - best["us"] <= noise
+            ties += tie
+            verdict = f"**no** (same kernel, {auto['us'] - best['us']:.2f} us <= IQR {noise:.2f})" if tie else "**no**"
         lines.append(
-            f"| {op} | {case} | {dtype} | {auto['us']:.2f} | {peer['impl']} {peer['us']:.2f} | "
+            f"| {op} | {case} | {dtype} | {auto['us']:.2f} | {_ran(auto)} | {peer['impl']} {peer['us']:.2f} | "
             f"{r_peer:.3f} | {kernel['impl'] if kernel else '-'} {kernel['us'] if kernel else 0:.2f} | "
-            f"{r_kernel:.3f} | {'yes' if ok else '**no**'} |"
+            f"{r_kernel:.3f} | {verdict} |"
         )
-    return lines, misses
+    return lines, misses, ties
 
 
 def main() -> int:
@@ -80,8 +110,9 @@ def main() -> int:
             f"source: {', '.join(f.name for f in args.json_files)}"
             + (f" (per path: the median over {len(reports)} runs)" if len(reports) > 1 else ""),
             ""]  # fmt: skip
-    lines, misses = table(report)
-    lines.append(f"\n{misses} case(s) where auto is more than 5% slower than the best path")
+    lines, misses, ties = table(report)
+    lines.append(f"\n{misses} case(s) where auto is more than 5% slower than the best path; in {ties} of "
+                 "them auto ran that path's own kernel and the gap is within the rows' IQR")
     text = "\n".join(head + lines)
     print(text)
     if args.markdown:
