@@ -18,8 +18,8 @@ def _private_autotune_cache() -> None:
     """Point DUALK_CACHE_DIR at a fresh directory for this test process whose cuda/ is the real
     build cache: the suite's "auto" calls tune under load (xdist workers share the GPU) and must
     not leave their winners in the user's autotune cache, where a later `dualk bench` or model
-    would read them as tuned (a GPU run did: launch-bound linear_gelu ran cuda, 1.45x cuBLASLt).
-    The CUDA extension is still built once and shared."""
+    on the same machine would read them as tuned (bench/gpu_check.sh runs the tests, then the
+    benchmark). The CUDA extension is still built once and shared."""
     import atexit
     import shutil
     import tempfile

@@ -336,6 +336,11 @@ def test_device_and_host_times_score_and_are_explained(fake_gpu):
     autotune.clear_memory()  # the next process reads both from disk
     assert autotune.explain(OPS["add"], args)["device_host_us"]["cuda"] == [14.6, 27.5]
 
+    # Kernels within the tie margin (3%, at least 0.25 us): the cheaper launch wins.
+    assert autotune.pick({"cuda": (2.3, 2.3, 9.4), "torch": (2.4, 2.4, 8.6)}) == "torch"
+    assert autotune.pick({"cuda": (100.0, 100.0, 9.0), "torch": (102.9, 102.9, 8.0)}) == "torch"
+    assert autotune.pick({"cuda": (100.0, 100.0, 9.0), "torch": (103.5, 103.5, 8.0)}) == "cuda"
+
     # A launch slower than the cheapest by more than its kernel decides against it.
     assert autotune.scores({"a": (5.0, 40.0), "b": (8.0, 10.0)}) == {
         "a": (30.0, 5.0, 40.0), "b": (8.0, 8.0, 10.0)}  # fmt: skip
