@@ -1,8 +1,9 @@
 """Issue 13's check on a `dualk bench` JSON: per (op, shape, dtype), "auto" against the best
 PyTorch path timed in the same run (eager, cuBLAS, cuBLASLt's fused epilogue, CUDA-graph eager,
 torch.compile when timed) and against the best dualk backend; a case fails when auto is more
-than 5% slower than either. Times are medians of do_bench (L2 flushed); given several runs (of
-one GPU model), each path's time is its median over the runs that timed it.
+than 5% slower than either. Times are the bench's (L2 flushed; see the run's env "estimator");
+given several runs (of one GPU model), each path's time is its median over the runs that timed
+it.
 
     python3 bench/auto_table.py RUN.json [RUN2.json ...] [--markdown OUT.md]
 """

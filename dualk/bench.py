@@ -2,7 +2,7 @@
 PyTorch's own paths in one run, on the registry's inputs, with the registry's cost model.
 
 Method (see README "Benchmarks"): CUDA events through triton.testing.do_bench (L2 flushed before
-every repetition, median and inter-quartile range); optional CUDA-graph replay for launch-bound
+every repetition, interquartile mean and range); optional CUDA-graph replay for launch-bound
 shapes; host cost per call measured separately (a loop without synchronisation); build/compile
 time (the first call) kept apart from kernel time; every timed output judged against a float64
 reference, so a fast wrong kernel cannot hide; ceilings (copy bandwidth, big GEMMs) measured at
@@ -38,7 +38,7 @@ class Row:
     dtype: str
     impl: str  # "dualk:cuda", "dualk:triton", "torch eager", "cuBLAS", ...
     kind: str  # "dualk" or "peer"
-    us: float | None = None  # median device time per call
+    us: float | None = None  # device time per call (env["estimator"] of the samples)
     iqr_us: float | None = None
     host_us: float | None = None  # host time per call without synchronisation
     first_call_s: float | None = None  # includes JIT build / Triton compile / torch.compile
@@ -73,6 +73,9 @@ def environment() -> dict:
         "torch_cuda": torch.version.cuda,
         "platform": platform.platform(),
         "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        # per pass, of one implementation's CUDA-event samples (time_device); a row's time is the
+        # median of its passes. Runs before 2026-11-25 18:00 UTC have no key: medians.
+        "estimator": "interquartile mean",
     }
     try:
         import triton
@@ -111,17 +114,32 @@ def _smi(field_name: str) -> str | None:
 def time_device(
     fn: Callable[[], object], cuda_graph: bool = False, rep_ms: float = 100.0
 ) -> tuple[float, float]:
-    """(median, inter-quartile range) of one call in microseconds, CUDA events, L2 flushed,
-    over about `rep_ms` of calls."""
+    """(interquartile mean, inter-quartile range) of one call in microseconds, CUDA events, L2
+    flushed, over about `rep_ms` of calls (`autotune.interquartile_mean`: the median of a
+    launch-bound call's two-level samples picks a level by their mix). A Triton without
+    return_mode="all" gives its median instead."""
     import triton.testing
 
-    q = [0.5, 0.25, 0.75]
-    if cuda_graph:
-        with torch.cuda.stream(torch.cuda.Stream()):
-            med, lo, hi = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q)
-    else:
-        med, lo, hi = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=q)
-    return med * 1e3, (hi - lo) * 1e3
+    from .autotune import interquartile_mean
+
+    try:
+        if cuda_graph:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+        else:
+            samples = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="all")
+    except (AssertionError, TypeError, ValueError):  # an older Triton: quantiles only
+        q = [0.5, 0.25, 0.75]
+        if cuda_graph:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                med, lo, hi = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q)
+        else:
+            med, lo, hi = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=q)
+        return med * 1e3, (hi - lo) * 1e3
+    ordered = sorted(samples)
+    n = len(ordered)
+    iqr = ordered[(3 * n) // 4 if n > 1 else 0] - ordered[n // 4]
+    return interquartile_mean(ordered) * 1e3, iqr * 1e3
 
 
 # Each (op, shape, dtype) is timed in ROUNDS passes over its implementations, each pass ~100/ROUNDS

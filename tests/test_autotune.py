@@ -346,6 +346,17 @@ def test_device_and_host_times_score_and_are_explained(fake_gpu):
         "a": (30.0, 5.0, 40.0), "b": (8.0, 8.0, 10.0)}  # fmt: skip
 
 
+def test_interquartile_mean_weighs_both_levels_and_ignores_outliers():
+    """Two-level samples (a launch-bound kernel's CUDA-event times): the median jumps with the
+    mix, the interquartile mean moves with it smoothly; an outlier changes neither."""
+    iqm = autotune.interquartile_mean
+    assert iqm([7.17] * 49 + [8.03] * 51) == pytest.approx(7.17 * 24 / 50 + 8.03 * 26 / 50)
+    assert iqm([7.17] * 51 + [8.03] * 49) == pytest.approx(7.17 * 26 / 50 + 8.03 * 24 / 50)
+    assert iqm([1.0] * 7 + [50.0]) == 1.0
+    assert iqm([5.0, 100.0, 5.0]) == 5.0  # below 4 samples: the median
+    assert iqm([3.0]) == 3.0
+
+
 def test_explain_without_tune_runs_nothing(fake_gpu):
     autotune.set_timer(no_timer)
     info = autotune.explain(OPS["add"], add_args(100), tune=False)

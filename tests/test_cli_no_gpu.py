@@ -320,3 +320,30 @@ def test_render_smoke_counts_only_dualk_rows_that_ran():
     assert "2 of 2 dualk checks correct" in text
     assert "1 of 1 PyTorch rows correct" in text
     assert "not run: dualk:auto (1 checks): unavailable: y" in text
+
+
+def test_time_device_reports_the_interquartile_mean_or_an_older_tritons_median(monkeypatch):
+    """time_device asks Triton for every sample and takes their interquartile mean; a Triton
+    that rejects return_mode="all" gives its median and quartiles instead."""
+    import triton.testing
+
+    samples = [0.00717] * 49 + [0.00803] * 51  # ms, two levels ~0.86 us apart
+    seen = []
+
+    def new_do_bench(fn, warmup=25, rep=100, quantiles=None, return_mode="mean"):
+        seen.append(return_mode)
+        return list(samples) if return_mode == "all" else 0.0
+
+    monkeypatch.setattr(triton.testing, "do_bench", new_do_bench)
+    us, iqr = dualk.bench.time_device(lambda: None)
+    assert seen == ["all"]
+    assert us == pytest.approx((7.17 * 24 + 8.03 * 26) / 50)
+    assert iqr == pytest.approx(0.86)
+
+    def old_do_bench(fn, warmup=25, rep=100, quantiles=None, return_mode="mean"):
+        assert return_mode in ("min", "max", "mean", "median")
+        return [0.0075, 0.0072, 0.0080]  # the median and the two quartiles asked for
+
+    monkeypatch.setattr(triton.testing, "do_bench", old_do_bench)
+    us, iqr = dualk.bench.time_device(lambda: None)
+    assert (us, iqr) == pytest.approx((7.5, 0.8))
