@@ -1,9 +1,9 @@
 """Benchmark engine behind `dualk bench`: times every backend of every registry operator against
 PyTorch's own paths in one run, on the registry's inputs, with the registry's cost model.
 
-Method (see README "Benchmarks"): CUDA events through triton.testing.do_bench (L2 flushed before
-every repetition, interquartile mean and range); optional CUDA-graph replay for launch-bound
-shapes; host cost per call measured separately (a loop without synchronisation); build/compile
+Method (see README "Benchmarks"): CUDA events around each call after an L2 flush and a GPU sleep
+that outlasts the call's host time (device time only; interquartile mean and range); optional
+CUDA-graph replay for launch-bound shapes; host cost per call measured separately (a loop without synchronisation); build/compile
 time (the first call) kept apart from kernel time; every timed output judged against a float64
 reference, so a fast wrong kernel cannot hide; ceilings (copy bandwidth, big GEMMs) measured at
 the start so each row shows its share of the roofline.
@@ -76,6 +76,7 @@ def environment() -> dict:
         # per pass, of one implementation's CUDA-event samples (time_device); a row's time is the
         # median of its passes. Runs before 2026-11-25 18:00 UTC have no key: medians.
         "estimator": "interquartile mean",
+        "timing": "each eager call after an L2 flush and a GPU sleep longer than its host time",
     }
     try:
         import triton
@@ -114,32 +115,92 @@ def _smi(field_name: str) -> str | None:
 def time_device(
     fn: Callable[[], object], cuda_graph: bool = False, rep_ms: float = 100.0
 ) -> tuple[float, float]:
-    """(interquartile mean, inter-quartile range) of one call in microseconds, CUDA events, L2
-    flushed, over about `rep_ms` of calls (`autotune.interquartile_mean`: the median of a
-    launch-bound call's two-level samples picks a level by their mix). A Triton without
-    return_mode="all" gives its median instead."""
-    import triton.testing
+    """(interquartile mean, inter-quartile range) of one call's device time in microseconds,
+    CUDA events, over about `rep_ms` of calls: eager calls each after an L2 flush and a GPU sleep
+    (`_eager_samples`), or CUDA-graph replays (triton.testing.do_bench_cudagraph). The
+    interquartile mean (`autotune.interquartile_mean`): a launch-bound call's samples fall on two
+    levels, and a median picks one by their mix."""
+    if cuda_graph:
+        samples = _graph_samples(fn, rep_ms)
+        if isinstance(samples, tuple):  # an older Triton: its median and quartiles
+            med, lo, hi = samples
+            return med * 1e3, (hi - lo) * 1e3
+    else:
+        samples = _eager_samples(fn, rep_ms)
+    return _summary(samples)
 
+
+def _summary(samples_ms: list[float]) -> tuple[float, float]:
     from .autotune import interquartile_mean
 
-    try:
-        if cuda_graph:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                samples = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
-        else:
-            samples = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="all")
-    except (AssertionError, TypeError, ValueError):  # an older Triton: quantiles only
-        q = [0.5, 0.25, 0.75]
-        if cuda_graph:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                med, lo, hi = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q)
-        else:
-            med, lo, hi = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, quantiles=q)
-        return med * 1e3, (hi - lo) * 1e3
-    ordered = sorted(samples)
+    ordered = sorted(samples_ms)
     n = len(ordered)
     iqr = ordered[(3 * n) // 4 if n > 1 else 0] - ordered[n // 4]
     return interquartile_mean(ordered) * 1e3, iqr * 1e3
+
+
+def _graph_samples(fn: Callable[[], object], rep_ms: float):
+    import triton.testing
+
+    with torch.cuda.stream(torch.cuda.Stream()):
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="all")
+        except (AssertionError, TypeError, ValueError):  # no return_mode="all"
+            q = [0.5, 0.25, 0.75]
+            return tuple(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q))
+
+
+# Bytes zeroed before each timed call (triton.testing's L2 flush: 256 MB, several times the L2)
+# and the GPU's cycles per microsecond that the sleep after it is sized with (~1.98 GHz boost on
+# H100 and H200; a lower clock only sleeps longer).
+FLUSH_BYTES = 256 << 20
+CYCLES_PER_US = 2000
+
+
+def _flush_buffer() -> torch.Tensor:
+    return torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def _eager_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 25.0) -> list[float]:
+    """Milliseconds per call, as triton.testing.do_bench times them (an L2 flush before each
+    call, CUDA events around it), plus a GPU sleep between the flush and the call that outlasts
+    the call's host time, so the host has queued the call before the GPU reaches it and the
+    window holds the kernels only. Without it, a call whose host time exceeds the flush's GPU time
+    was timed with its launch: the Triton GEMM (97 us of host a call on an H100 host) measured
+    99.9 us for linear_gelu 8192x768->3072 bf16 whose kernel autotune timed at 68.8 us. The host
+    cost is reported apart (`time_host`)."""
+    flush = _flush_buffer()
+    sleep = getattr(torch.cuda, "_sleep", None)
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = []
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        t0 = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - t0)
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)  # flush included, as in do_bench
+    host_us = statistics.median(host) * 1e6
+    sleep_us = 2 * host_us + 10
+    cycles = int(min(sleep_us * CYCLES_PER_US, 2**31 - 1))
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        fn()
+    n = max(1, int(rep_ms / (estimate_ms + (sleep_us * 1e-3 if sleep else 0.0))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]  # fmt: skip
+    for s, e in events:
+        flush.zero_()
+        if sleep is not None:
+            sleep(cycles)
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
 
 
 # Each (op, shape, dtype) is timed in ROUNDS passes over its implementations, each pass ~100/ROUNDS
