@@ -515,7 +515,9 @@ def _remember(key: tuple, details: dict) -> dict:
     return dict(details)
 
 
-def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str, str]]:
+def _measure(
+    spec, args, device, available
+) -> tuple[dict[str, tuple[float, float, float]], dict[str, str]]:
     """Each candidate's time: the median of TUNE_ROUNDS passes that take the candidates in turn,
     so that the GPU's clock drift during tuning falls on all of them alike (timed one after the
     other, 8192^3 GEMMs 5-9% apart were ranked by whichever ran first on a cool GPU)."""
@@ -543,7 +545,7 @@ def _measure(spec, args, device, available) -> tuple[dict[str, float], dict[str,
                     continue
                 try:
                     measured = timer(run, name, budget)
-                    if not isinstance(measured, tuple):  # one number (a fake timer): both
+                    if not isinstance(measured, (tuple, list)):  # one number (a fake timer)
                         measured = (measured, measured)
                     passes[name].append((float(measured[0]), float(measured[1])))
                 except Exception as exc:
@@ -609,30 +611,36 @@ def _l2_flush_buffer() -> torch.Tensor | None:
 def cuda_event_timer(
     run: Callable[[], object], backend: str, budget_ms: float
 ) -> tuple[float, float]:
-    """Microseconds per call (median device time, median host time); `scores` ranks the
-    candidates by them. Device time: CUDA events around the call, each call after an L2 flush
-    and a GPU sleep, so the window holds the kernels only and they start from a cold L2, as `dualk bench`
-    measures and as in a model whose other layers evict this call's operands (timed L2-warm,
-    add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked kernels that lose once the 4-9 MB
-    operands come from HBM); host time: the call's own wall clock without synchronising. As
-    many calls as fit `budget_ms` after one probe (1 to MAX_REPS)."""
+    """Microseconds per call (the interquartile mean of the device times, the median of the host
+    times); `scores` ranks the candidates by them. Device time: CUDA events around the call, each
+    call after an L2 flush and a GPU sleep that outlasts the call's host time (at least
+    _SLEEP_CYCLES, more for a slow launch path), so the window holds the kernels only and they
+    start from a cold L2, as `dualk bench` measures and as in a model whose other layers evict
+    this call's operands (timed L2-warm, add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked
+    kernels that lose once the 4-9 MB operands come from HBM); host time: the call's own wall
+    clock without synchronising. As many calls as fit `budget_ms` after one probe (1 to
+    MAX_REPS)."""
     sleep = getattr(torch.cuda, "_sleep", None)
     flush = _l2_flush_buffer()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     run()
+    probe_host_us = (time.perf_counter() - t0) * 1e6
     end.record()
     end.synchronize()
     probe = start.elapsed_time(end)
     reps = int(max(1, min(MAX_REPS, budget_ms / max(probe + 0.1, 1e-3))))
+    # ~2000 cycles per us on H100/H200; a slower clock only sleeps longer
+    cycles = int(min(max(_SLEEP_CYCLES, (2 * probe_host_us + 10) * 2000), 2**31 - 1))
     device, host = [], []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush is not None:
             flush.zero_()
         if sleep is not None:
-            sleep(_SLEEP_CYCLES)
+            sleep(cycles)
         s.record()
         t0 = time.perf_counter()
         run()
@@ -646,8 +654,7 @@ def cuda_event_timer(
 
 def interquartile_mean(samples: list[float]) -> float:
     """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
-    times of a
-    launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands on either
+    times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands on either
     by the mix (one kernel measured 7.17 and 7.65 us in one run); this weighs both levels and,
     like the median, ignores the outliers."""
     ordered = sorted(samples)

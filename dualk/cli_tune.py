@@ -159,7 +159,10 @@ def cache_clear(everything: bool) -> None:
                 removed.append(path)
     if everything:
         builds = cache_root() / "cuda"
-        if builds.exists():
+        if builds.is_symlink():  # a link to a shared build cache: the link goes, the builds stay
+            builds.unlink()
+            removed.append(builds)
+        elif builds.exists():
             shutil.rmtree(builds)
             removed.append(builds)
     autotune.clear_memory()

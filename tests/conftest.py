@@ -27,9 +27,12 @@ def _private_autotune_cache() -> None:
     from dualk.backends.cuda import cache_root
 
     real = cache_root() / "cuda"
-    real.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(prefix="dualk-test-cache-"))
-    (private / "cuda").symlink_to(real, target_is_directory=True)
+    try:
+        real.mkdir(parents=True, exist_ok=True)
+        (private / "cuda").symlink_to(real, target_is_directory=True)
+    except OSError:  # an unusable cache location: dualk warns when it builds, the suite still runs
+        pass
     os.environ["DUALK_CACHE_DIR"] = str(private)
     atexit.register(shutil.rmtree, private, ignore_errors=True)  # unlinks cuda/, keeps its target
 

@@ -843,6 +843,14 @@ def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
     res = runner.invoke(cli.main, ["cache", "clear", "--all"])
     assert res.exit_code == 0 and "removed" in res.output and not builds.exists()
 
+    # A cuda/ that links to a shared build cache: --all removes the link, not the builds.
+    shared = tmp_path / "shared-builds" / "0123"
+    shared.mkdir(parents=True)
+    (tmp_path / "cache" / "cuda").symlink_to(shared.parent, target_is_directory=True)
+    res = runner.invoke(cli.main, ["cache", "clear", "--all"])
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "cache" / "cuda").exists() and shared.is_dir()
+
 
 def test_cli_tune_without_gpu_says_it_cannot(monkeypatch):
     monkeypatch.setattr(cli, "_has_gpu", lambda: False)
