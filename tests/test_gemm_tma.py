@@ -57,6 +57,18 @@ def test_tma_config(op, cfg_index, dtype, monkeypatch):
     verdict = judge(OPS[op], sample, out)
     assert verdict.ok, f"{op} {cfg} {dtype}: {verdict.message}"
 
+    # Again with other values and another M of the same specialization (1000 and 1003: neither
+    # a multiple of 16): the launcher's cached CompiledKernel runs it (no kernel[grid]), and must
+    # not have kept anything of the first call but its specialization.
+    fast_before = gemm_tma._launcher.fast_launches
+    x2 = (torch.rand((1003, K), generator=gen) * 2 - 1).to("cuda", dtype)
+    sample2 = Sample((x2, *sample.args[1:]), sample.kwargs, "tma")
+    out2 = getattr(dualk, op)(*sample2.args, **sample2.kwargs, backend="triton")
+    torch.cuda.synchronize()
+    assert gemm_tma._launcher.fast_launches == fast_before + 1, "the second call was not direct"
+    verdict = judge(OPS[op], sample2, out2)
+    assert verdict.ok, f"{op} {cfg} {dtype}, direct launch: {verdict.message}"
+
 
 def test_tma_joins_the_tuner_only_where_it_can_run():
     gemm_tma, _ = _tma()

@@ -16,7 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import PRECISE_MATH, apply_activation, cdiv, grouped_tile, interpreting
+from .common import (
+    PRECISE_MATH,
+    KernelLauncher,
+    apply_activation,
+    cdiv,
+    grouped_tile,
+    int_spec,
+    interpreting,
+    ptr_spec,
+)
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -179,8 +188,14 @@ def tma_configs(a, b, c, batch, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2) -> tuple:
     return TMA_CONFIGS
 
 
+_launcher = KernelLauncher(gemm_tma_kernel)
+
+
 def launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, sms):
-    """One launch of gemm_tma_kernel with config ``cfg`` (an entry of TMA_CONFIGS)."""
+    """One launch of gemm_tma_kernel with config ``cfg`` (an entry of TMA_CONFIGS), through
+    KernelLauncher: after the first call of a key, the CompiledKernel is launched directly
+    (``kernel[grid]`` costs 20-30 us of host time a call on Triton 3.6; the three descriptors are
+    still built per call)."""
     _, bm, bn, bk, group, stages, warps, per_sm, sub, fast = cfg
     b_nk = sb2 != 1  # B (K, N) viewed from an (N, K) row-major weight
     a_desc = TensorDescriptor(a, [M, K], [sa1, 1], [bm, bk])
@@ -190,10 +205,18 @@ def launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, sms)
         b_desc = TensorDescriptor(b, [K, N], [sb1, 1], [bk, bn])
     c_desc = TensorDescriptor(c, [M, N], [sc1, 1], [bm, bn // sub])
     tiles = cdiv(M, bm) * cdiv(N, bn)
-    grid = (min(tiles, per_sm * sms),)
-    gemm_tma_kernel[grid](
-        a_desc, b_desc, c_desc, bias if bias is not None else c, M, N, K,
-        HAS_BIAS=bias is not None, ACTIVATION=activation, FAST_ACT=fast, B_NK=b_nk,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=group,
-        EPI_SUBTILE=sub, num_warps=warps, num_stages=stages,
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else c
+    # Everything Triton could specialize this launch on, more than it needs: the descriptors'
+    # dtype and blocks (cfg, dtype, b_nk), how each of their sizes and row strides divides
+    # (int_spec, as for ints), the bias pointer (alignment, dtype) and M, N, K.
+    key = (
+        cfg, a.dtype, b_nk, has_bias, activation, int_spec(M), int_spec(N), int_spec(K),
+        int_spec(sa1), int_spec(sb1), int_spec(sb2), int_spec(sc1), ptr_spec(bias_arg),
+        bias_arg.dtype,
     )  # fmt: skip
+    args = (
+        a_desc, b_desc, c_desc, bias_arg, M, N, K,
+        has_bias, activation, fast, b_nk, bm, bn, bk, group, sub,
+    )  # fmt: skip
+    _launcher.launch(key, (min(tiles, per_sm * sms), 1, 1), args, warps, stages)
