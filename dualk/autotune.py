@@ -341,8 +341,9 @@ def clear_memory() -> None:
 
 
 def set_timer(timer: Timer | None) -> None:
-    """Replace the timer: `timer(run, backend, budget_ms)` -> microseconds per call (the median),
-    or a (device, host) pair of them; `run()` makes one call. None restores the CUDA-event timer. Tests pass a fake."""
+    """Replace the timer: `timer(run, backend, budget_ms)` -> microseconds per call, or a
+    (device, host) pair of them; `run()` makes one call. None restores the CUDA-event timer.
+    Tests pass a fake."""
     global _timer
     _timer = timer
 
@@ -518,9 +519,10 @@ def _remember(key: tuple, details: dict) -> dict:
 def _measure(
     spec, args, device, available
 ) -> tuple[dict[str, tuple[float, float, float]], dict[str, str]]:
-    """Each candidate's time: the median of TUNE_ROUNDS passes that take the candidates in turn,
-    so that the GPU's clock drift during tuning falls on all of them alike (timed one after the
-    other, 8192^3 GEMMs 5-9% apart were ranked by whichever ran first on a cool GPU)."""
+    """Each candidate's (score, device, host) times (`scores`) from the medians of its device and
+    host times over TUNE_ROUNDS passes that take the candidates in turn, so that the GPU's clock
+    drift during tuning falls on all of them alike (timed one after the other, 8192^3 GEMMs 5-9%
+    apart were ranked by whichever ran first on a cool GPU)."""
     timer = _timer or cuda_event_timer
     budget = TUNE_BUDGET_MS / len(available) / TUNE_ROUNDS
     runs: dict[str, Callable[[], object]] = {}
@@ -654,8 +656,8 @@ def cuda_event_timer(
 
 def interquartile_mean(samples: list[float]) -> float:
     """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
-    times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands on either
-    by the mix (one kernel measured 7.17 and 7.65 us in one run); this weighs both levels and,
+    times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands
+    on either by the mix (one kernel measured 7.17 and 7.65 us in one run); this weighs both levels and,
     like the median, ignores the outliers."""
     ordered = sorted(samples)
     n = len(ordered)

@@ -3,10 +3,10 @@ PyTorch's own paths in one run, on the registry's inputs, with the registry's co
 
 Method (see README "Benchmarks"): CUDA events around each call after an L2 flush and a GPU sleep
 that outlasts the call's host time (device time only; interquartile mean and range); optional
-CUDA-graph replay for launch-bound shapes; host cost per call measured separately (a loop without synchronisation); build/compile
-time (the first call) kept apart from kernel time; every timed output judged against a float64
-reference, so a fast wrong kernel cannot hide; ceilings (copy bandwidth, big GEMMs) measured at
-the start so each row shows its share of the roofline.
+CUDA-graph replay for launch-bound shapes; host cost per call measured separately (a loop without
+synchronisation); build/compile time (the first call) kept apart from kernel time; every timed
+output judged against a float64 reference, so a fast wrong kernel cannot hide; ceilings (copy
+bandwidth, big GEMMs) measured at the start so each row shows its share of the roofline.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         # per pass, of one implementation's CUDA-event samples (time_device); a row's time is the
-        # median of its passes. Runs before 2026-11-25 18:00 UTC have no key: medians.
+        # median of its passes. A run without this key took medians (before 2026-11-25 18:15 UTC).
         "estimator": "interquartile mean",
         "timing": "each eager call after an L2 flush and a GPU sleep longer than its host time",
     }

@@ -89,8 +89,8 @@ def render_markdown(
         "",
         "## Results",
         "",
-        f"Times are {_estimator(env)} of CUDA-event timings with L2 flushed; **\\*** marks the fastest "
-        "implementation that passed the correctness check; x eager = eager PyTorch time / this "
+        f"Times are {_estimator(env)} of CUDA-event timings with L2 flushed; **\\*** marks the "
+        "fastest implementation that passed the correctness check; x eager = eager PyTorch time / this "
         "time; roofline % = the time the ceilings allow / this time; rel err = max |out - ref| / "
         "max |ref| against a float64 reference.",
     ]
@@ -135,5 +135,8 @@ def render_markdown(
 def _estimator(env: dict) -> str:
     """How a row's time was made from its samples (runs before the key existed: medians)."""
     if env.get("estimator") == "interquartile mean":
-        return "interquartile means (the mean of the middle half of the samples, per pass; median of 3 passes)"
+        return (
+            "interquartile means (the mean of the middle half of the samples, per pass; the "
+            "median of 3 passes)"
+        )
     return "medians"
