@@ -5,7 +5,6 @@ a regression gate that compared nothing fails unless --allow-no-compare, and the
 interpreter's numpy warnings stay inside the smoke check. GPU runs are stood in for by fake
 Reports (tests/test_cli.py)."""
 
-import contextlib
 import json
 import os
 import subprocess
@@ -14,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from conftest import HAS_CUDA
 from test_cli import fake_report, invoke, save
@@ -322,61 +320,3 @@ def test_render_smoke_counts_only_dualk_rows_that_ran():
     assert "2 of 2 dualk checks correct" in text
     assert "1 of 1 PyTorch rows correct" in text
     assert "not run: dualk:auto (1 checks): unavailable: y" in text
-
-
-def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mean(monkeypatch):
-    """The eager loop on fake CUDA primitives: every timed call comes after a flush and a GPU
-    sleep sized from the call's host time, inside its own pair of events, and the row's time is
-    the interquartile mean of the samples; the CUDA-graph path falls back to an older Triton's
-    quartiles."""
-    import triton.testing
-
-    log = []
-    clock = [0.0]
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            log.append("record")
-            self.t = clock[0]
-
-        def elapsed_time(self, other):
-            return other.t - self.t
-
-    class Flush:
-        def zero_(self):
-            log.append("flush")
-
-    durations = iter([0.00717, 0.00803] * 10_000)
-
-    def fn():
-        log.append("call")
-        clock[0] += next(durations)
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
-    monkeypatch.setattr(dualk.bench, "_flush_buffer", Flush)
-    us, iqr = dualk.bench.time_device(fn, rep_ms=5.0)
-    first_sleep = next(i for i, x in enumerate(log) if isinstance(x, tuple))
-    steady = log[first_sleep - 1 :]
-    assert steady[:5] == ["flush", steady[1], "record", "call", "record"]
-    cycles = steady[1][1]
-    assert cycles >= 10 * dualk.bench.CYCLES_PER_US  # at least the 10 us floor
-    assert len(steady) % 5 == 0 and all(
-        steady[i : i + 5] == ["flush", ("sleep", cycles), "record", "call", "record"]
-        for i in range(0, len(steady), 5)
-    )
-    assert us == pytest.approx((7.17 + 8.03) / 2, abs=0.01)  # the middle half holds both levels
-    assert iqr == pytest.approx(0.86)
-
-    def old_graph_bench(fn, rep=20, quantiles=None, return_mode="mean"):
-        assert return_mode in ("min", "max", "mean", "median")
-        return [0.0075, 0.0072, 0.0080]  # the median and the two quartiles asked for
-
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", old_graph_bench)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    assert dualk.bench.time_device(fn, cuda_graph=True) == pytest.approx((7.5, 0.8))
