@@ -207,11 +207,13 @@ def launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, sms)
     tiles = cdiv(M, bm) * cdiv(N, bn)
     has_bias = bias is not None
     bias_arg = bias if has_bias else c
-    # Everything Triton could specialize this launch on, more than it needs: the descriptors'
-    # dtype and blocks (cfg, dtype, b_nk), how each of their sizes and row strides divides
-    # (int_spec, as for ints), the bias pointer (alignment, dtype) and M, N, K.
+    # Everything Triton could specialize this launch on, more than it needs: each descriptor's
+    # dtype and block (cfg, dtypes, b_nk: all a host descriptor is specialized on, Triton 3.6 and
+    # 3.9), how each size and row stride divides (int_spec), the bias pointer (alignment, dtype)
+    # and M, N, K.
     key = (
-        cfg, a.dtype, b_nk, has_bias, activation, int_spec(M), int_spec(N), int_spec(K),
+        cfg, a.dtype, b.dtype, c.dtype, b_nk, has_bias, activation, int_spec(M), int_spec(N),
+        int_spec(K),
         int_spec(sa1), int_spec(sb1), int_spec(sb2), int_spec(sc1), ptr_spec(bias_arg),
         bias_arg.dtype,
     )  # fmt: skip
