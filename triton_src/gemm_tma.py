@@ -213,9 +213,8 @@ def launch_tma(cfg, a, b, bias, c, M, N, K, sa1, sb1, sb2, sc1, activation, sms)
     # and M, N, K.
     key = (
         cfg, a.dtype, b.dtype, c.dtype, b_nk, has_bias, activation, int_spec(M), int_spec(N),
-        int_spec(K),
-        int_spec(sa1), int_spec(sb1), int_spec(sb2), int_spec(sc1), ptr_spec(bias_arg),
-        bias_arg.dtype,
+        int_spec(K), int_spec(sa1), int_spec(sb1), int_spec(sb2), int_spec(sc1),
+        ptr_spec(bias_arg), bias_arg.dtype,
     )  # fmt: skip
     args = (
         a_desc, b_desc, c_desc, bias_arg, M, N, K,
