@@ -78,7 +78,7 @@ from typing import Any
 
 import torch
 
-from . import backends
+from . import backends, timing
 from .registry import OpSpec
 
 try:
@@ -594,9 +594,9 @@ def scores(parts: dict[str, tuple[float, float]]) -> dict[str, tuple[float, floa
     }
 
 
-# GPU cycles of torch.cuda._sleep queued before each timed call (~100 us on an H100/H200), so
-# the host has enqueued the call before the GPU reaches it: the event window is device time.
-_SLEEP_CYCLES = 200_000
+# Microseconds of GPU sleep queued before each timed call at the least (with the flush, well past
+# a fast call's host time; a slow launch gets more: timing.sleep_cycles).
+_MIN_SLEEP_US = 100.0
 
 
 def _l2_flush_buffer() -> torch.Tensor | None:
@@ -616,13 +616,12 @@ def cuda_event_timer(
     """Microseconds per call (the interquartile mean of the device times, the median of the host
     times); `scores` ranks the candidates by them. Device time: CUDA events around the call, each
     call after an L2 flush and a GPU sleep that outlasts the call's host time (at least
-    _SLEEP_CYCLES, more for a slow launch path), so the window holds the kernels only and they
+    _MIN_SLEEP_US, more for a slow launch path: `timing`), so the window holds the kernels only and they
     start from a cold L2, as `dualk bench` measures and as in a model whose other layers evict
     this call's operands (timed L2-warm, add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked
     kernels that lose once the 4-9 MB operands come from HBM); host time: the call's own wall
     clock without synchronising. As many calls as fit `budget_ms` after one probe (1 to
     MAX_REPS)."""
-    sleep = getattr(torch.cuda, "_sleep", None)
     flush = _l2_flush_buffer()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -634,37 +633,9 @@ def cuda_event_timer(
     end.synchronize()
     probe = start.elapsed_time(end)
     reps = int(max(1, min(MAX_REPS, budget_ms / max(probe + 0.1, 1e-3))))
-    # ~2000 cycles per us on H100/H200; a slower clock only sleeps longer
-    cycles = int(min(max(_SLEEP_CYCLES, (2 * probe_host_us + 10) * 2000), 2**31 - 1))
-    device, host = [], []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if flush is not None:
-            flush.zero_()
-        if sleep is not None:
-            sleep(cycles)
-        s.record()
-        t0 = time.perf_counter()
-        run()
-        host.append((time.perf_counter() - t0) * 1e3)
-        e.record()
-        device.append((s, e))
-    device[-1][1].synchronize()
-    device_ms = interquartile_mean([s.elapsed_time(e) for s, e in device])
-    return device_ms * 1e3, statistics.median(host) * 1e3
-
-
-def interquartile_mean(samples: list[float]) -> float:
-    """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
-    times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands
-    on either by the mix (one kernel measured 7.17 and 7.65 us in one run); this weighs both levels and,
-    like the median, ignores the outliers."""
-    ordered = sorted(samples)
-    n = len(ordered)
-    if n < 4:
-        return statistics.median(ordered)
-    middle = ordered[n // 4 : n - n // 4]
-    return sum(middle) / len(middle)
+    cycles = timing.sleep_cycles(probe_host_us, at_least_us=_MIN_SLEEP_US)
+    device, host = timing.timed_calls(run, reps, flush, cycles)
+    return timing.interquartile_mean(device) * 1e3, statistics.median(host) * 1e3
 
 
 # ---------------------------------------------------------------------------- fingerprint

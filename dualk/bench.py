@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import registry
+from . import registry, timing
 from .backends import unavailable_reason
 from .registry import OPS, OpSpec, Sample
 from .testing import float64_reference, judge
@@ -118,7 +118,7 @@ def time_device(
     """(interquartile mean, inter-quartile range) of one call's device time in microseconds,
     CUDA events, over about `rep_ms` of calls: eager calls each after an L2 flush and a GPU sleep
     (`_eager_samples`), or CUDA-graph replays (triton.testing.do_bench_cudagraph). The
-    interquartile mean (`autotune.interquartile_mean`): a launch-bound call's samples fall on two
+    interquartile mean (`timing.interquartile_mean`): a launch-bound call's samples fall on two
     levels, and a median picks one by their mix."""
     if cuda_graph:
         samples = _graph_samples(fn, rep_ms)
@@ -131,12 +131,10 @@ def time_device(
 
 
 def _summary(samples_ms: list[float]) -> tuple[float, float]:
-    from .autotune import interquartile_mean
-
     ordered = sorted(samples_ms)
     n = len(ordered)
     iqr = ordered[(3 * n) // 4 if n > 1 else 0] - ordered[n // 4]
-    return interquartile_mean(ordered) * 1e3, iqr * 1e3
+    return timing.interquartile_mean(ordered) * 1e3, iqr * 1e3
 
 
 def _graph_samples(fn: Callable[[], object], rep_ms: float):
@@ -150,11 +148,8 @@ def _graph_samples(fn: Callable[[], object], rep_ms: float):
             return tuple(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q))
 
 
-# Bytes zeroed before each timed call (triton.testing's L2 flush: 256 MB, several times the L2)
-# and the GPU's cycles per microsecond that the sleep after it is sized with (~1.98 GHz boost on
-# H100 and H200; a lower clock only sleeps longer).
+# Bytes zeroed before each timed call (triton.testing's L2 flush: 256 MB, several times the L2).
 FLUSH_BYTES = 256 << 20
-CYCLES_PER_US = 2000
 
 
 def _flush_buffer() -> torch.Tensor:
@@ -170,7 +165,6 @@ def _eager_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2
     99.9 us for linear_gelu 8192x768->3072 bf16 whose kernel autotune timed at 68.8 us. The host
     cost is reported apart (`time_host`)."""
     flush = _flush_buffer()
-    sleep = getattr(torch.cuda, "_sleep", None)
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -184,23 +178,12 @@ def _eager_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2
     end.record()
     torch.cuda.synchronize()
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)  # flush included, as in do_bench
-    host_us = statistics.median(host) * 1e6
-    sleep_us = 2 * host_us + 10
-    cycles = int(min(sleep_us * CYCLES_PER_US, 2**31 - 1))
+    cycles = timing.sleep_cycles(statistics.median(host) * 1e6)
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         fn()
-    n = max(1, int(rep_ms / (estimate_ms + (sleep_us * 1e-3 if sleep else 0.0))))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(n)]  # fmt: skip
-    for s, e in events:
-        flush.zero_()
-        if sleep is not None:
-            sleep(cycles)
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
+    sleep_ms = cycles / timing.CYCLES_PER_US * 1e-3 if hasattr(torch.cuda, "_sleep") else 0.0
+    n = max(1, int(rep_ms / (estimate_ms + sleep_ms)))
+    return timing.timed_calls(fn, n, flush, cycles)[0]
 
 
 # Each (op, shape, dtype) is timed in ROUNDS passes over its implementations, each pass ~100/ROUNDS

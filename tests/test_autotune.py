@@ -21,6 +21,7 @@ import torch
 from click.testing import CliRunner
 
 import dualk
+import dualk.timing
 from dualk import autotune, cli, registry
 from dualk.backends import torch_ref
 from dualk.registry import OPS
@@ -349,7 +350,7 @@ def test_device_and_host_times_score_and_are_explained(fake_gpu):
 def test_interquartile_mean_weighs_both_levels_and_ignores_outliers():
     """Two-level samples (a launch-bound kernel's CUDA-event times): the median jumps with the
     mix, the interquartile mean moves with it smoothly; an outlier changes neither."""
-    iqm = autotune.interquartile_mean
+    iqm = dualk.timing.interquartile_mean
     assert iqm([7.17] * 49 + [8.03] * 51) == pytest.approx(7.17 * 24 / 50 + 8.03 * 26 / 50)
     assert iqm([7.17] * 51 + [8.03] * 49) == pytest.approx(7.17 * 26 / 50 + 8.03 * 24 / 50)
     assert iqm([1.0] * 7 + [50.0]) == 1.0

@@ -1,0 +1,59 @@
+"""CUDA-event timing shared by `dualk bench` (bench.time_device) and auto's tuner
+(autotune.cuda_event_timer): each timed call comes after an L2 flush and a GPU sleep that
+outlasts the call's host time, so the host has queued the call before the GPU reaches it and the
+event window holds the kernels only; the samples are summarised by their interquartile mean."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+# The GPU's cycles per microsecond that sleeps are sized with (~1.98 GHz boost on H100 and H200;
+# a lower clock only sleeps longer).
+CYCLES_PER_US = 2000
+
+
+def sleep_cycles(host_us: float, at_least_us: float = 0.0) -> int:
+    """GPU sleep, in cycles, to queue ahead of a call whose host time is `host_us`: twice that
+    plus 10 us (host time scatters), at least `at_least_us`."""
+    return int(min(max(2 * host_us + 10, at_least_us) * CYCLES_PER_US, 2**31 - 1))
+
+
+def timed_calls(
+    run: Callable[[], object], reps: int, flush: torch.Tensor | None, cycles: int
+) -> tuple[list[float], list[float]]:
+    """(device ms, host ms) of `reps` calls of `run`, each after `flush.zero_()` (when given)
+    and a GPU sleep of `cycles` (where torch.cuda._sleep exists), CUDA events around the call,
+    its host time measured without synchronising."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    events, host = [], []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if flush is not None:
+            flush.zero_()
+        if sleep is not None:
+            sleep(cycles)
+        s.record()
+        t0 = time.perf_counter()
+        run()
+        host.append((time.perf_counter() - t0) * 1e3)
+        e.record()
+        events.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events], host
+
+
+def interquartile_mean(samples: list[float]) -> float:
+    """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
+    times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands
+    on either by the mix (one kernel measured 7.17 and 7.65 us in one run); this weighs both
+    levels and, like the median, ignores the outliers."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n < 4:
+        return statistics.median(ordered)
+    middle = ordered[n // 4 : n - n // 4]
+    return sum(middle) / len(middle)
