@@ -17,6 +17,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from dualk.bench import torch_backend_peer
+
 
 def rows_by_case(report: dict) -> dict:
     cases = defaultdict(list)
@@ -52,24 +54,6 @@ def merge_runs(reports: list[dict]) -> dict:
     return {"env": reports[0]["env"], "rows": rows}
 
 
-# The PyTorch peer rows that run what the "torch" backend runs, per operator (16-bit
-# linear_gelu: cuBLASLt's fused epilogue; fp32: eager), to tell when auto ran the best path's own
-# kernels. Never a CUDA-graph or torch.compile row: their gap to auto is launch cost, not noise.
-_TORCH_BACKEND_ROWS = {
-    "add": ("torch eager",),
-    "relu_scale": ("torch eager relu(x)*s",),
-    "matmul": ("cuBLAS (torch.matmul)",),
-    "linear_gelu": ("torch eager gelu(linear)",),
-    "fused_mlp": ("torch eager nn.Sequential",),
-}
-
-
-def _torch_backend_row(op: str, dtype: str) -> tuple[str, ...]:
-    if op == "linear_gelu" and dtype != "float32":
-        return ("cuBLASLt addmm+gelu",)
-    return _TORCH_BACKEND_ROWS.get(op, ())
-
-
 def _ran(auto: dict) -> str:
     note = auto.get("note") or ""
     return note.split()[1] if note.startswith("ran ") and len(note.split()) > 1 else "?"
@@ -79,7 +63,7 @@ def _same_kernel(auto: dict, best: dict, op: str, dtype: str) -> bool:
     ran = _ran(auto)
     if ran in ("cuda", "triton"):
         return best["impl"] == f"dualk:{ran}"
-    return ran == "torch" and best["impl"] in _torch_backend_row(op, dtype)
+    return ran == "torch" and best["impl"] == torch_backend_peer(op, dtype)
 
 
 def table(report: dict, limit: float = 1.05) -> tuple[list[str], int, int]:

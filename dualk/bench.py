@@ -229,6 +229,25 @@ def measure_ceilings() -> dict:
 
 
 # ---------------------------------------------------------------------------- peers
+# The peer (of `peers` below) that computes what dualk's "torch" backend runs, per operator:
+# 16-bit linear_gelu runs cuBLASLt's fused epilogue (backends.torch_ref.linear_gelu_fastest).
+# bench/auto_table.py uses it to tell when "auto" ran the best path's own kernel.
+TORCH_BACKEND_PEER = {
+    "add": "torch eager",
+    "relu_scale": "torch eager relu(x)*s",
+    "matmul": "cuBLAS (torch.matmul)",
+    "linear_gelu": "torch eager gelu(linear)",
+    "fused_mlp": "torch eager nn.Sequential",
+}
+
+
+def torch_backend_peer(op: str, dtype: str) -> str | None:
+    """TORCH_BACKEND_PEER's entry for `op` at `dtype` (a dtype name as in a run's rows)."""
+    if op == "linear_gelu" and dtype != "float32":
+        return "cuBLASLt addmm+gelu"
+    return TORCH_BACKEND_PEER.get(op)
+
+
 def peers(
     spec: OpSpec, sample: Sample, with_compile: bool
 ) -> dict[str, tuple[Callable[[], torch.Tensor], bool]]:
