@@ -73,6 +73,10 @@ cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
 // the same arithmetic as one pass, reordered. For fp32 the reordering is also the accuracy fix:
 // one pass sums k in order (at k = 65536, 20x cuBLAS's error), slices sum ~k / splits terms each.
 constexpr int64_t kSplitKMinSlice = 256;  // k per slice: 8 k-tiles of 32
+// fp32 slices run the SIMT kernels, whose 64 k of FMA per output (128 FLOPs) cost about as much as
+// the 8 bytes of workspace each slice writes and reads; 256 capped linear_gelu 32x768->3072 at
+// 3 slices (72 CTAs of a 128-row tile for 32 rows: 45 us on an H100, cuBLAS 39).
+constexpr int64_t kSplitKMinSliceFp32 = 64;
 constexpr int64_t kSplitKMaxSplits = 128;
 
 struct SplitK {
@@ -83,8 +87,9 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   const SplitK none{1, args.k};
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return none;
   if (args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
-  if (args.k < 2 * kSplitKMinSlice || args.k >= (int64_t{1} << 31)) return none;
   const bool fp32 = args.dtype == DType::kFloat32;
+  const int64_t min_slice = fp32 ? kSplitKMinSliceFp32 : kSplitKMinSlice;
+  if (args.k < 2 * min_slice || args.k >= (int64_t{1} << 31)) return none;
   // 16-bit slices run the tensor-core kernel, which needs its 16-byte rows; fp32 slices run
   // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
   if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;
@@ -92,7 +97,7 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
                              : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
   if (2 * tiles >= device.num_sms) return none;  // the one-pass kernels fill the GPU
   int64_t splits = ceil_div(int64_t{2} * device.num_sms, tiles);  // ~2 CTAs per SM
-  splits = std::min(std::min(splits, args.k / kSplitKMinSlice), kSplitKMaxSplits);
+  splits = std::min(std::min(splits, args.k / min_slice), kSplitKMaxSplits);
   if (splits < 2) return none;
   const int64_t slice = ceil_div(ceil_div(args.k, splits), TcSmall::kBlockK) * TcSmall::kBlockK;
   return {ceil_div(args.k, slice), slice};

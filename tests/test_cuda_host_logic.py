@@ -28,7 +28,10 @@ PROGRAM = textwrap.dedent(
           {DType::kFloat32, 64, 64, 65536, 1, 0, false},    // weight_grad
           {DType::kFloat32, 4096, 4096, 4096, 1, 0, false}, // many tiles: one pass
           {DType::kBFloat16, 64, 64, 4096, 2, 0, false},    // batch 2: one pass
-          {DType::kFloat32, 64, 64, 511, 1, 0, false},      // k < 2 x 256: one pass
+          {DType::kBFloat16, 64, 64, 511, 1, 0, false},     // 16-bit k < 2 x 256: one pass
+          {DType::kFloat32, 64, 64, 127, 1, 0, false},      // fp32 k < 2 x 64: one pass
+          {DType::kFloat32, 64, 64, 511, 1, 0, false},
+          {DType::kFloat32, 32, 3072, 768, 1, 0, true},     // linear_gelu 32x768->3072
           {DType::kBFloat16, 64, 48, 4001, 1, 1, true},     // 16-bit rows not 16-byte aligned
           {DType::kFloat32, 64, 48, 4001, 1, 1, true},      // fp32: any rows
       };
@@ -54,15 +57,18 @@ PROGRAM = textwrap.dedent(
 
 EXPECTED = [
     (32, 256),  # 16-bit: 4 tiles of 64 x 64 -> 66 wanted, k / 256 = 32 slices of 256
-    (32, 256),  # fp32: 1 tile of 128 x 128 -> 264 wanted, 32 slices of 256
-    (18, 288),  # 19 wanted: slices of 288 (a multiple of 32), 17 full and a tail of 104
-    (18, 288),
+    (128, 64),  # fp32: 1 tile of 128 x 128 -> 264 wanted, at most 128 slices (of 64)
+    (53, 96),  # fp32: k / 64 = 78 wanted: slices of 96 (a multiple of 32), 52 full and a tail of 8
+    (18, 288),  # 16-bit: 19 wanted: slices of 288, 17 full and a tail of 104
     (128, 512),  # at most 128 slices
     (1, 4096),
     (1, 4096),
     (1, 511),
+    (1, 127),
+    (6, 96),  # 511 / 64 = 7 wanted: slices of 96, 5 full and a tail of 31
+    (8, 96),  # 24 tiles -> 11 wanted: slices of 96, 8 of them
     (1, 4001),
-    (14, 288),  # 4001 / 256 = 15 wanted: slices of 288, 13 full and a tail of 257
+    (42, 96),  # 4001 / 64 = 62 wanted: slices of 96, 41 full and a tail of 65
 ]
 
 

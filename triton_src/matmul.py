@@ -467,7 +467,8 @@ def _gemm(
         )  # fmt: skip
         if aligned:
             spec = (*spec[:-1], aligned)
-    if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
+    # short k never splits: one comparison on that hot path
+    if K >= 2 * (SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE):
         plan = split_k_plan(kind, batch, M, N, K, num_sms(a.device))
         if plan is not None:
             _split_k_launch(
@@ -566,6 +567,10 @@ def _gemm_launch(
 # k > 4096 only, which leaves the 4096^3 benchmark as it was. TF32 keeps one pass: its 2^-11
 # input rounding dwarfs the summation order's error.
 SPLIT_K_MIN_SLICE = 256
+# Exact fp32 runs on CUDA cores: 64 k of FMA per output (128 FLOPs) cost about what the 8 bytes of
+# workspace a slice writes and reads do, and 256 left linear_gelu 32x768->3072 at 3 slices
+# (144 programs, 52 us on an H100 against cuBLAS's 39). As CUDA's kSplitKMinSliceFp32.
+SPLIT_K_MIN_SLICE_FP32 = 64
 SPLIT_K_MAX_SPLITS = 128
 FP32_ORDERED_MAX_K = 4096
 FP32_SLICE = 1024
@@ -580,12 +585,13 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
     ``slice`` k (a multiple of the config's BLOCK_SIZE_K), the last one shorter. The config is the
     small class's first (64x64; the interpreter's 32x32), or the large class's first for exact
     fp32 with many tiles. Untimed: the path is chosen by this rule, not by the tuner."""
-    if not SPLIT_K[0] or batch != 1 or K < 2 * SPLIT_K_MIN_SLICE:
+    min_slice = SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE
+    if not SPLIT_K[0] or batch != 1 or K < 2 * min_slice:
         return None
     cfg = _INTERPRETER_CONFIGS[0] if interpreting() else GEMM_CONFIGS[(kind, "small")][0]
     tiles = cdiv(M, cfg[1]) * cdiv(N, cfg[2])
     if 2 * tiles < sms:  # one pass would leave over half the SMs idle
-        splits = min(cdiv(2 * sms, tiles), K // SPLIT_K_MIN_SLICE, SPLIT_K_MAX_SPLITS)
+        splits = min(cdiv(2 * sms, tiles), K // min_slice, SPLIT_K_MAX_SPLITS)
     elif kind == "fp32" and K > FP32_ORDERED_MAX_K:  # the accuracy fix
         if not interpreting() and M >= 128 and N >= 128:
             cfg = GEMM_CONFIGS[("fp32", "large")][0]
