@@ -7,7 +7,8 @@
 # Files written (at most 8, flat, so a remote runner can bring them all back):
 #   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
 # A carried build/cuda-cache.tgz seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE writes one.
-# TEST_SELECTION="tests/test_x.py -k y" runs part of the suite; FUZZ_BUDGET=0 skips the fuzz tests.
+# TEST_SELECTION="tests/test_x.py tests/test_y.py" and TEST_K="pytest -k expression" run part of
+# the suite; FUZZ_BUDGET=0 skips the fuzz tests.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench|integration|tests+integration] [suite] [bench args...]}
 STAGE=${2:-all}
@@ -55,8 +56,8 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
   # tests/test_cuda_compile.py is nvcc's static check, which CI runs; the GPU run is about kernels.
   # The property tests (tests/test_fuzz.py) run after, within FUZZ_BUDGET seconds: every drawn
   # shape is a new Triton specialization to compile.
-  # TEST_SELECTION: pytest's arguments for a part of the suite (default: all of tests/).
-  $PY -m pytest ${TEST_SELECTION:-tests} $xdist -q -rs $per_test --durations=15 --deselect tests/test_cuda_compile.py \
+  # TEST_SELECTION (files) and TEST_K (a -k expression): a part of the suite (default: all).
+  $PY -m pytest ${TEST_SELECTION:-tests} ${TEST_K:+-k "$TEST_K"} $xdist -q -rs $per_test --durations=15 --deselect tests/test_cuda_compile.py \
     --ignore tests/test_fuzz.py --junitxml="$OUT/junit.xml" -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   status=$?
   echo "pytest: rc=$status in $(( $(date +%s) - t0 )) s"
