@@ -71,6 +71,49 @@ def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mea
     assert dualk.bench.time_device(fn, cuda_graph=True) == pytest.approx((7.5, 0.8))
 
 
+def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
+    """auto's timer (autotune.cuda_event_timer) on fake CUDA primitives: the repetitions that fit
+    its budget are counted with each one's L2 flush and GPU sleep, not the kernel alone (a first
+    call on an unseen class took 96 ms of a 60 ms budget on an H100 that way)."""
+    from dualk import autotune
+
+    clock = [0.0]  # GPU milliseconds
+    calls = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    class Flush:
+        def zero_(self):
+            clock[0] += 0.05
+
+    def sleep(cycles):
+        clock[0] += cycles / dualk.timing.CYCLES_PER_US / 1e3
+
+    def kernel():
+        calls.append(1)
+        clock[0] += 0.02
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(autotune, "_l2_flush_buffer", Flush)
+    device_us, _ = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
+    assert device_us == pytest.approx(20.0)
+    # 0.02 ms kernel + 0.05 flush + 0.1 sleep (autotune._MIN_SLEEP_US): 10 in 1.75 ms, plus the probe
+    assert len(calls) == 1 + 10
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_a_slow_launch_is_not_timed_as_kernel_time():
     """A call that spends 300 us on the host before launching a few-us kernel (more than the
