@@ -8,7 +8,8 @@
 #   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
 # A carried build/cuda-cache.tgz seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE writes one.
 # TEST_SELECTION="tests/test_x.py tests/test_y.py" and TEST_K="pytest -k expression" run part of
-# the suite; FUZZ_BUDGET=0 skips the fuzz tests.
+# the suite (tests/test_fuzz.py, if named there, runs without its budget); FUZZ_BUDGET=0 (exactly)
+# skips the fuzz tests.
 set -uo pipefail
 OUT=${1:?usage: bench/gpu_check.sh OUT_DIR [all|tests|bench|integration|tests+integration] [suite] [bench args...]}
 STAGE=${2:-all}
@@ -65,20 +66,20 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
   tail -n 2 "$OUT/pytest.log"
   [ "${FUZZ_BUDGET:-180}" = 0 ] && echo "fuzz: skipped (FUZZ_BUDGET=0)"
   [ "${FUZZ_BUDGET:-180}" != 0 ] && {
-  t0=$(date +%s)
-  echo "=== tests/test_fuzz.py (hypothesis profile $DUALK_HYPOTHESIS_PROFILE, budget ${FUZZ_BUDGET:-180} s)" >> "$OUT/pytest.log"
-  # SIGINT: pytest stops and still prints the failures so far.
-  # Its own process group, killed afterwards: xdist workers must not outlive the budget (they
-  # would load the GPU and the CPUs under whatever runs next).
-  setsid timeout -s INT -k 30 "${FUZZ_BUDGET:-180}" $PY -m pytest tests/test_fuzz.py $xdist -q -rfEs \
-    $per_test --durations=10 -p no:cacheprovider >> "$OUT/pytest.log" 2>&1 &
-  fuzz_pid=$!
-  wait $fuzz_pid
-  rc=$?
-  kill -9 -- -$fuzz_pid 2>/dev/null
-  echo "fuzz: rc=$rc in $(( $(date +%s) - t0 )) s"
-  [ $rc -eq 124 ] && { echo "fuzz: stopped at its budget (FUZZ_BUDGET)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; }
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && { grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; status=$rc; }
+    t0=$(date +%s)
+    echo "=== tests/test_fuzz.py (hypothesis profile $DUALK_HYPOTHESIS_PROFILE, budget ${FUZZ_BUDGET:-180} s)" >> "$OUT/pytest.log"
+    # SIGINT: pytest stops and still prints the failures so far.
+    # Its own process group, killed afterwards: xdist workers must not outlive the budget (they
+    # would load the GPU and the CPUs under whatever runs next).
+    setsid timeout -s INT -k 30 "${FUZZ_BUDGET:-180}" $PY -m pytest tests/test_fuzz.py $xdist -q -rfEs \
+      $per_test --durations=10 -p no:cacheprovider >> "$OUT/pytest.log" 2>&1 &
+    fuzz_pid=$!
+    wait $fuzz_pid
+    rc=$?
+    kill -9 -- -$fuzz_pid 2>/dev/null
+    echo "fuzz: rc=$rc in $(( $(date +%s) - t0 )) s"
+    [ $rc -eq 124 ] && { echo "fuzz: stopped at its budget (FUZZ_BUDGET)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; }
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && { grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; status=$rc; }
   }
 fi
 

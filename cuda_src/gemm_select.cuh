@@ -75,7 +75,9 @@ cudaError_t run_gemm_typed(const GemmArgs& args, cudaStream_t stream) {
 constexpr int64_t kSplitKMinSlice = 256;  // k per slice: 8 k-tiles of 32
 // fp32 slices run the SIMT kernels, whose 64 k of FMA per output (128 FLOPs) cost about as much as
 // the 8 bytes of workspace each slice writes and reads; 256 capped linear_gelu 32x768->3072 at
-// 3 slices (72 CTAs of a 128-row tile for 32 rows: 45 us on an H100, cuBLAS 39).
+// 3 slices (72 CTAs of a 128-row tile for 32 rows: 45 us on an H100, cuBLAS 39; 8 slices of 96:
+// 29-30 us). Only the slices are shorter: k < 2 * kSplitKMinSlice still runs in one pass (a
+// small GEMM would pay a workspace and a second launch for little).
 constexpr int64_t kSplitKMinSliceFp32 = 64;
 constexpr int64_t kSplitKMaxSplits = 128;
 
@@ -87,9 +89,9 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   const SplitK none{1, args.k};
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return none;
   if (args.batch != 1 || args.m <= 0 || args.n <= 0) return none;
+  if (args.k < 2 * kSplitKMinSlice || args.k >= (int64_t{1} << 31)) return none;
   const bool fp32 = args.dtype == DType::kFloat32;
   const int64_t min_slice = fp32 ? kSplitKMinSliceFp32 : kSplitKMinSlice;
-  if (args.k < 2 * min_slice || args.k >= (int64_t{1} << 31)) return none;
   // 16-bit slices run the tensor-core kernel, which needs its 16-byte rows; fp32 slices run
   // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
   if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;

@@ -240,7 +240,8 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(0, 8, 5, "empty"),
         mm(6, 0, 5, "k0"),
         mm(1000, 17, 4097, "odd_large", gpu_only=True),
-        # Few output tiles, long k: CUDA split-K (17 slices of 288 and a tail of 104; a second
+        # Few output tiles, long k: CUDA split-K (16-bit: 17 slices of 288 and a tail of 104;
+        # fp32: 52 slices of 96 and a tail of 8; a second
         # row of tiles cut short; k-major B), and a broadcast-free weight-gradient shape.
         mm(72, 5000, 40, "split_k_odd", gpu_only=True),
         mm(64, 4000, 48, "split_k_kmajor", gpu_only=True,

@@ -29,8 +29,8 @@ PROGRAM = textwrap.dedent(
           {DType::kFloat32, 4096, 4096, 4096, 1, 0, false}, // many tiles: one pass
           {DType::kBFloat16, 64, 64, 4096, 2, 0, false},    // batch 2: one pass
           {DType::kBFloat16, 64, 64, 511, 1, 0, false},     // 16-bit k < 2 x 256: one pass
-          {DType::kFloat32, 64, 64, 127, 1, 0, false},      // fp32 k < 2 x 64: one pass
-          {DType::kFloat32, 64, 64, 511, 1, 0, false},
+          {DType::kFloat32, 64, 64, 511, 1, 0, false},      // fp32 k < 2 x 256: one pass too
+          {DType::kFloat32, 64, 64, 512, 1, 0, false},      // 1 tile: slices of 64
           {DType::kFloat32, 32, 3072, 768, 1, 0, true},     // linear_gelu 32x768->3072
           {DType::kBFloat16, 64, 48, 4001, 1, 1, true},     // 16-bit rows not 16-byte aligned
           {DType::kFloat32, 64, 48, 4001, 1, 1, true},      // fp32: any rows
@@ -64,8 +64,8 @@ EXPECTED = [
     (1, 4096),
     (1, 4096),
     (1, 511),
-    (1, 127),
-    (6, 96),  # 511 / 64 = 7 wanted: slices of 96, 5 full and a tail of 31
+    (1, 511),
+    (8, 64),  # 512 / 64 = 8 wanted: slices of 64
     (8, 96),  # 24 tiles -> 11 wanted: slices of 96, 8 of them
     (1, 4001),
     (42, 96),  # 4001 / 64 = 62 wanted: slices of 96, 41 full and a tail of 65

@@ -4,7 +4,7 @@ float64 reference with the GEMM rule of dualk/testing.py (within 2x PyTorch's ow
 
 The registry's split-K cases are GPU-only; here the shapes are interpreter-sized and the SM count
 is faked (64), so that a handful of 32x32 tiles count as "few" and k = 600-1200 is cut into 2-4
-slices. Every case checks that the reduce kernel ran (its launch counter), with the workspace
+slices (16-bit) or up to ~18 (exact fp32, slices of at least 64). Every case checks that the reduce kernel ran (its launch counter), with the workspace
 poisoned with NaN, so a slice that wrote nothing cannot pass."""
 
 import math
@@ -150,7 +150,7 @@ def test_fp32_long_k_splits_with_many_tiles(monkeypatch, split_k):
 
 def test_plan_on_an_h100(monkeypatch):
     """The GPU plan (64x64 tiles) on an H100's 132 SMs: the rule of cuda_src/gemm_select.cuh
-    (about 2 programs per SM, slices of at least 256; 64 for exact fp32), though Triton's slices are multiples of
+    (about 2 programs per SM, slices of at least 256, 64 for exact fp32), though Triton's slices are multiples of
     its 64-wide k tile where CUDA's are multiples of 32."""
     monkeypatch.setattr(mm, "interpreting", lambda: False)
     monkeypatch.setattr(mm, "SPLIT_K", [True])
@@ -166,7 +166,8 @@ def test_plan_on_an_h100(monkeypatch):
     assert mm.split_k_plan("tf32", 1, 128, 128, 8192, 132)[1] == 32
     # exact fp32, few tiles: slices of at least 64 (CUDA cores), linear_gelu 32x768->3072
     assert mm.split_k_plan("fp32", 1, 32, 3072, 768, 132)[1:] == (6, 128)  # 48 tiles x 6
-    assert mm.split_k_plan("fp32", 1, 128, 128, 127, 132) is None
+    assert mm.split_k_plan("fp32", 1, 128, 128, 511, 132) is None  # k < 2 x 256: one pass
+    assert mm.split_k_plan("fp32", 1, 128, 128, 512, 132)[1:] == (8, 64)  # 1 tile: k / 64
     assert mm.split_k_plan(tc, 1, 32, 3072, 768, 132)[1:] == (3, 256)  # 16-bit: slices of 256
     # exact fp32, many tiles: slices of about FP32_SLICE, the large class's tile
     cfg, splits, _ = mm.split_k_plan("fp32", 1, 2048, 2048, 16384, 132)

@@ -467,8 +467,7 @@ def _gemm(
         )  # fmt: skip
         if aligned:
             spec = (*spec[:-1], aligned)
-    # short k never splits: one comparison on that hot path
-    if K >= 2 * (SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE):
+    if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
         plan = split_k_plan(kind, batch, M, N, K, num_sms(a.device))
         if plan is not None:
             _split_k_launch(
@@ -551,10 +550,11 @@ def _gemm_launch(
 # ------------------------------------------------------------------ split-K
 # Few output tiles and a long k (a tall batch's weight gradients, 64 x 2^18 x 64; 128 x 8192 x
 # 128): one program per tile leaves most SMs idle for the whole k loop (128x8192x128 bf16: 37 us
-# vs cuBLAS's 11.7 on an H100). As CUDA's split_k_plan (cuda_src/gemm_select.cuh): k is cut into
-# slices of at least SPLIT_K_MIN_SLICE, at most SPLIT_K_MAX_SPLITS of them, about 2 programs per
-# SM over the tiles; the slices are gemm_kernel's batch entries (SPLIT_K), writing fp32 partial
-# products into a (splits, M, N) workspace, and split_k_reduce_kernel sums them, adds the bias,
+# vs cuBLAS's 11.7 on an H100). As CUDA's split_k_plan (cuda_src/gemm_select.cuh): a k of at
+# least 2 * SPLIT_K_MIN_SLICE is cut into slices of at least SPLIT_K_MIN_SLICE (exact fp32:
+# SPLIT_K_MIN_SLICE_FP32), at most SPLIT_K_MAX_SPLITS of them, about 2 programs per SM over the
+# tiles; the slices are gemm_kernel's batch entries (SPLIT_K), writing fp32 partial products
+# into a (splits, M, N) workspace, and split_k_reduce_kernel sums them, adds the bias,
 # applies the activation and rounds once. One batch only: the batch axis carries the slices
 # (matmul's batched A times a shared B is folded into one batch before this).
 #
@@ -569,7 +569,9 @@ def _gemm_launch(
 SPLIT_K_MIN_SLICE = 256
 # Exact fp32 runs on CUDA cores: 64 k of FMA per output (128 FLOPs) cost about what the 8 bytes of
 # workspace a slice writes and reads do, and 256 left linear_gelu 32x768->3072 at 3 slices
-# (144 programs, 52 us on an H100 against cuBLAS's 39). As CUDA's kSplitKMinSliceFp32.
+# (144 programs, 52 us on an H100 against cuBLAS's 39; 6 slices of 128: 42-43 us). Only the
+# slices are shorter: k < 2 * SPLIT_K_MIN_SLICE runs in one pass for every kind. As CUDA's
+# kSplitKMinSliceFp32.
 SPLIT_K_MIN_SLICE_FP32 = 64
 SPLIT_K_MAX_SPLITS = 128
 FP32_ORDERED_MAX_K = 4096
@@ -585,9 +587,9 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
     ``slice`` k (a multiple of the config's BLOCK_SIZE_K), the last one shorter. The config is the
     small class's first (64x64; the interpreter's 32x32), or the large class's first for exact
     fp32 with many tiles. Untimed: the path is chosen by this rule, not by the tuner."""
-    min_slice = SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE
-    if not SPLIT_K[0] or batch != 1 or K < 2 * min_slice:
+    if not SPLIT_K[0] or batch != 1 or K < 2 * SPLIT_K_MIN_SLICE:
         return None
+    min_slice = SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE
     cfg = _INTERPRETER_CONFIGS[0] if interpreting() else GEMM_CONFIGS[(kind, "small")][0]
     tiles = cdiv(M, cfg[1]) * cdiv(N, cfg[2])
     if 2 * tiles < sms:  # one pass would leave over half the SMs idle
