@@ -531,6 +531,9 @@ def autotune_costs() -> dict:
                                  "direct": lambda: call(x2, lin, chosen),
                                  "hit3": lambda: call(x3, lin, "auto"),
                                  "direct3": lambda: call(x3, lin, chosen3)}, rounds=31)  # fmt: skip
+            dispatch_only = _dispatch_only_hit_minus_direct(
+                label.split()[0], lambda be: call(x3, lin, be), chosen3
+            )  # fmt: skip
         out[label] = {"first call on unseen class ms (beyond compilation)": first_ms,
                       "new shape in known class ms": known_ms, "chosen": chosen,
                       "auto hit host us": pair["hit"], "direct host us": pair["direct"],
@@ -539,8 +542,34 @@ def autotune_costs() -> dict:
                       "launch-bound auto hit host us": pair["hit3"],
                       "launch-bound direct host us": pair["direct3"],
                       "launch-bound hit - direct us": pair["hit3"] - pair["direct3"],
+                      "dispatch only (backend stubbed): auto hit us": dispatch_only[0],
+                      "dispatch only: direct us": dispatch_only[1],
+                      "dispatch only: hit - direct us": dispatch_only[0] - dispatch_only[1],
                       "goals": "first <= 100 ms, known <= 5 ms, hit - direct <= 1 us"}  # fmt: skip
     return out
+
+
+def _dispatch_only_hit_minus_direct(op: str, call, chosen: str) -> tuple[float, float]:
+    """(auto hit, direct) host microseconds per call of `call(backend)` with every backend's
+    implementation replaced by one that returns a preallocated tensor: dualk's own layer on this
+    host (checks, overrides, the auto lookup), without the launch or the kernel, whose host time
+    scatters by more than the 1 us goal (a cuBLASLt call took 30-43 us on H100 hosts)."""
+    from dualk.registry import OPS
+
+    spec = OPS[op]
+    result = call(chosen)
+    torch.cuda.synchronize()
+    saved = dict(spec._resolved)
+    try:
+        for name in ("cuda", "triton", "torch"):
+            spec._resolved[name] = lambda *args, result=result: result
+        pair = _alternating(lambda fn: time_host(fn, 2000),
+                            {"hit": lambda: call("auto"), "direct": lambda: call(chosen)},
+                            rounds=15)  # fmt: skip
+    finally:
+        spec._resolved.clear()
+        spec._resolved.update(saved)
+    return pair["hit"], pair["direct"]
 
 
 # ------------------------------------------------------------------------------------- gpt2

@@ -47,6 +47,7 @@ def _getenv(name: str) -> str | None:
 
 
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("dualk_backend", default=None)
+_scoped_get = _scoped.get  # bound once: auto_unforced runs on every auto call
 _process_default: str | None = None
 
 
@@ -119,11 +120,11 @@ def auto_unforced(spec: OpSpec) -> bool:
     # The config table is read through its cache (config.backend_defaults() only on the first
     # call): one function call less per auto call.
     return (
-        _ENV_BYTES is not None
+        _process_default is None
+        and _scoped_get() is None
+        and _ENV_BYTES is not None
         and spec.env_key not in _ENV_BYTES
         and b"DUALK_BACKEND" not in _ENV_BYTES
-        and _scoped.get() is None
-        and _process_default is None
         and not (config._cache if config._cache is not None else config.backend_defaults())
     )
 

@@ -8,6 +8,11 @@
    an H100 host): a cProfile of 200 calls, sorted by own time.
 
     python3 experiments/probe_gemm_n5000.py [--out FILE]
+    python3 experiments/probe_gemm_n5000.py --ncu-cases   # under ncu: experiments/ncu_gemm_n5000.sh
+
+--ncu-cases runs dualk's CUDA GEMM once per B layout (n = 5120 contiguous, n = 5000 contiguous,
+n = 5000 as a view with rows of 10240 bytes), after one warm-up each, for Nsight Compute to
+profile (the wrapper filters on gemm_sm90_kernel and skips the warm-ups).
 """
 
 from __future__ import annotations
@@ -53,6 +58,18 @@ def alignment(lines: list[str]) -> None:
         lines.append(f"| {name} | {mo:.1f} | {mr:.1f} | {mr / mo:.2f}x | {err:.3g} |")
 
 
+def ncu_cases() -> None:
+    """One warm-up and one profiled launch per B layout, in the table's order."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(0)
+    a = torch.randn(3000, 2000, device=dev, dtype=dt)
+    wide = torch.randn(2000, 5120, device=dev, dtype=dt)
+    for b in (wide, wide[:, :5000].contiguous(), wide[:, :5000]):
+        cuda_backend.matmul(a, b)  # warm-up (skipped by the wrapper's --launch-skip pattern)
+        cuda_backend.matmul(a, b)
+    torch.cuda.synchronize()
+
+
 def triton_host(lines: list[str]) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     x = torch.randn(8192, 768, device=dev, dtype=dt)
@@ -83,7 +100,11 @@ def triton_host(lines: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--ncu-cases", action="store_true", help="the launches for ncu only")
     args = parser.parse_args()
+    if args.ncu_cases:
+        ncu_cases()
+        return
     lines = [f"{torch.cuda.get_device_name()} torch {torch.__version__}", ""]
     alignment(lines)
     triton_host(lines)
