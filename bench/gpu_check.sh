@@ -6,7 +6,8 @@
 #
 # Files written (at most 8, flat, so a remote runner can bring them all back):
 #   env.txt  setup.log  pytest.log  junit.xml  bench.json  bench.txt  integration.json  integration.txt
-# A carried build/cuda-cache.tgz seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE writes one.
+# A carried build/cuda-cache.tar.xz (or .tgz) seeds the CUDA build cache; SAVE_CUDA_CACHE=FILE
+# writes one (xz -9e: ~7 MB, where gzip's 16+ MB missed the 16 MiB limit on files coming back).
 # TEST_SELECTION="tests/test_x.py tests/test_y.py" and TEST_K="pytest -k expression" run part of
 # the suite (tests/test_fuzz.py, if named there, runs without its budget); FUZZ_BUDGET=0 (exactly)
 # skips the fuzz tests.
@@ -28,12 +29,15 @@ PY=${PYTHON:-python3}
 } > "$OUT/env.txt" 2>&1
 head -n 30 "$OUT/env.txt"
 
-# A CUDA build carried from an earlier call (build/cuda-cache.tgz, named in the device call's
+# A CUDA build carried from an earlier call (build/cuda-cache.tar.xz, named in the device call's
 # carry; SAVE_CUDA_CACHE=FILE below writes one): the loader checks the build key (sources,
 # toolchain, architecture), so a stale one is rebuilt, and a matching one saves the ~105 s build.
-if [ -f build/cuda-cache.tgz ]; then
-  mkdir -p "$DUALK_CACHE_DIR" && tar xzf build/cuda-cache.tgz -C "$DUALK_CACHE_DIR" --strip-components=1
-fi
+for seed in build/cuda-cache.tar.xz build/cuda-cache.tgz; do
+  if [ -f "$seed" ]; then
+    mkdir -p "$DUALK_CACHE_DIR" && tar xf "$seed" -C "$DUALK_CACHE_DIR" --strip-components=1
+    break
+  fi
+done
 t0=$(date +%s)
 {
   $PY -m pip install --no-deps --no-build-isolation -e . && $PY -m dualk build --verbose
@@ -42,8 +46,9 @@ rc=$?
 echo "setup (install + CUDA build): rc=$rc in $(( $(date +%s) - t0 )) s"
 tail -n 3 "$OUT/setup.log"
 [ $rc -eq 0 ] || { grep -n -i -E "error" "$OUT/setup.log" | head -40; exit $rc; }
-if [ -n "${SAVE_CUDA_CACHE:-}" ]; then  # e.g. SAVE_CUDA_CACHE=$OUT/cuda-cache.tgz (a 9th file: drop one)
-  tar czf "$SAVE_CUDA_CACHE" -C "$(dirname "$DUALK_CACHE_DIR")" "$(basename "$DUALK_CACHE_DIR")/cuda"
+if [ -n "${SAVE_CUDA_CACHE:-}" ]; then  # e.g. SAVE_CUDA_CACHE=$OUT/cuda-cache.tar.xz (a 9th file: drop one)
+  pack=z; command -v xz > /dev/null && pack=J  # gzip where xz is missing (then name it .tgz)
+  XZ_OPT=-9e tar c${pack}f "$SAVE_CUDA_CACHE" -C "$(dirname "$DUALK_CACHE_DIR")" "$(basename "$DUALK_CACHE_DIR")/cuda"
 fi
 
 status=0
