@@ -588,33 +588,57 @@ def test_exact_table_follows_new_decisions_clears_and_tuning(ran, monkeypatch):
     assert last_backend(ran, call) == "torch"
 
 
-def test_exact_table_never_outranks_an_override(ran, monkeypatch, tmp_path):
+def _one_call(op):
+    """call(backend) of `op` on CPU-sized arguments drawn once (every call the same shapes)."""
+    import dualk as dk
+
+    a, b, x, w, bias, m = r(64), r(64), r(8, 16), r(32, 16), r(32), r(16, 32)
+    mlp = mlp_args(8, [16, 32, 8])
+    return {
+        "add": lambda be: dk.add(a, b, backend=be),
+        "relu_scale": lambda be: dk.relu_scale(a, 2.0, backend=be),
+        "matmul": lambda be: dk.matmul(x, m, backend=be),
+        "linear_gelu": lambda be: dk.linear_gelu(x, w, bias, backend=be),
+        "fused_mlp": lambda be: dk.fused_mlp(*mlp[:3], backend=be),
+    }[op]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
+    """Every operator's auto fast path (an exact-hit table answer) yields to each override
+    source set after the first calls: the op's variable, DUALK_BACKEND, use_backend,
+    set_default_backend and the config file; a named backend too."""
     import dualk
 
-    x = r(64)
-    call = lambda: dualk.relu_scale(x, 2.0)  # noqa: E731
+    run = _one_call(op)
+    call = lambda: run("auto")  # noqa: E731
     assert last_backend(ran, call) == "triton"
     assert last_backend(ran, call) == "triton"  # from the table
-    monkeypatch.setenv("DUALK_BACKEND_RELU_SCALE", "torch")  # set after the first calls
+    assert autotune.exact_hits
+    monkeypatch.setenv(f"DUALK_BACKEND_{op.upper()}", "torch")  # set after the first calls
     assert last_backend(ran, call) == "torch"
-    monkeypatch.delenv("DUALK_BACKEND_RELU_SCALE")
+    monkeypatch.delenv(f"DUALK_BACKEND_{op.upper()}")
     monkeypatch.setenv("DUALK_BACKEND", "cuda")
     assert last_backend(ran, call) == "cuda"
     monkeypatch.delenv("DUALK_BACKEND")
     with dualk.use_backend("torch"):
         assert last_backend(ran, call) == "torch"
     dualk.set_default_backend("cuda")
-    assert last_backend(ran, call) == "cuda"
-    dualk.set_default_backend(None)
+    try:
+        assert last_backend(ran, call) == "cuda"
+    finally:
+        dualk.set_default_backend(None)
     config = tmp_path / "dualk.toml"
-    config.write_text('[backend]\nrelu_scale = "torch"\n')
+    config.write_text(f'[backend]\n{op} = "torch"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(config))
     dualk.config.reload()
-    assert last_backend(ran, call) == "torch"
-    monkeypatch.delenv("DUALK_CONFIG")
-    dualk.config.reload()
+    try:
+        assert last_backend(ran, call) == "torch"
+    finally:
+        monkeypatch.delenv("DUALK_CONFIG")
+        dualk.config.reload()
     assert last_backend(ran, call) == "triton"  # and the table's answer stands again
-    assert last_backend(ran, lambda: dualk.relu_scale(x, 2.0, backend="cuda")) == "cuda"
+    assert last_backend(ran, lambda: run("cuda")) == "cuda"
 
 
 @pytest.mark.parametrize(
