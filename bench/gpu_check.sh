@@ -69,8 +69,9 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
   echo "pytest: rc=$status in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -40
   tail -n 2 "$OUT/pytest.log"
-  [ "${FUZZ_BUDGET:-180}" = 0 ] && echo "fuzz: skipped (FUZZ_BUDGET=0)"
-  [ "${FUZZ_BUDGET:-180}" != 0 ] && {
+  if [ "${FUZZ_BUDGET:-180}" = 0 ]; then
+    echo "fuzz: skipped (FUZZ_BUDGET=0)"
+  else
     t0=$(date +%s)
     echo "=== tests/test_fuzz.py (hypothesis profile $DUALK_HYPOTHESIS_PROFILE, budget ${FUZZ_BUDGET:-180} s)" >> "$OUT/pytest.log"
     # SIGINT: pytest stops and still prints the failures so far.
@@ -85,7 +86,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration 
     echo "fuzz: rc=$rc in $(( $(date +%s) - t0 )) s"
     [ $rc -eq 124 ] && { echo "fuzz: stopped at its budget (FUZZ_BUDGET)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; }
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && { grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | tail -20; status=$rc; }
-  }
+  fi
 fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then

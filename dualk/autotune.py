@@ -640,7 +640,7 @@ def cuda_event_timer(
     cycles = timing.sleep_cycles(probe_host_us, at_least_us=_MIN_SLEEP_US)
     # A repetition costs its flush and sleep too (0.15-0.3 ms for a launch-bound call): counted,
     # so the budget holds (counting the kernel alone, a first call cost 96 ms on an H100).
-    rep_ms = probe + flushed.elapsed_time(start) + cycles / timing.CYCLES_PER_US / 1e3
+    rep_ms = probe + flushed.elapsed_time(start) + timing.sleep_ms(cycles)
     reps = int(max(1, min(MAX_REPS, budget_ms / max(rep_ms, probe_host_us / 1e3, 1e-3))))
     device, host = timing.timed_calls(run, reps, flush, cycles)
     return timing.interquartile_mean(device) * 1e3, statistics.median(host) * 1e3

@@ -181,8 +181,7 @@ def _eager_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2
     cycles = timing.sleep_cycles(statistics.median(host) * 1e6)
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         fn()
-    sleep_ms = cycles / timing.CYCLES_PER_US * 1e-3 if hasattr(torch.cuda, "_sleep") else 0.0
-    n = max(1, int(rep_ms / (estimate_ms + sleep_ms)))
+    n = max(1, int(rep_ms / (estimate_ms + timing.sleep_ms(cycles))))
     return timing.timed_calls(fn, n, flush, cycles)[0]
 
 

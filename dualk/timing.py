@@ -22,6 +22,12 @@ def sleep_cycles(host_us: float, at_least_us: float = 0.0) -> int:
     return int(min(max(2 * host_us + 10, at_least_us) * CYCLES_PER_US, 2**31 - 1))
 
 
+def sleep_ms(cycles: int) -> float:
+    """Milliseconds a GPU sleep of `cycles` adds to a timed call (0 where torch.cuda._sleep is
+    missing: timed_calls then does not sleep)."""
+    return cycles / CYCLES_PER_US / 1e3 if hasattr(torch.cuda, "_sleep") else 0.0
+
+
 def timed_calls(
     run: Callable[[], object], reps: int, flush: torch.Tensor | None, cycles: int
 ) -> tuple[list[float], list[float]]:
