@@ -8,10 +8,7 @@
 //     tiles and k tiles and issues cp.async.bulk.tensor loads (128-byte swizzle, TMA zero-fills
 //     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
 //     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
-//     warp, after the wgmma that read the stage retired). An operand whose rows do not start on
-//     32-byte sectors (OperandLoad) is loaded instead by the whole producer warpgroup with 16-byte
-//     cp.async into the same swizzled layout, each thread adding one arrival to full[s] when its
-//     copies land (cp.async.mbarrier.arrive.noinc; full[s] then counts 1 + 128 arrivals).
+//     warp, after the wgmma that read the stage retired).
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
 //     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
 //     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
@@ -150,21 +147,7 @@ struct KernelParams {
   int c_vec;                 // C element pairs are 4-byte aligned
   int c_tma;                 // tmap_c is valid: C suits TMA (configs with kTmaStore only)
   int c_batched;             // tmap_c is 3-D
-  // Operands the producer warpgroup loads with cp.async instead of TMA (OperandLoad below): their
-  // base pointers and strides in elements, and k (A and B's bounds along k).
-  int a_lsu, b_lsu;
-  const void* a;
-  const void* b;
-  int64_t stride_am, stride_a_batch, stride_b_outer, stride_b_batch;
-  int k;
 };
-
-// How the producer loads A and B. kAuto: TMA, except for an operand whose rows do not all start
-// on a 32-byte sector (base, row or batch stride not a multiple of 32 bytes, e.g. bf16 rows of
-// 1000 or 5000 elements): TMA reads such rows at a fraction of its aligned rate (ncu, 3000 x 5000
-// x 2000: B's L2 requests x4, +40% time; NOTES-gemm-sm90.md), while 16-byte cp.async, coalesced
-// per warp, touches one extra sector per row. kTma / kLsu force one way (the harness compares).
-enum class OperandLoad { kAuto, kTma, kLsu };
 
 // ------------------------------------------------------------------ sm_90a device primitives
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -282,35 +265,6 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
   tile_n = in_group / group_rows;
 }
 
-// What TMA's 128-byte-swizzled box (64 inner elements x kRows outer rows) would hold, loaded by
-// the 128 producer threads with 16-byte cp.async: row r's 16-byte chunk c lands at chunk c ^ (r % 8)
-// of its 128-byte row; elements outside (inner_size, outer_size) read as zeros (src size 0, or
-// the bytes left of a row's last chunk). `base` points at (inner 0, outer 0) of this batch. The
-// caller signals completion with cp.async.mbarrier.arrive.
-template <int kRows, typename T>
-__device__ __forceinline__ void lsu_load_box(uint32_t dst, const T* base, int64_t stride_outer, int inner0,
-                                             int outer0, int inner_size, int outer_size, int tid) {
-  // Thread tid copies chunk tid % 8 of rows tid / 8 + 16 i: the same chunk and swizzle phase in
-  // every row it copies, and each warp four whole 128-byte row pieces.
-  const int chunk = tid & 7, row = tid >> 3;
-  const int inner = inner0 + chunk * 8;
-  const int row_bytes = inner < inner_size ? min(8, inner_size - inner) * 2 : 0;
-  dst += row * 128 + ((chunk ^ (row & 7)) << 4);
-  int outer = outer0 + row;
-  const T* src = base + outer * stride_outer + inner;
-#pragma unroll
-  for (int i = 0; i < kRows / 16; ++i) {
-    const int bytes = outer < outer_size ? row_bytes : 0;
-    cp_async_16_u32(dst, bytes ? src : base, bytes);
-    outer += 16;
-    src += 16 * stride_outer;
-    dst += 16 * 128;
-  }
-}
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM; B k-major
 // (k, n[, batch]) box 64 x kBlockN; B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
@@ -333,9 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      // TMA: the producer thread's arrive + the stage's bytes; cp.async adds one arrival per
-      // producer thread, when that thread's copies have landed.
-      mbar_init(full_bar + 8 * s, (p.a_lsu | p.b_lsu) ? 1 + 128 : 1);
+      mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, Cfg::kEmptyArrivals);  // lane 0 of every reading warp
     }
     mbar_init(order_bar, 1);
@@ -347,16 +299,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    // TMA needs one thread; cp.async operands need the whole warpgroup.
-    const bool lsu = p.a_lsu | p.b_lsu;
-    if (!lsu && tid_wg != 0) return;
-    if (tid_wg == 0) {
-      prefetch_tensor_map(&tmap_a);
-      prefetch_tensor_map(&tmap_b);
-    }
-    const uint32_t tma_bytes = (p.a_lsu ? 0 : Cfg::kStageBytesA) + (p.b_lsu ? 0 : Cfg::kStageBytesB);
-    const T* a_ptr = static_cast<const T*>(p.a);
-    const T* b_ptr = static_cast<const T*>(p.b);
+    if (tid_wg != 0) return;
+    prefetch_tensor_map(&tmap_a);
+    prefetch_tensor_map(&tmap_b);
     int stage = 0;
     uint32_t phase = 0;
     for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
@@ -364,46 +309,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tile_coord(tile, p, batch, tile_m, tile_n);
       const int m0 = tile_m * Cfg::kBlockM;
       const int n0 = tile_n * Cfg::kBlockN;
-      const T* a_batch = a_ptr + batch * p.stride_a_batch;
-      const T* b_batch = b_ptr + batch * p.stride_b_batch;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
         // Wait until the consumers released this stage's previous contents (round r - 1).
         mbar_wait(empty_bar + 8 * stage, phase ^ 1);
         const uint32_t bar = full_bar + 8 * stage;
+        mbar_arrive_expect_tx(bar, Cfg::kStageBytes);  // whole boxes count, zero-filled parts too
         const uint32_t sa = smem + stage * Cfg::kStageBytes;
         const uint32_t sb = sa + Cfg::kStageBytesA;
         const int k0 = kt * Cfg::kBlockK;
-        if (tid_wg == 0) {
-          mbar_arrive_expect_tx(bar, tma_bytes);  // whole boxes count, zero-filled parts too
-          if (!p.a_lsu) {
-            if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
-            else tma_load_2d(sa, &tmap_a, k0, m0, bar);
-          }
-          if (!p.b_lsu) {
-            if constexpr (kBKMajor) {
-              if (p.b_batched) tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
-              else tma_load_2d(sb, &tmap_b, k0, n0, bar);
-            } else {
+        if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
+        else tma_load_2d(sa, &tmap_a, k0, m0, bar);
+        if constexpr (kBKMajor) {
+          if (p.b_batched) tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
+          else tma_load_2d(sb, &tmap_b, k0, n0, bar);
+        } else {
 #pragma unroll
-              for (int nb = 0; nb < Cfg::kBlockN / 64; ++nb) {
-                if (p.b_batched) tma_load_3d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar);
-                else tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
-              }
-            }
+          for (int nb = 0; nb < Cfg::kBlockN / 64; ++nb) {
+            if (p.b_batched) tma_load_3d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar);
+            else tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
           }
-        }
-        if (lsu) {
-          if (p.a_lsu) lsu_load_box<Cfg::kBlockM>(sa, a_batch, p.stride_am, k0, m0, p.k, p.m, tid_wg);
-          if (p.b_lsu) {
-            if constexpr (kBKMajor) {
-              lsu_load_box<Cfg::kBlockN>(sb, b_batch, p.stride_b_outer, k0, n0, p.k, p.n, tid_wg);
-            } else {
-#pragma unroll 1  // unrolled, the boxes' addresses overflow the producer's 40 registers
-              for (int nb = 0; nb < Cfg::kBlockN / 64; ++nb)
-                lsu_load_box<64>(sb + nb * 8192, b_batch, p.stride_b_outer, n0 + nb * 64, k0, p.n, p.k, tid_wg);
-            }
-          }
-          cp_async_mbar_arrive_noinc(bar);
         }
         if (++stage == kStages) {
           stage = 0;
@@ -411,7 +335,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
-    if (lsu) cp_async_wait<0>();  // no thread leaves with copies in flight
   } else {
     // ---------------- consumers
     setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -459,8 +382,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int prev_stage = 0;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
         mbar_wait(full_bar + 8 * stage, phase);
-        // cp.async wrote through the generic proxy; wgmma reads through the async one.
-        if (p.a_lsu | p.b_lsu) fence_proxy_async();
         const uint64_t stage_off = static_cast<uint64_t>((stage * Cfg::kStageBytes) >> 4);
 #pragma unroll
         for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
@@ -627,16 +548,8 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
 
 // One config, one B layout: encodes the maps and launches a persistent grid (<= one CTA per SM).
 // The bench calls this directly to compare tile configs; launch() picks the config.
-// True when every row of an operand starts on a 32-byte sector: base, row stride (where there is
-// more than one row) and batch stride (where batched) in bytes are multiples of 32.
-inline bool rows_sector_aligned(const void* base, int64_t rows, int64_t stride_rows, bool batched,
-                                int64_t stride_batch) {
-  return reinterpret_cast<uintptr_t>(base) % 32 == 0 && (rows <= 1 || (stride_rows * 2) % 32 == 0) &&
-         (!batched || (stride_batch * 2) % 32 == 0);
-}
-
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
-cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream, OperandLoad load = OperandLoad::kAuto) {
+cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
   CUtensorMap map_a, map_b;
@@ -679,18 +592,6 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream, OperandLoad
   p.num_tiles = static_cast<int>(num_tiles);
   p.a_batched = a_batched;
   p.b_batched = b_batched;
-  const int64_t b_rows = kBKMajor ? args.n : args.k;
-  const bool a_aligned = rows_sector_aligned(args.a, args.m, args.stride_am, a_batched, args.stride_a_batch);
-  const bool b_aligned = rows_sector_aligned(args.b, b_rows, args.stride_b_outer, b_batched, args.stride_b_batch);
-  p.a_lsu = load == OperandLoad::kLsu || (load == OperandLoad::kAuto && !a_aligned);
-  p.b_lsu = load == OperandLoad::kLsu || (load == OperandLoad::kAuto && !b_aligned);
-  p.a = args.a;
-  p.b = args.b;
-  p.stride_am = args.stride_am;
-  p.stride_a_batch = a_batched ? args.stride_a_batch : 0;
-  p.stride_b_outer = args.stride_b_outer;
-  p.stride_b_batch = b_batched ? args.stride_b_batch : 0;
-  p.k = static_cast<int>(args.k);
   p.c_vec = ((reinterpret_cast<uintptr_t>(args.c) & 3) | (args.m > 1 ? args.stride_cm & 1 : 0) |
              (args.batch > 1 ? (args.stride_c_batch & 1) : 0)) == 0;
 
@@ -743,7 +644,7 @@ inline bool can_run(const GemmArgs& args) {
 //   * else 128 x 128 (cooperative).
 // Returns cudaErrorInvalidValue for arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>
-cudaError_t launch(const GemmArgs& args, cudaStream_t stream, OperandLoad load = OperandLoad::kAuto) {
+cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
   if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
@@ -754,19 +655,19 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream, OperandLoad load =
   if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
     if constexpr (kAct != Activation::kNone) {
       if (args.k <= 1024)
-        return k_major ? detail::launch_config<T, PingPong128x128Tma, true, kAct, kHasBias>(args, stream, load)
-                       : detail::launch_config<T, PingPong128x128Tma, false, kAct, kHasBias>(args, stream, load);
+        return k_major ? detail::launch_config<T, PingPong128x128Tma, true, kAct, kHasBias>(args, stream)
+                       : detail::launch_config<T, PingPong128x128Tma, false, kAct, kHasBias>(args, stream);
     }
-    return k_major ? detail::launch_config<T, Tile128x256Tma, true, kAct, kHasBias>(args, stream, load)
-                   : detail::launch_config<T, Tile128x256Tma, false, kAct, kHasBias>(args, stream, load);
+    return k_major ? detail::launch_config<T, Tile128x256Tma, true, kAct, kHasBias>(args, stream)
+                   : detail::launch_config<T, Tile128x256Tma, false, kAct, kHasBias>(args, stream);
   }
   if constexpr (kAct == Activation::kNone) {
     if (2 * t128 <= num_sms)
-      return k_major ? detail::launch_config<T, PingPong64x128Tma, true, kAct, kHasBias>(args, stream, load)
-                     : detail::launch_config<T, PingPong64x128Tma, false, kAct, kHasBias>(args, stream, load);
+      return k_major ? detail::launch_config<T, PingPong64x128Tma, true, kAct, kHasBias>(args, stream)
+                     : detail::launch_config<T, PingPong64x128Tma, false, kAct, kHasBias>(args, stream);
   }
-  return k_major ? detail::launch_config<T, Tile128x128Tma, true, kAct, kHasBias>(args, stream, load)
-                 : detail::launch_config<T, Tile128x128Tma, false, kAct, kHasBias>(args, stream, load);
+  return k_major ? detail::launch_config<T, Tile128x128Tma, true, kAct, kHasBias>(args, stream)
+                 : detail::launch_config<T, Tile128x128Tma, false, kAct, kHasBias>(args, stream);
 }
 
 }  // namespace gemm_sm90

@@ -252,12 +252,12 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(2048, 256, 2048, "sm90_wide_tiles", gpu_only=True),
         mm(2048, 264, 1001, "sm90_direct_store", gpu_only=True,
            b_view=lambda dt, dev, g: randn((1001, 264), dt, dev, g, 1 / 16).t()),
-        # Rows that do not start on 32-byte sectors (16-bit rows of 1000, 200 and 264 elements):
-        # gemm_sm90.cuh loads such operands with cp.async instead of TMA; both, B alone (n-major
-        # boxes), and batched.
-        mm(1000, 1000, 1000, "sm90_cp_async_loads", gpu_only=True),
-        mm(700, 512, 1000, "sm90_cp_async_b", gpu_only=True),
-        mm(300, 200, 264, "sm90_cp_async_batched", batch=3, gpu_only=True),
+        # Rows that do not start on 32-byte sectors (16-bit rows of 1000, 200 and 264 elements),
+        # which TMA reads at a fraction of its rate (NOTES-gemm-sm90.md, sessions 12 and 14): A and
+        # n-major B, B alone, and batched.
+        mm(1000, 1000, 1000, "sm90_rows_16b_off", gpu_only=True),
+        mm(700, 512, 1000, "sm90_rows_16b_off_b", gpu_only=True),
+        mm(300, 200, 264, "sm90_rows_16b_off_batched", batch=3, gpu_only=True),
         mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
         mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
         mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
@@ -306,7 +306,7 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         # TMA cannot store (the direct stores inside a TMA-store config).
         lg((2048,), 512, 3072, "sm90_pingpong", gpu_only=True),
         lg((4096,), 512, 3001, "sm90_pingpong_direct_store", gpu_only=True),
-        lg((600,), 1000, 1256, "sm90_cp_async_loads", gpu_only=True),  # x and W rows of 2000 bytes
+        lg((600,), 1000, 1256, "sm90_rows_16b_off", gpu_only=True),  # x and W rows of 2000 bytes
         lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=(*FP32, *BF16)),
         lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=(*FP32, *BF16)),
         lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),

@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "gemm.cuh"
@@ -298,30 +297,21 @@ struct Variant {
 };
 
 // The production entry point with run-time activation / bias, as the integration will call it.
-// `load` forces how A and B are loaded (TMA or cp.async) instead of launch()'s alignment rule.
-template <typename T, gemm_sm90::OperandLoad load = gemm_sm90::OperandLoad::kAuto>
+template <typename T>
 cudaError_t sm90_production(const GemmArgs& g) {
   const bool bias = g.bias != nullptr;
   switch (g.activation) {
     case Activation::kNone:
-      return bias ? gemm_sm90::launch<T, Activation::kNone, true>(g, 0, load)
-                  : gemm_sm90::launch<T, Activation::kNone, false>(g, 0, load);
+      return bias ? gemm_sm90::launch<T, Activation::kNone, true>(g, 0) : gemm_sm90::launch<T, Activation::kNone, false>(g, 0);
     case Activation::kGeluTanh:
-      return bias ? gemm_sm90::launch<T, Activation::kGeluTanh, true>(g, 0, load)
-                  : gemm_sm90::launch<T, Activation::kGeluTanh, false>(g, 0, load);
+      return bias ? gemm_sm90::launch<T, Activation::kGeluTanh, true>(g, 0)
+                  : gemm_sm90::launch<T, Activation::kGeluTanh, false>(g, 0);
     case Activation::kGeluErf:
-      return bias ? gemm_sm90::launch<T, Activation::kGeluErf, true>(g, 0, load)
-                  : gemm_sm90::launch<T, Activation::kGeluErf, false>(g, 0, load);
+      return bias ? gemm_sm90::launch<T, Activation::kGeluErf, true>(g, 0)
+                  : gemm_sm90::launch<T, Activation::kGeluErf, false>(g, 0);
     default:
       return cudaErrorInvalidValue;
   }
-}
-template <typename T>
-std::vector<Variant> load_variants() {
-  using gemm_sm90::OperandLoad;
-  return {{"sm90 launch", sm90_production<T>},
-          {"sm90 launch, TMA loads", sm90_production<T, OperandLoad::kTma>},
-          {"sm90 launch, cp.async loads", sm90_production<T, OperandLoad::kLsu>}};
 }
 
 // One explicit tile config (both B layouts), for (none, no bias) or (gelu_tanh, bias) problems.
@@ -450,7 +440,7 @@ void run_case(const char* label, const Problem& p, const std::vector<Variant>& v
 
 template <typename T>
 void correctness_sweep(bool quick) {
-  const std::vector<Variant> prod = load_variants<T>();
+  const std::vector<Variant> prod = {{"sm90 launch", sm90_production<T>}};
   struct Shape {
     int64_t batch, m, n, k;
     bool bcast;
@@ -503,44 +493,6 @@ std::vector<Variant> timed_variants(bool sweep) {
   return v;
 }
 
-// --loads: TMA against cp.async operand loads (OperandLoad) on the shapes whose rows are not
-// 32-byte aligned (n = 5000, k = 1000) and on aligned controls, after a correctness pass of the
-// three load modes. ~1 minute.
-static int loads_only() {
-  printf("== correctness (auto, TMA and cp.async loads; 6 epilogues x 2 B layouts per shape)\n");
-  correctness_sweep<bf16>(true);
-  correctness_sweep<__half>(true);
-  {
-    const auto kNone = Activation::kNone;
-    for (auto [m, n, k] : {std::tuple{1000, 1000, 1000}, std::tuple{3000, 5000, 2000}, std::tuple{37, 1001, 999}})
-      for (bool kmaj : {true, false})
-        run_case<bf16>("check", {1, m, n, k, kmaj, false, kNone, false, 0}, load_variants<bf16>(), 0, false);
-  }
-  printf("== timed (median of 20, L2 flushed before each run)\n");
-  const auto kNone = Activation::kNone, kGelu = Activation::kGeluTanh;
-  const int reps = 20;
-  run_case<bf16>("matmul bf16 m3000 n5000 k2000", {1, 3000, 5000, 2000, false, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 m3000 n5000 k2000 B=W^T", {1, 3000, 5000, 2000, true, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 m3000 n5120 k2000", {1, 3000, 5120, 2000, false, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 1000^3 B(k,n)", {1, 1000, 1000, 1000, false, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 1000^3 B=W^T", {1, 1000, 1000, 1000, true, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<__half>("matmul fp16 1000^3 B(k,n)", {1, 1000, 1000, 1000, false, false, kNone, false}, load_variants<__half>(), reps);
-  run_case<bf16>("linear_gelu bf16 1000x1000x1000", {1, 1000, 1000, 1000, true, false, kGelu, true}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 1024^3 B(k,n)", {1, 1024, 1024, 1024, false, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 4096^3 B(k,n)", {1, 4096, 4096, 4096, false, false, kNone, false}, load_variants<bf16>(), reps);
-  run_case<bf16>("linear_gelu bf16 8192x768x3072", {1, 8192, 3072, 768, true, false, kGelu, true}, load_variants<bf16>(), reps);
-  run_case<bf16>("matmul bf16 m4096 n4096 k1000", {1, 4096, 4096, 1000, false, false, kNone, false}, load_variants<bf16>(), reps);
-  printf("\n== summary (us / TFLOP/s / speed vs vendor / rel err)\n");
-  std::string last;
-  for (const Row& r : g_summary) {
-    if (r.label != last) printf("%s\n", r.label.c_str());
-    last = r.label;
-    printf("    %-30s %9.1f %7.1f %5.2fx %.1e\n", r.variant.c_str(), r.us, r.tflops, r.vs_ref, r.err);
-  }
-  printf("checked launches: %d, failures: %d\n", g_checked, g_failures);
-  return g_failures ? 1 : 0;
-}
-
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   cudaDeviceProp prop;
@@ -561,7 +513,6 @@ int main(int argc, char** argv) {
     if (!gemm_sm90::can_run(probe)) return 1;
   }
 
-  if (argc > 1 && std::string(argv[1]) == "--loads") return loads_only();
   printf("== correctness (production launch: 6 epilogues x 2 B layouts per shape; then every tile config)\n");
   correctness_sweep<bf16>(quick);
   correctness_sweep<__half>(quick);
