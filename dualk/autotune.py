@@ -79,6 +79,7 @@ from typing import Any
 import torch
 
 from . import backends, timing
+from .errors import user_stacklevel
 from .registry import OpSpec
 
 try:
@@ -361,11 +362,22 @@ def _device_of(args: tuple) -> torch.device:
     return args[0].device
 
 
+_warned_flags: set[str] = set()
+
+
 def _timing_blocked() -> str | None:
     """Why no timing may happen now (None when it may)."""
     flag = os.environ.get("DUALK_AUTOTUNE", "").strip().lower()
     if flag in ("0", "false", "no", "off"):
         return "DUALK_AUTOTUNE=0"
+    if flag not in ("", "1", "true", "yes", "on") and flag not in _warned_flags:
+        _warned_flags.add(flag)
+        warnings.warn(
+            f"DUALK_AUTOTUNE={os.environ['DUALK_AUTOTUNE']!r} is neither on (1, true, yes, on) "
+            "nor off (0, false, no, off); autotuning stays on",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
     try:
@@ -766,7 +778,7 @@ _warned: set[tuple[str, str]] = set()
 def _warn_once(kind: str, path: Path, message: str) -> None:
     if (kind, str(path)) not in _warned:
         _warned.add((kind, str(path)))
-        warnings.warn(message, AutotuneCacheWarning, stacklevel=4)
+        warnings.warn(message, AutotuneCacheWarning, stacklevel=user_stacklevel())
 
 
 def _store_for(device: torch.device) -> _Store:

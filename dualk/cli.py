@@ -25,6 +25,7 @@ from . import cli_common as common
 from .cli_bench import bench
 from .cli_results import report_command
 from .cli_tune import cache, tune
+from .errors import DualkError
 from .registry import OPS
 from .render import align, describe_gpu
 
@@ -55,7 +56,7 @@ def _availability_table(device: torch.device) -> list[str]:
     plus the backend "auto" picks."""
     from .backends import unavailable_reason
     from .backends.triton import interpreter_enabled
-    from .dispatch import auto_candidates
+    from .dispatch import auto_candidates, requested
 
     backends = list(dict.fromkeys(b for spec in OPS.values() for b in spec.backends))
     reasons: list[str] = []
@@ -75,9 +76,22 @@ def _availability_table(device: torch.device) -> list[str]:
             if reason not in reasons:
                 reasons.append(reason)
             cells.append(f"no [{reasons.index(reason) + 1}]")
-        auto = next((b for b, why in auto_candidates(spec, device) if why is None), "-")
+        # What a call without backend= runs: an override (environment, scope, config) first,
+        # or the error every such call raises; else auto's first available candidate.
+        try:
+            name, source = requested(spec, "auto")
+        except DualkError as exc:
+            name, source = None, str(exc)
+        if name is None:
+            if source not in reasons:
+                reasons.append(source)
+            auto = f"error [{reasons.index(source) + 1}]"
+        elif name != "auto":
+            auto = f"{name} (from {source})"
+        else:
+            auto = next((b for b, why in auto_candidates(spec, device) if why is None), "-")
         body.append([*cells, auto])
-    lines = align(("op", *backends, "auto picks"), body)
+    lines = align(("op", *backends, "a call runs"), body)
     lines += [f"[{i}] {r}" for i, r in enumerate(reasons, 1)]
     if device.type == "cpu" and interpreter_enabled():
         lines.append(

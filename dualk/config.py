@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, user_stacklevel
 
 BACKEND_NAMES = ("cuda", "triton", "torch", "auto")
 KNOWN_TABLES = ("backend",)
@@ -66,7 +66,7 @@ def _read(path: Path, explicit: bool) -> dict[str, str]:
                 f"dualk config {path}: unknown table or key [{key}] ignored "
                 f"(known: {', '.join(KNOWN_TABLES)})",
                 ConfigWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
     table = data.get("backend", {})
     if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
@@ -87,7 +87,7 @@ def _read(path: Path, explicit: bool) -> dict[str, str]:
                 f"dualk config {path}: [backend] key {key!r} is not an operator and is ignored "
                 f"(operators: {', '.join(sorted(OPS))}, or 'default')",
                 ConfigWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
     return dict(table)
 

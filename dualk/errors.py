@@ -44,3 +44,20 @@ class ConfigError(DualkError, ValueError):
 class BackendWarning(UserWarning):
     """A backend cannot be used in this process (e.g. the CUDA extension failed to build), so
     backend="auto" runs the others; given once, with the reason (and the build log's path)."""
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel, for a dualk function about to warn, that names the first frame
+    above it outside dualk and torch: a warning raised deep in dispatch (a config read on the
+    first call, the autotune cache) points at the user's line whichever route got there."""
+    import os
+    import sys
+
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    inside = (here, os.path.dirname(os.path.abspath(torch.__file__)))
+    frame, level = sys._getframe(2), 2  # frame 1 is the function calling warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1

@@ -170,10 +170,22 @@ class _InferencePlan:
     Anything else takes the full call, which (re)builds the plan. Results are the same kernels'
     on the same inputs (tests/test_nn.py checks equality with the full call)."""
 
-    __slots__ = ("ptrs", "dtype", "device_index", "in_features", "backend", "generation", "runners")
+    __slots__ = (
+        "ptrs",
+        "dtype",
+        "device",
+        "device_index",
+        "in_features",
+        "backend",
+        "generation",
+        "runners",
+    )
 
-    def __init__(self, ptrs, dtype, device_index, in_features, backend, generation):
-        self.ptrs, self.dtype, self.device_index = ptrs, dtype, device_index
+    def __init__(self, ptrs, dtype, device, in_features, backend, generation):
+        # get_device() is -1 on every non-CUDA device: those compare whole devices
+        self.ptrs, self.dtype, self.device, self.device_index = ptrs, dtype, device, device.index
+        if device.type != "cuda":
+            self.device_index = -1
         self.in_features, self.backend, self.generation = in_features, backend, generation
         self.runners: dict = {}
 
@@ -198,6 +210,7 @@ class _InferencePlan:
             type(x) is torch.Tensor
             and x.dtype is self.dtype
             and x.get_device() == self.device_index
+            and (self.device_index >= 0 or x.device == self.device)
             and x.dim() == 2
             and x.shape[1] == self.in_features
             and x.shape[0] > 0
@@ -239,7 +252,7 @@ class _InferencePlan:
         gen = autotune.generation()
         # (dtype and device follow from ptrs: the full call checked x against these weights)
         if plan is None or plan.ptrs != ptrs or plan.backend != backend or plan.generation != gen:
-            plan = _InferencePlan(ptrs, x.dtype, x.get_device(), x.shape[1], backend, gen)
+            plan = _InferencePlan(ptrs, x.dtype, x.device, x.shape[1], backend, gen)
             module.__dict__["_plan"] = plan
         if name == "cuda":
             from .backends import cuda
@@ -300,8 +313,30 @@ class FusedMLP(nn.Module):
 
     def _set_options(self, activation, approximate, backend, where) -> None:
         self.kernel_activation = kernel_activation(activation, approximate)
-        self.activation, self.approximate = activation, approximate
+        self._activation, self._approximate = activation, approximate
         self.backend = check_name(backend, f"{where}(backend=)")
+
+    # activation and approximate stay settable after construction: a new value is checked, the
+    # kernel's activation follows, and the inference plan (whose runners hold the old one) goes.
+    @property
+    def activation(self) -> str:
+        return self._activation
+
+    @activation.setter
+    def activation(self, value: str) -> None:
+        self.kernel_activation = kernel_activation(value, self._approximate)
+        self._activation = value
+        self.__dict__.pop("_plan", None)
+
+    @property
+    def approximate(self) -> str:
+        return self._approximate
+
+    @approximate.setter
+    def approximate(self, value: str) -> None:
+        self.kernel_activation = kernel_activation(self._activation, value)
+        self._approximate = value
+        self.__dict__.pop("_plan", None)
 
     @property
     def widths(self) -> list[int]:

@@ -27,7 +27,7 @@ import inspect
 from collections.abc import Sequence
 
 import torch
-from torch.nn import Parameter
+from torch.nn import Parameter, ParameterList
 
 from . import autotune, dispatch, validate
 from .errors import InvalidArgumentError, InvalidTypeError, ShapeError
@@ -461,7 +461,12 @@ def fused_mlp(
 
 
 def _mlp_lists(weights, biases) -> tuple[list, list]:
-    """weights and biases as lists (any sequence, not a tensor or a one-shot iterator)."""
+    """weights and biases as lists (any sequence or an nn.ParameterList, not a tensor or a
+    one-shot iterator)."""
+    if type(weights) is ParameterList:  # a Module, not a Sequence, but holds the parameters
+        weights = list(weights)
+    if type(biases) is ParameterList:
+        biases = list(biases)
     if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
         raise InvalidTypeError(
             "dualk.fused_mlp: 'weights' must be a non-empty list (or tuple) of 2-dim tensors, "
@@ -663,9 +668,13 @@ def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:
     positional or by keyword (backend= included). Runs no kernel and never times: for "auto" on
     a shape class not tuned yet it says so (the first call will time the candidates). For
     fused_mlp on the CUDA backend it names the kernel the planner takes."""
-    from .registry import get
+    from .registry import OPS
 
-    spec = get(op_name)
+    spec = OPS.get(op_name) if isinstance(op_name, str) else None
+    if spec is None:
+        raise InvalidArgumentError(
+            f"dualk.explain: unknown operator {op_name!r}; dualk has {', '.join(OPS)}"
+        )
     impl_args, backend = implementation_args(op_name, *args, **kwargs)
     expl = dispatch.explain(spec, backend, impl_args)
     if op_name == "fused_mlp" and expl.backend != "torch" and expl.runnable:

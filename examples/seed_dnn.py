@@ -10,6 +10,7 @@ TRITON_INTERPRET=1 (Triton's interpreter); CPU timings say nothing about the GPU
 """
 
 import argparse
+import os
 import pathlib
 import tempfile
 import time
@@ -56,7 +57,17 @@ def main():
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "triton", "torch"])
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type == "cpu" and (
+        args.backend == "cuda" or (args.backend == "triton" and not interpreter)
+    ):
+        parser.error(
+            f"--backend {args.backend} needs a GPU (on the CPU: --backend auto or torch; Triton "
+            "also runs under its interpreter with TRITON_INTERPRET=1)"
+        )
     torch.manual_seed(0)
     model = DNNModel().to(device).eval()
 

@@ -909,3 +909,17 @@ def test_heuristic_gives_wide_mlps_to_cuda_only_where_the_planner_takes_the_wide
     assert autotune.heuristic(spec, args((64, 128, 10)), ["triton", "torch"])[0] == "torch"
     monkeypatch.undo()
     assert not autotune._takes_wide_mlp_kernel(args((256, 256, 64)))  # CPU tensors: never
+
+
+def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
+    monkeypatch.setattr(autotune, "_warned_flags", set())
+    monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")
+    with pytest.warns(UserWarning, match="DUALK_AUTOTUNE='maybe'") as record:
+        blocked = autotune._timing_blocked()
+    assert blocked is None or "DUALK_AUTOTUNE" not in blocked
+    assert record[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        autotune._timing_blocked()  # once per value
+    monkeypatch.setenv("DUALK_AUTOTUNE", "off")
+    assert autotune._timing_blocked() == "DUALK_AUTOTUNE=0"

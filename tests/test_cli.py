@@ -229,6 +229,21 @@ def test_info_lists_versions_backends_and_locations(runner):
         assert "no [1]" in out and "[1] the CUDA backend needs CUDA tensors" in out
 
 
+def test_info_shows_what_a_call_runs_under_overrides(runner, monkeypatch):
+    """An environment override names its variable; a bad one is the error every call raises."""
+    monkeypatch.setenv("DUALK_BACKEND_MATMUL", "torch")
+    out = invoke(runner, "info").output
+    assert any(line.split()[:1] == ["matmul"] and "torch (from DUALK_BACKEND_MATMUL)" in line
+               for line in out.splitlines()), out  # fmt: skip
+    monkeypatch.setenv("DUALK_BACKEND", "garbage")
+    result = invoke(runner, "info")
+    assert result.exit_code == 0, result.output
+    assert "unknown backend 'garbage' (from DUALK_BACKEND)" in result.output
+    assert any(
+        line.split()[:1] == ["add"] and "error [" in line for line in result.output.splitlines()
+    )
+
+
 def test_python_m_dualk_help():
     result = subprocess.run(
         [sys.executable, "-m", "dualk", "--help"],

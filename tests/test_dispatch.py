@@ -170,13 +170,16 @@ def test_unknown_config_keys_warn_once_naming_file_and_key(monkeypatch, tmp_path
     texts = [str(w.message) for w in record]
     assert any("'conv2d'" in t and str(cfg) in t for t in texts)
     assert any("[tuning]" in t for t in texts)
+    assert all(w.filename == __file__ for w in record), [w.filename for w in record]  # our line
 
 
 def test_explain_validates_its_arguments():
     with pytest.raises(TypeError, match="dtype"):
         dualk.explain("add", torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32))
-    with pytest.raises(KeyError, match="unknown operator"):
+    with pytest.raises(dualk.InvalidArgumentError, match="unknown operator 'conv'"):
         dualk.explain("conv", torch.randn(3))
+    with pytest.raises(ValueError, match="unknown operator"):  # not a KeyError or TypeError
+        dualk.explain(["add"], torch.randn(3))
 
 
 def test_dispatch_overhead_is_small():

@@ -57,3 +57,15 @@ def test_example_runs_on_gpu(script):
     out = _run(script, env=env, timeout=600)
     if script == "seed_dnn.py":
         assert "cuda, batch 32" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--batch", "0"], "--batch must be at least 1"), (["--backend", "cuda"], "needs a GPU")],
+)
+def test_seed_example_refuses_what_it_cannot_run_with_a_usage_message(args, message):
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "seed_dnn.py"), "--cpu", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

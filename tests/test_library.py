@@ -414,3 +414,20 @@ def test_tied_mlp_layers_get_each_gradient_once_with_create_graph(backend):
         x, [w, w], [b, b], 3, "silu", grad_out, backend, True
     )  # grad mode is on here, and w requires grad: still dualk's backward, not an error
     assert grad_x.shape == x.shape and len(grad_w) == 2 and len(grad_b) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_elementwise_outputs_are_contiguous_on_every_route(backend, grad):
+    """A transposed pair (PyTorch's elementwise ops keep that layout) gives a contiguous result
+    on every backend and route, as ops.py promises: .view() works whichever backend ran."""
+    _skip_unavailable(backend)
+    g = _gen("contiguous", backend, grad)
+    a = randn((6, 5), torch.float32, DEVICE, g).t().requires_grad_(grad)
+    b = randn((6, 5), torch.float32, DEVICE, g).t()
+    for out, ref in (
+        (dualk.add(a, b, alpha=0.5, backend=backend), a.double() + 0.5 * b.double()),
+        (dualk.relu_scale(a, 3.0, backend=backend), torch.relu(a.double()) * 3.0),
+    ):
+        assert out.is_contiguous() and out.view(-1).numel() == 30
+        torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-6)

@@ -477,3 +477,47 @@ def test_activation_checkpointing_gives_the_same_gradients(backend, use_reentran
     reference(x).square().sum().backward()
     for g, t in zip(ours, (*module.parameters(), x)):
         torch.testing.assert_close(g, t.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_inference_plan_checks_the_device_of_every_call():
+    """A planned module called with x on another non-CUDA device (get_device() is -1 for all of
+    them) raises the same DeviceMismatchError as its first call, not an ATen error."""
+    m = FusedMLP([4, 6, 3], device=DEVICE)
+    x = torch.randn(5, 4, device=DEVICE)
+    with torch.no_grad():
+        m(x)
+        m(x)
+        assert "_plan" in m.__dict__
+        with pytest.raises(dualk.DeviceMismatchError, match="'x' is on meta"):
+            m(x.to("meta"))
+
+
+def test_activation_set_after_construction_is_followed():
+    """activation / approximate set on a built (and planned) module: forward, to_sequential and
+    the repr agree, and a bad value raises at the assignment."""
+    torch.manual_seed(4)
+    m = FusedMLP([6, 10, 4], device=DEVICE)
+    x = torch.randn(3, 6, device=DEVICE)
+    with torch.no_grad():
+        m(x)
+        m(x)  # planned with relu
+        for activation, approximate in (("gelu", "tanh"), ("gelu", "none"), ("silu", "tanh")):
+            m.activation = activation
+            m.approximate = approximate
+            torch.testing.assert_close(m(x), m.to_sequential()(x), rtol=1e-5, atol=1e-6)
+        assert "silu" in repr(m)
+    with pytest.raises(dualk.InvalidArgumentError, match="activation"):
+        m.activation = "tanh"
+    assert m.activation == "silu"
+
+
+def test_fused_mlp_takes_parameter_lists():
+    torch.manual_seed(5)
+    ws = nn.ParameterList([nn.Parameter(torch.randn(6, 4)), nn.Parameter(torch.randn(3, 6))])
+    bs = nn.ParameterList([nn.Parameter(torch.randn(6)), nn.Parameter(torch.randn(3))])
+    ws, bs = ws.to(DEVICE), bs.to(DEVICE)
+    x = torch.randn(5, 4, device=DEVICE)
+    out = dualk.fused_mlp(x, ws, bs)
+    assert torch.equal(out, dualk.fused_mlp(x, list(ws), list(bs)))
+    out.sum().backward()
+    assert ws[0].grad is not None and bs[1].grad is not None

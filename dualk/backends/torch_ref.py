@@ -34,21 +34,29 @@ ACTIVATIONS = {
 }
 
 
+# Outputs are contiguous on every backend (ops.py's promise): PyTorch's elementwise ops keep a
+# transposed input's layout, so a transposed pair gave a transposed sum here and a contiguous one
+# on the CUDA and Triton backends (.view() worked on one backend and failed on the other).
 def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     if alpha == 1.0:  # the same sum (1.0 * b is b); the alpha= keyword alone cost ~0.45 us
-        return torch.add(a, b)
+        return torch.add(a, b).contiguous()
+    if abs(alpha) > _F32_MAX and a.dtype is not torch.float64:
+        # The kernels use alpha as an fp32 number: beyond fp32's range that is +-inf (PyTorch's
+        # add raises instead). float64 inputs (the tests' oracle) keep the exact alpha.
+        alpha = torch.tensor(alpha, dtype=torch.float64).float().item()
     if a.dtype in _HALF and abs(alpha) > _HALF[a.dtype]:
         # PyTorch's CPU add refuses an alpha the dtype cannot hold (70000 in fp16); the sum is
         # computed in fp32 as on every other backend, so the answer is the same everywhere.
-        return torch.add(a.float(), b.float(), alpha=alpha).to(torch.result_type(a, b))
-    return torch.add(a, b, alpha=alpha)
+        return torch.add(a.float(), b.float(), alpha=alpha).to(torch.result_type(a, b)).contiguous()
+    return torch.add(a, b, alpha=alpha).contiguous()
 
 
 _HALF = {t: float(torch.finfo(t).max) for t in (torch.float16, torch.bfloat16)}
+_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
-    return torch.relu(x) * scale
+    return (torch.relu(x) * scale).contiguous()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
