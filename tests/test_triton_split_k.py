@@ -173,5 +173,10 @@ def test_plan_on_an_h100(monkeypatch):
     cfg, splits, _ = mm.split_k_plan("fp32", 1, 2048, 2048, 16384, 132)
     assert cfg[1:3] == (128, 128) and splits == 16
     assert mm.split_k_plan("fp32", 1, 2048, 2048, 4096, 132) is None
+    # exact fp32, few tiles but a long k: at least the accuracy fix's slices (occupancy alone
+    # gave 5 slices of 13120 here: 60 tiles, 2 x 132 / 60)
+    _, splits, k_slice = mm.split_k_plan("fp32", 1, 384, 640, 65536, 132)
+    assert (splits, k_slice) == (64, 1024)
+    assert mm.split_k_plan("tf32", 1, 384, 640, 65536, 132)[1] == 5  # TF32: occupancy only
     monkeypatch.setattr(mm, "SPLIT_K", [False])
     assert mm.split_k_plan(tc, 1, 128, 128, 8192, 132) is None

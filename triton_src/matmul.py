@@ -592,13 +592,20 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
     min_slice = SPLIT_K_MIN_SLICE_FP32 if kind == "fp32" else SPLIT_K_MIN_SLICE
     cfg = _INTERPRETER_CONFIGS[0] if interpreting() else GEMM_CONFIGS[(kind, "small")][0]
     tiles = cdiv(M, cfg[1]) * cdiv(N, cfg[2])
+    # the accuracy fix's slice count (exact fp32, long k), within the workspace cap
+    ordered = (
+        min(cdiv(K, FP32_SLICE), SPLIT_K_MAX_SPLITS, SPLIT_K_MAX_WORKSPACE // (M * N))
+        if kind == "fp32" and K > FP32_ORDERED_MAX_K
+        else 0
+    )
     if 2 * tiles < sms:  # one pass would leave over half the SMs idle
         splits = min(cdiv(2 * sms, tiles), K // min_slice, SPLIT_K_MAX_SPLITS)
-    elif kind == "fp32" and K > FP32_ORDERED_MAX_K:  # the accuracy fix
+        # occupancy alone may cut a long k into few long slices (60 tiles: 5 of 13k at k = 65536)
+        splits = max(splits, ordered)
+    elif ordered:  # the accuracy fix
         if not interpreting() and M >= 128 and N >= 128:
             cfg = GEMM_CONFIGS[("fp32", "large")][0]
-        most = min(SPLIT_K_MAX_SPLITS, SPLIT_K_MAX_WORKSPACE // (M * N))
-        splits = min(cdiv(K, FP32_SLICE), most)
+        splits = ordered
     else:
         return None
     if splits < 2:
