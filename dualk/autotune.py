@@ -1,7 +1,7 @@
 """The autotuned backend="auto": time the candidates once per shape class and device, remember the
 winner in memory and on disk.
 
-Why one file of ~800 lines: the key, the timer, the heuristic and the disk cache below are one
+Why one file of ~1000 lines: the key, the timer, the heuristic and the disk cache below are one
 decision path that must stay cheap and traceable; the CLI's table and plotting live elsewhere.
 
 `choose(spec, args)` (called by the dispatcher for "auto", with the positional arguments exactly
@@ -15,8 +15,9 @@ miss does more:
 3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton compiles and
    tunes its configs, the CUDA extension loads), then a few repetitions timed with CUDA events
    within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
-   TUNE_ROUNDS passes that take the candidates in turn; the medians of each candidate's device
-   and host times make its score (`scores`: kernel time, plus launch time beyond the cheapest
+   TUNE_ROUNDS passes that take the candidates in turn; each pass gives a candidate's device time
+   (the interquartile mean of its samples) and host time (their median), and the medians over
+   the passes make its score (`scores`: kernel time, plus launch time beyond the cheapest
    path's where that exceeds the kernel), and the lowest score wins; scores within 3% (at least
    0.25 us) tie, and the tie goes to the cheapest launch (`pick`). A candidate that
    raises is skipped and recorded with its reason. Inputs are never modified (each
@@ -533,10 +534,11 @@ def _remember(key: tuple, details: dict) -> dict:
 def _measure(
     spec, args, device, available
 ) -> tuple[dict[str, tuple[float, float, float]], dict[str, str]]:
-    """Each candidate's (score, device, host) times (`scores`) from the medians of its device and
-    host times over TUNE_ROUNDS passes that take the candidates in turn, so that the GPU's clock
-    drift during tuning falls on all of them alike (timed one after the other, 8192^3 GEMMs 5-9%
-    apart were ranked by whichever ran first on a cool GPU)."""
+    """Each candidate's (score, device, host) times (`scores`) from the medians, over TUNE_ROUNDS
+    passes, of each pass's device time (interquartile mean) and host time (median). The passes
+    take the candidates in turn, so that the GPU's clock drift during tuning falls on all of them
+    alike (timed one after the other, 8192^3 GEMMs 5-9% apart were ranked by whichever ran first
+    on a cool GPU)."""
     timer = _timer or cuda_event_timer
     budget = TUNE_BUDGET_MS / len(available) / TUNE_ROUNDS
     runs: dict[str, Callable[[], object]] = {}

@@ -17,7 +17,7 @@ in force when it runs. Inputs are never modified; outputs are fresh contiguous t
 Every operator takes `backend="auto" | "cuda" | "triton" | "torch"` (see dualk.dispatch for the
 precedence of arguments, environment variables, scopes and the config file).
 
-Why one file of ~500 lines: the five operators' public functions and their hot-path checks sit
+Why one file of ~700 lines: the five operators' public functions and their hot-path checks sit
 together so that each route's cost is visible in one place (validation itself is validate.py)."""
 
 from __future__ import annotations
