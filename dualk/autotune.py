@@ -363,16 +363,13 @@ def _device_of(args: tuple) -> torch.device:
     return args[0].device
 
 
-_warned_flags: set[str] = set()
-
-
 def _timing_blocked() -> str | None:
     """Why no timing may happen now (None when it may)."""
     flag = os.environ.get("DUALK_AUTOTUNE", "").strip().lower()
     if flag in ("0", "false", "no", "off"):
         return "DUALK_AUTOTUNE=0"
-    if flag not in ("", "1", "true", "yes", "on") and flag not in _warned_flags:
-        _warned_flags.add(flag)
+    if flag not in ("", "1", "true", "yes", "on") and ("DUALK_AUTOTUNE", flag) not in _warned:
+        _warned.add(("DUALK_AUTOTUNE", flag))  # once per value, as _warn_once's messages
         warnings.warn(
             f"DUALK_AUTOTUNE={os.environ['DUALK_AUTOTUNE']!r} is neither on (1, true, yes, on) "
             "nor off (0, false, no, off); autotuning stays on",

@@ -182,10 +182,10 @@ class _InferencePlan:
     )
 
     def __init__(self, ptrs, dtype, device, in_features, backend, generation):
-        # get_device() is -1 on every non-CUDA device: those compare whole devices
-        self.ptrs, self.dtype, self.device, self.device_index = ptrs, dtype, device, device.index
-        if device.type != "cuda":
-            self.device_index = -1
+        # get_device()'s value for x on `device` (-1 on every non-CUDA device: those compare
+        # whole devices)
+        self.ptrs, self.dtype, self.device = ptrs, dtype, device
+        self.device_index = device.index if device.type == "cuda" else -1
         self.in_features, self.backend, self.generation = in_features, backend, generation
         self.runners: dict = {}
 
@@ -312,21 +312,23 @@ class FusedMLP(nn.Module):
         )
 
     def _set_options(self, activation, approximate, backend, where) -> None:
-        self.kernel_activation = kernel_activation(activation, approximate)
-        self._activation, self._approximate = activation, approximate
+        self._set_activation(activation, approximate)
         self.backend = check_name(backend, f"{where}(backend=)")
 
-    # activation and approximate stay settable after construction: a new value is checked, the
-    # kernel's activation follows, and the inference plan (whose runners hold the old one) goes.
+    def _set_activation(self, activation, approximate) -> None:
+        """Checks the pair, sets the kernel's activation and drops the inference plan (whose
+        runners hold the old one): activation and approximate stay settable after construction."""
+        self.kernel_activation = kernel_activation(activation, approximate)
+        self._activation, self._approximate = activation, approximate
+        self.__dict__.pop("_plan", None)
+
     @property
     def activation(self) -> str:
         return self._activation
 
     @activation.setter
     def activation(self, value: str) -> None:
-        self.kernel_activation = kernel_activation(value, self._approximate)
-        self._activation = value
-        self.__dict__.pop("_plan", None)
+        self._set_activation(value, self._approximate)
 
     @property
     def approximate(self) -> str:
@@ -334,9 +336,7 @@ class FusedMLP(nn.Module):
 
     @approximate.setter
     def approximate(self, value: str) -> None:
-        self.kernel_activation = kernel_activation(self._activation, value)
-        self._approximate = value
-        self.__dict__.pop("_plan", None)
+        self._set_activation(self._activation, value)
 
     @property
     def widths(self) -> list[int]:

@@ -668,13 +668,9 @@ def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:
     positional or by keyword (backend= included). Runs no kernel and never times: for "auto" on
     a shape class not tuned yet it says so (the first call will time the candidates). For
     fused_mlp on the CUDA backend it names the kernel the planner takes."""
-    from .registry import OPS
+    from .registry import get
 
-    spec = OPS.get(op_name) if isinstance(op_name, str) else None
-    if spec is None:
-        raise InvalidArgumentError(
-            f"dualk.explain: unknown operator {op_name!r}; dualk has {', '.join(OPS)}"
-        )
+    spec = get(op_name)
     impl_args, backend = implementation_args(op_name, *args, **kwargs)
     expl = dispatch.explain(spec, backend, impl_args)
     if op_name == "fused_mlp" and expl.backend != "torch" and expl.runnable:

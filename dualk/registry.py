@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from .backends import torch_ref
+from .errors import InvalidArgumentError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = DTYPES
@@ -450,7 +451,8 @@ OPS: Mapping[str, OpSpec] = {
 
 
 def get(name: str) -> OpSpec:
-    try:
-        return OPS[name]
-    except KeyError:
-        raise KeyError(f"unknown operator {name!r}; dualk has {sorted(OPS)}") from None
+    """The operator `name`; an unknown name (or a non-string) is an InvalidArgumentError."""
+    spec = OPS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise InvalidArgumentError(f"unknown operator {name!r}; dualk has {', '.join(OPS)}")
+    return spec

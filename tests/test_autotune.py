@@ -912,7 +912,7 @@ def test_heuristic_gives_wide_mlps_to_cuda_only_where_the_planner_takes_the_wide
 
 
 def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
-    monkeypatch.setattr(autotune, "_warned_flags", set())
+    monkeypatch.setattr(autotune, "_warned", set())
     monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")
     with pytest.warns(UserWarning, match="DUALK_AUTOTUNE='maybe'") as record:
         blocked = autotune._timing_blocked()
