@@ -2,6 +2,11 @@
 next to torch (cuBLAS / cuBLASLt), and the error against a float64 reference next to PyTorch's.
 
     python3 experiments/triton_split_k_sweep.py [--json PATH]
+    python3 experiments/triton_split_k_sweep.py --plans [--json PATH]
+
+--plans: on PLAN_CASES, every small tensor-core config x split count forced in place of
+split_k_plan's choice, timed as `dualk bench` times (dualk.bench.time_device: an L2 flush and a
+GPU sleep before each call, so the two launches' host time stays out), next to torch.
 
 Imports triton_src directly (repo root on sys.path), as experiments/triton_bench.py does. Times are
 triton.testing.do_bench medians (warm-up 25 ms, 100 ms of repetitions, L2 flushed); the first
@@ -22,7 +27,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from triton_src import linear_gelu as lg  # noqa: E402
 from triton_src import matmul as mm  # noqa: E402
-from triton_src.common import num_sms  # noqa: E402
+from triton_src.common import cdiv, num_sms  # noqa: E402
 
 CASES = [  # (op, M, K, N, dtype)
     *(("matmul", 128, 8192, 128, dt) for dt in ("bf16", "fp16", "fp32")),
@@ -31,6 +36,13 @@ CASES = [  # (op, M, K, N, dtype)
     ("linear_gelu", 128, 8192, 128, "bf16"),
     ("matmul", 1024, 16384, 1024, "fp32"),  # many tiles: the fp32 accuracy split's cost
 ]
+PLAN_CASES = [  # (op, M, K, N, dtype): issue 14's long-k case and its neighbours
+    ("matmul", 128, 8192, 128, "bf16"),
+    ("matmul", 128, 8192, 128, "fp16"),
+    ("linear_gelu", 128, 8192, 128, "bf16"),
+    ("matmul", 256, 16384, 256, "bf16"),
+]
+PLAN_SPLITS = (8, 16, 32, 64, 128)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -66,14 +78,57 @@ def problem(op: str, M: int, K: int, N: int, dt, gen, allow_tf32: bool):
     )
 
 
+def plan_sweep(gen, tf32) -> list[dict]:
+    """Every small tensor-core config x PLAN_SPLITS forced on PLAN_CASES (16-bit only)."""
+    from dualk.bench import time_device
+
+    chosen = mm.split_k_plan
+    rows = []
+    print(f"{'op':<12}{'dtype':<6}{'M x K x N':<18}{'config':<34}{'splits':>7}{'us':>9}{'torch us':>10}{'torch/us':>9}{'err':>10}")  # fmt: skip
+    for op, M, K, N, name in PLAN_CASES:
+        ours, theirs, ref = problem(op, M, K, N, DTYPES[name], gen, tf32)
+        torch_us = time_device(theirs)[0]
+        default = chosen("tensor_core", 1, M, N, K, num_sms(gen.device))
+        plans = [("default", default)]
+        for cfg in mm.GEMM_CONFIGS[("tensor_core", "small")]:
+            bk = cfg[3]
+            for splits in PLAN_SPLITS:
+                k_slice = cdiv(cdiv(K, splits), bk) * bk
+                plans.append((str(cfg), (cfg, cdiv(K, k_slice), k_slice)))
+        for label, plan in plans:
+            mm.split_k_plan = lambda *_, plan=plan: plan
+            try:
+                t = time_device(ours)[0]
+                err = rel_err(ours(), ref)
+            except Exception as e:  # a config that does not compile here
+                print(f"  {label} {plan[1]}: {type(e).__name__}")
+                continue
+            finally:
+                mm.split_k_plan = chosen
+            row = {"op": op, "dtype": name, "M": M, "K": K, "N": N, "config": label,
+                   "plan_config": list(plan[0]), "splits": plan[1], "us": t, "torch_us": torch_us, "err": err}  # fmt: skip
+            rows.append(row)
+            print(f"{op:<12}{name:<6}{f'{M}x{K}x{N}':<18}{label:<34}{plan[1]:>7}{t:>9.2f}{torch_us:>10.2f}{torch_us / t:>8.2f}x{err:>10.2e}")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--plans", action="store_true", help="force config x splits on PLAN_CASES")
     args = parser.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     print(f"{torch.cuda.get_device_name()}, {num_sms(dev)} SMs, allow_tf32={tf32}")
+    if args.plans:
+        rows = plan_sweep(gen, tf32)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {"meta": {"device": torch.cuda.get_device_name()}, "rows": rows}, f, indent=1
+                )
+        return
     head = f"{'op':<12}{'dtype':<6}{'M x K x N':<20}{'splits':>7}{'split us':>10}{'one-pass us':>13}{'torch us':>10}{'split/torch':>12}{'err split':>11}{'err 1-pass':>11}{'err torch':>11}"  # fmt: skip
     print(head)
     rows = []
