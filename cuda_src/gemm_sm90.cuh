@@ -70,11 +70,16 @@ namespace gemm_sm90 {
 // asynchronously (the store drains during the next tile's main loop) and clipped by TMA at the
 // matrix edges. Taken at run time only where C suits TMA (KernelParams::c_tma), else the direct
 // stores.
-template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false, bool kTmaStore_ = false>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false, bool kTmaStore_ = false,
+          int kCluster_ = 1>
 struct TileConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kTmaStore = kTmaStore_;
+  // kCluster = 2: CTA pairs (a thread-block cluster) take vertically adjacent tiles of one tile
+  // column and multicast B's boxes, each loading half of them into both CTAs' rings, so B is read
+  // from L2 once per pair. A stage is then refilled only when both CTAs' consumers released it.
+  static constexpr int kCluster = kCluster_;
   static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
@@ -85,7 +90,7 @@ struct TileConfig {
   static constexpr int kStageBytesB = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
   // A stage is released by every warp that read it: both consumers' (cooperative) or one's.
-  static constexpr int kEmptyArrivals = kPingPong ? 4 : 4 * kConsumerWGs;
+  static constexpr int kEmptyArrivals = (kPingPong ? 4 : 4 * kConsumerWGs) * kCluster;
   // One staging buffer per consumer: kWgRows x kBlockN as kBlockN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kBlockN * 2 : 0;
   // Ring, C staging, then full[], empty[] and the two order mbarriers; +1024 for aligning the
@@ -106,6 +111,8 @@ struct TileConfig {
   static_assert(kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
+  static_assert(kCluster == 1 || kBlockN % 128 == 0, "B splits into halves of whole 64-wide boxes");
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
@@ -128,6 +135,13 @@ using Tile128x128Tma = TileConfig<128, 128, 5, false, true>;
 using PingPong128x128Tma = TileConfig<128, 128, 4, true, true>;
 using PingPong64x256Tma = TileConfig<64, 256, 4, true, true>;
 using PingPong64x128Tma = TileConfig<64, 128, 6, true, true>;
+// The same in CTA pairs multicasting B (kCluster = 2). launch() takes Tile128x256TmaC2 and
+// PingPong64x128TmaC2 where B's rows sit 16 bytes off a 32-byte sector (see launch()); the other
+// two are harness candidates (experiments/gemm_sm90_bench.cu), not compiled into the extension.
+using Tile128x256TmaC2 = TileConfig<128, 256, 3, false, true, 2>;
+using Tile128x128TmaC2 = TileConfig<128, 128, 5, false, true, 2>;
+using PingPong128x128TmaC2 = TileConfig<128, 128, 4, true, true, 2>;
+using PingPong64x128TmaC2 = TileConfig<64, 128, 6, true, true, 2>;
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
 // stores 128 x 256 or ping-pong 128 x 128 win on the H100.
@@ -164,6 +178,44 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+
+// The same loads multicast to the cluster's CTAs in `mask`: the box lands at `dst` in each, and
+// completes its bytes on each one's mbarrier at `bar`.
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
+                                               uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                               uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Arrive on the mbarrier at `bar` in CTA `rank` of the cluster (this CTA's own included), with
+// the default (.release.cta) semantics: the ".release.cluster" form measured ~1.5 us per k tile
+// on an H100 (session 14, NOTES-gemm-sm90.md); this one is what CUTLASS's ClusterBarrier uses.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // TMA store of one box from shared memory (bulk-group completion, no mbarrier).
@@ -294,7 +346,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbar_init(order_bar + 8, 1);
     fence_barrier_init();
   }
-  __syncthreads();
+  // Pairs: the peer's multicast and arrivals may target this CTA's barriers once it passes here.
+  if constexpr (Cfg::kCluster > 1) cluster_sync();
+  else __syncthreads();
+  // Pairs walk tile pairs: p.tiles_m counts pairs of tile rows, CTA rank r takes row 2 pair + r.
+  const int rank = Cfg::kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int first_tile = blockIdx.x / Cfg::kCluster, tile_stride = gridDim.x / Cfg::kCluster;
 
   if (wg == 0) {
     // ---------------- producer
@@ -304,9 +361,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     prefetch_tensor_map(&tmap_b);
     int stage = 0;
     uint32_t phase = 0;
-    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    for (int tile = first_tile; tile < p.num_tiles; tile += tile_stride) {
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
+      tile_m = tile_m * Cfg::kCluster + rank;  // past the last row in a pair's second CTA: zeros
       const int m0 = tile_m * Cfg::kBlockM;
       const int n0 = tile_n * Cfg::kBlockN;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
@@ -319,7 +377,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int k0 = kt * Cfg::kBlockK;
         if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
         else tma_load_2d(sa, &tmap_a, k0, m0, bar);
-        if constexpr (kBKMajor) {
+        if constexpr (Cfg::kCluster > 1) {
+          // This CTA's half of B, into both CTAs (k-major: rows [rank, rank + 1) x kBlockN / 2
+          // of the tile, the map's box; n-major: boxes rank, rank + 2, ...).
+          constexpr uint16_t kBoth = 0x3;
+          if constexpr (kBKMajor) {
+            const int half = rank * (Cfg::kBlockN / 2);
+            if (p.b_batched) tma_load_3d_mc(sb + half * 128, &tmap_b, k0, n0 + half, batch, bar, kBoth);
+            else tma_load_2d_mc(sb + half * 128, &tmap_b, k0, n0 + half, bar, kBoth);
+          } else {
+#pragma unroll
+            for (int nb = rank; nb < Cfg::kBlockN / 64; nb += 2) {
+              if (p.b_batched) tma_load_3d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar, kBoth);
+              else tma_load_2d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar, kBoth);
+            }
+          }
+        } else if constexpr (kBKMajor) {
           if (p.b_batched) tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
           else tma_load_2d(sb, &tmap_b, k0, n0, bar);
         } else {
@@ -329,6 +402,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             else tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
           }
         }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if constexpr (Cfg::kCluster > 1) {
+      // Stay until every stage's last round was released by both CTAs' consumers: the peer's
+      // arrivals on this CTA's empty barriers must land before it exits.
+      for (int i = 0; i < kStages; ++i) {
+        mbar_wait(empty_bar + 8 * stage, phase ^ 1);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -345,6 +429,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int warp = tid_wg / 32;
     const int lane = tid_wg % 32;
     const T* __restrict__ bias = static_cast<const T*>(p.bias);
+    // A stage this warp has read may be refilled: pairs tell both CTAs (both producers write it).
+    auto release_stage = [](uint32_t bar) {
+      if constexpr (Cfg::kCluster > 1) {
+        mbar_arrive_cluster(bar, 0);
+        mbar_arrive_cluster(bar, 1);
+      } else {
+        mbar_arrive(bar);
+      }
+    };
     T* __restrict__ c = static_cast<T*>(p.c);
 
     // Descriptors of stage 0, k16 step 0; stage s and step j add (s * kStageBytes + offset) >> 4
@@ -359,11 +452,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[Cfg::kMSub][Cfg::kAccRegs];
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
     for (int local = Cfg::kPingPong ? cw : 0;; local += kTileStep) {
-      const int64_t tile64 = blockIdx.x + static_cast<int64_t>(local) * gridDim.x;
+      const int64_t tile64 = first_tile + static_cast<int64_t>(local) * tile_stride;
       if (tile64 >= p.num_tiles) break;
       const int tile = static_cast<int>(tile64);
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
+      tile_m = tile_m * Cfg::kCluster + rank;
       if constexpr (Cfg::kPingPong) {
         // This consumer skipped the other's tiles: its ring position is local * k_tiles. Waiting
         // for the other consumer's main loop to finish (local >= 1) also keeps the full[] waits
@@ -401,7 +495,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (kt > 0) {
           // The group of k tile kt-1 has retired: its stage can be refilled.
           wgmma_wait<1>();
-          if (lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+          if (lane == 0) release_stage(empty_bar + 8 * prev_stage);
         }
         prev_stage = stage;
         if (++stage == kStages) {
@@ -414,7 +508,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma_wait<0>();
 #pragma unroll
       for (int ms = 0; ms < Cfg::kMSub; ++ms) fence_acc(acc[ms]);
-      if (p.k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+      if (p.k_tiles > 0 && lane == 0) release_stage(empty_bar + 8 * prev_stage);
 
       // Epilogue from registers. Thread (warp w, lane l) holds, per m64 slice ms and n8 column
       // block j, rows 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1): acc[ms][4 j + 2 h + e].
@@ -558,7 +652,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const bool b_ok =
       kBKMajor ? make_operand_map(&map_b, args.dtype, args.b, args.k, args.n, args.stride_b_outer, b_batched,
-                                  args.batch, args.stride_b_batch, Cfg::kBlockN)
+                                  args.batch, args.stride_b_batch, Cfg::kBlockN / Cfg::kCluster)
                : make_operand_map(&map_b, args.dtype, args.b, args.n, args.k, args.stride_b_outer, b_batched,
                                   args.batch, args.stride_b_batch, 64);
   if (!b_ok) return cudaErrorInvalidValue;
@@ -585,7 +679,8 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   p.m = static_cast<int>(args.m);
   p.n = static_cast<int>(args.n);
   p.k_tiles = static_cast<int>(ceil_div(args.k, Cfg::kBlockK));
-  p.tiles_m = static_cast<int>(ceil_div(args.m, Cfg::kBlockM));
+  // Pairs: tile rows counted in pairs (an odd last row's second CTA computes zeros, stores nothing).
+  p.tiles_m = static_cast<int>(ceil_div(ceil_div(args.m, Cfg::kBlockM), Cfg::kCluster));
   p.tiles_n = static_cast<int>(ceil_div(args.n, Cfg::kBlockN));
   const int64_t num_tiles = args.batch * p.tiles_m * p.tiles_n;
   if (num_tiles > kMaxInt) return cudaErrorInvalidValue;
@@ -598,9 +693,40 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
   cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p);
-  return cudaGetLastError();
+  if constexpr (Cfg::kCluster == 1) {
+    const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Cfg::kCluster;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    // Persistent pairs: as many as fit at once (GPCs may leave an SM without a partner), asked
+    // once per device and config.
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> max_pairs_of[kMaxDevices] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+    int max_pairs = max_pairs_of[device].load(std::memory_order_relaxed);
+    if (max_pairs == 0) {  // not yet asked; -1: asked, and no pair fits
+      config.gridDim = dim3(Cfg::kCluster * (device_props().num_sms / Cfg::kCluster));
+      if (cudaOccupancyMaxActiveClusters(&max_pairs, kernel, &config) != cudaSuccess || max_pairs < 1) {
+        cudaGetLastError();
+        max_pairs = -1;
+      }
+      max_pairs_of[device].store(max_pairs, std::memory_order_relaxed);
+    }
+    if (max_pairs < 1) return cudaErrorInvalidConfiguration;  // launch() then runs a single config
+    config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_pairs)));
+    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p);
+  }
 }
 
 }  // namespace detail
@@ -642,6 +768,15 @@ inline bool can_run(const GemmArgs& args) {
 //     tile, so the second consumer idles: the gain is the CTA count, not the overlap (a
 //     one-consumer 64 x 128 config with more stages is untried);
 //   * else 128 x 128 (cooperative).
+// CTA pairs (session 15): where B's row pitch is an odd multiple of 16 bytes, every other row
+// starts 16 bytes off a 32-byte sector and TMA splits its box rows into many small L2 requests
+// (ncu at m3000 n5000 k2000: 12.2 M requests instead of 4.6 M, NOTES-gemm-sm90.md session 14).
+// Pairs multicasting B read it from L2 half as often: the 128 x 256 branch then runs
+// Tile128x256TmaC2 (m3000 n5000 k2000 on an H200: 99.6 vs 124.2 us, cuBLAS 93.0) and the
+// few-tile branch PingPong64x128TmaC2, with an activation too (linear_gelu 1000^3: 13.2 vs
+// 15.2 us). On aligned rows pairs gained nothing (4096^3 178.5 vs 177.7 us; 1024^3 10.3 vs 9.5),
+// so they are taken only there, and only with two tile rows or more (else one CTA of each pair
+// would only compute zeros). If the device cannot run clusters, the single configs run.
 // Returns cudaErrorInvalidValue for arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
@@ -651,23 +786,36 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   const int64_t num_sms = device_props().num_sms;
   const int64_t t256 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
   const int64_t t128 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128);
-  const bool k_major = args.b_k_major;
+  // A config is passed as a value of its (empty) type: run(Tile128x128Tma{}).
+  auto run = [&](auto config) {
+    using Cfg = decltype(config);
+    return args.b_k_major ? detail::launch_config<T, Cfg, true, kAct, kHasBias>(args, stream)
+                          : detail::launch_config<T, Cfg, false, kAct, kHasBias>(args, stream);
+  };
+  // Pairs first; cudaErrorInvalidConfiguration: no cluster of two fits (then the single config).
+  auto run_pair_or = [&](auto pair, auto single) {
+    const cudaError_t err = run(pair);
+    if (err != cudaErrorInvalidConfiguration) return err;
+    cudaGetLastError();
+    return run(single);
+  };
+  const bool b_rows_off_sector = args.stride_b_outer % 16 != 0;  // can_run: a multiple of 8 elements
   if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
     if constexpr (kAct != Activation::kNone) {
-      if (args.k <= 1024)
-        return k_major ? detail::launch_config<T, PingPong128x128Tma, true, kAct, kHasBias>(args, stream)
-                       : detail::launch_config<T, PingPong128x128Tma, false, kAct, kHasBias>(args, stream);
+      if (args.k <= 1024) return run(PingPong128x128Tma{});
     }
-    return k_major ? detail::launch_config<T, Tile128x256Tma, true, kAct, kHasBias>(args, stream)
-                   : detail::launch_config<T, Tile128x256Tma, false, kAct, kHasBias>(args, stream);
+    if (b_rows_off_sector && args.m > 128) return run_pair_or(Tile128x256TmaC2{}, Tile128x256Tma{});
+    return run(Tile128x256Tma{});
   }
-  if constexpr (kAct == Activation::kNone) {
-    if (2 * t128 <= num_sms)
-      return k_major ? detail::launch_config<T, PingPong64x128Tma, true, kAct, kHasBias>(args, stream)
-                     : detail::launch_config<T, PingPong64x128Tma, false, kAct, kHasBias>(args, stream);
+  if (2 * t128 <= num_sms) {
+    if constexpr (kAct == Activation::kNone) {
+      if (b_rows_off_sector && args.m > 64) return run_pair_or(PingPong64x128TmaC2{}, PingPong64x128Tma{});
+      return run(PingPong64x128Tma{});
+    } else {
+      if (b_rows_off_sector && args.m > 64) return run_pair_or(PingPong64x128TmaC2{}, Tile128x128Tma{});
+    }
   }
-  return k_major ? detail::launch_config<T, Tile128x128Tma, true, kAct, kHasBias>(args, stream)
-                 : detail::launch_config<T, Tile128x128Tma, false, kAct, kHasBias>(args, stream);
+  return run(Tile128x128Tma{});
 }
 
 }  // namespace gemm_sm90

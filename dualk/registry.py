@@ -259,6 +259,9 @@ def _mm_cases() -> tuple[ShapeCase, ...]:
         mm(1000, 1000, 1000, "sm90_rows_16b_off", gpu_only=True),
         mm(700, 512, 1000, "sm90_rows_16b_off_b", gpu_only=True),
         mm(300, 200, 264, "sm90_rows_16b_off_batched", batch=3, gpu_only=True),
+        # B rows 16 bytes off a sector with 128 x 256 tiles: CTA pairs; 17 tile rows, so the last
+        # pair's second CTA computes zeros and stores nothing
+        mm(2100, 520, 3000, "sm90_pairs_odd_tile_rows", gpu_only=True),
         mm(1024, 1024, 1024, "1024^3", gpu_only=True, bench=True, quick=True, bench_dtypes=ALL_DTYPES),
         mm(4096, 4096, 4096, "4096^3", gpu_only=True, bench=True, bench_dtypes=ALL_DTYPES),
         mm(8192, 8192, 8192, "8192^3", gpu_only=True, bench=True, bench_dtypes=HALF_DTYPES),
@@ -308,6 +311,8 @@ def _lg_cases() -> tuple[ShapeCase, ...]:
         lg((2048,), 512, 3072, "sm90_pingpong", gpu_only=True),
         lg((4096,), 512, 3001, "sm90_pingpong_direct_store", gpu_only=True),
         lg((600,), 1000, 1256, "sm90_rows_16b_off", gpu_only=True),  # x and W rows of 2000 bytes
+        # W rows of 2064 bytes, k > 1024 and 17 tile rows: the 128 x 256 CTA pairs, W k-major
+        lg((2100,), 1032, 3000, "sm90_pairs_odd_tile_rows", gpu_only=True),
         lg((32,), 768, 3072, "B32_768_3072", gpu_only=True, bench=True, quick=True, bench_dtypes=(*FP32, *BF16)),
         lg((8192,), 768, 3072, "B8192_768_3072", gpu_only=True, bench=True, bench_dtypes=(*FP32, *BF16)),
         lg((4096,), 4096, 16384, "B4096_4096_16384", gpu_only=True, bench=True, bench_dtypes=BF16),

@@ -347,6 +347,10 @@ std::vector<Variant> config_variants() {
       sm90_config<T, PingPong128x128Tma>("tma pp 128x128 s4"),
       sm90_config<T, PingPong64x256Tma>("tma pp 64x256 s4"),
       sm90_config<T, PingPong64x128Tma>("tma pp 64x128 s6"),
+      sm90_config<T, Tile128x256TmaC2>("pair tma 128x256 s3"),
+      sm90_config<T, Tile128x128TmaC2>("pair tma 128x128 s5"),
+      sm90_config<T, PingPong128x128TmaC2>("pair tma pp 128x128 s4"),
+      sm90_config<T, PingPong64x128TmaC2>("pair tma pp 64x128 s6"),
   };
 }
 
@@ -517,6 +521,25 @@ int main(int argc, char** argv) {
   correctness_sweep<bf16>(quick);
   correctness_sweep<__half>(quick);
 
+  {  // How many CTA pairs fit at once (the pair configs' persistent grid; GPCs may strand SMs).
+    using Cfg = gemm_sm90::Tile128x256TmaC2;
+    auto kernel = gemm_sm90::gemm_sm90_kernel<bf16, Cfg, false, Activation::kNone, false>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.gridDim = dim3(2 * (prop.multiProcessorCount / 2));
+    int pairs = 0;
+    CK(cudaOccupancyMaxActiveClusters(&pairs, kernel, &cfg));
+    printf("CTA pairs resident at once (%d KB smem per CTA): %d of %d SMs\n", Cfg::kSmemBytes / 1024, pairs,
+           prop.multiProcessorCount);
+  }
   printf("== timed (median of %d, L2 flushed before each run)\n", quick ? 10 : 20);
   const int reps = quick ? 10 : 20;
   const auto kNone = Activation::kNone, kGelu = Activation::kGeluTanh;
