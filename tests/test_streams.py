@@ -166,3 +166,45 @@ def test_second_device(op, case_name, backend):
     assert out.device == device and torch.cuda.current_device() == 0
     verdict = judge(spec, sample, out)
     assert verdict.ok, f"{op}/{backend} on cuda:1: {verdict.message}"
+
+
+# A fresh process: the CTA-pair GEMM (B's rows 16 bytes off a 32-byte sector, gemm_sm90.cuh)
+# asks once per process how many clusters fit, on its first launch; here that launch is inside a
+# capture, after a single-CTA warm-up that loaded the extension.
+_PAIR_FIRST_IN_CAPTURE = """
+import torch, dualk
+g = torch.Generator(device="cuda").manual_seed(0)
+def operands(m, k, n):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    return a, torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
+dualk.matmul(*operands(256, 1024, 1024), backend="cuda")  # rows of 2048 bytes: single CTAs
+a, b = operands(300, 1000, 1000)  # B's rows of 2000 bytes: pairs of ping-pong 64 x 128 tiles
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = dualk.matmul(a, b, backend="cuda")
+a.copy_(torch.randn(a.shape, device="cuda", dtype=a.dtype, generator=g))
+graph.replay()
+torch.cuda.synchronize()
+ref = a.double() @ b.double()
+print("relative error", ((out.double() - ref).abs().max() / ref.abs().max()).item())
+"""
+
+
+def test_cta_pair_gemm_first_launched_inside_a_capture():
+    """The pair config's first launch (its occupancy query) inside a CUDA-graph capture neither
+    breaks the capture nor gives a wrong answer on replay."""
+    import subprocess
+    import sys
+
+    device = torch.device("cuda")
+    if unavailable_reason("cuda", device) is not None:
+        pytest.skip("CUDA backend unavailable")
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        pytest.skip("the CTA-pair GEMM is the sm_90 path")
+    run = subprocess.run(
+        [sys.executable, "-c", _PAIR_FIRST_IN_CAPTURE], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    err = float(run.stdout.split("relative error")[-1])
+    assert err < 1e-2, run.stdout  # bf16 output, k = 1000: ~3e-3
