@@ -5,9 +5,9 @@
 #
 # Builds the extension first (outside the sanitizer), then runs each tool over a focused pytest
 # selection of backend="cuda" tests (the registry's small parity cases, the fused MLP's Hopper
-# tensor-core cases, the stream tests but CUDA-graph capture) in ONE process per tool, with
-# --target-processes all and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor is its own cudaMalloc,
-# so memcheck sees the exact bounds of each input and output). racecheck and initcheck are the
+# tensor-core cases, the Hopper GEMM's CTA-pair cases, the stream tests but CUDA-graph capture)
+# in ONE process per tool, with --target-processes all and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every
+# tensor is its own cudaMalloc, so memcheck sees the exact bounds of each input and output). racecheck and initcheck are the
 # slow tools: they get a smaller selection (the kernels with shared memory / the output paths).
 # Each tool has a time budget (SANITIZE_BUDGET_<TOOL> seconds); the whole run stays under ~8
 # minutes on an H100.
@@ -68,6 +68,10 @@ def parity(op, case, dtype):
 small = {op: [c.name for c in spec.cases if not c.gpu_only] for op, spec in OPS.items()}
 # The fused MLP's Hopper kernels: fp32 3xTF32 (>= ~31 rows per SM), 16-bit wgmma.
 hopper_mlp = ["tc_silu_tail_b5003", "tc_gelu_row_stride_b4133"]
+# The Hopper GEMM's CTA pairs (B's rows 16 bytes off a sector; odd tile-row counts), 16-bit.
+pairs = {"matmul": ["sm90_rows_16b_off", "sm90_rows_16b_off_batched", "sm90_pairs_odd_tile_rows"],
+         "linear_gelu": ["sm90_rows_16b_off", "sm90_pairs_odd_tile_rows"]}
+pair_ids = [parity(op, c, d) for op, cases in pairs.items() for c in cases for d in ("float16", "bfloat16")]
 collected = subprocess.run(
     [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
      "tests/test_streams.py"], capture_output=True, text=True,
@@ -80,6 +84,7 @@ ids = []
 if tool == "memcheck":  # every op, dtype and small case; the Hopper MLP cases; streams
     ids += [parity(op, c, d) for op, cases in small.items() for c in cases for d in sorted(names)]
     ids += [parity("fused_mlp", c, d) for c in hopper_mlp for d in sorted(names)]
+    ids += pair_ids
     ids += streams
 elif tool in ("racecheck", "synccheck"):  # the kernels with shared memory and barriers
     pick = {
@@ -89,6 +94,7 @@ elif tool in ("racecheck", "synccheck"):  # the kernels with shared memory and b
     }
     ids += [parity(op, c, d) for op, cases in pick.items() for c in cases
             for d in ("float32", "float16", "bfloat16")]
+    ids += pair_ids
     if tool == "synccheck":
         ids += [t for t in streams if "side_stream" in t]
 else:  # initcheck: every op once per dtype family, Hopper MLP in fp32 and fp16
