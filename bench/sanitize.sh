@@ -7,8 +7,9 @@
 # selection of backend="cuda" tests (the registry's small parity cases, the fused MLP's Hopper
 # tensor-core cases, the Hopper GEMM's CTA-pair cases, the stream tests but CUDA-graph capture)
 # in ONE process per tool, with --target-processes all and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every
-# tensor is its own cudaMalloc, so memcheck sees the exact bounds of each input and output). racecheck and initcheck are the
-# slow tools: they get a smaller selection (the kernels with shared memory / the output paths).
+# tensor is its own cudaMalloc, so memcheck sees the exact bounds of each input and output).
+# racecheck and initcheck are the slow tools: they get a smaller selection (the kernels with shared
+# memory / the output paths).
 # Each tool has a time budget (SANITIZE_BUDGET_<TOOL> seconds); the whole run stays under ~8
 # minutes on an H100.
 #
