@@ -180,3 +180,88 @@ def test_plan_on_an_h100(monkeypatch):
     assert mm.split_k_plan("tf32", 1, 384, 640, 65536, 132)[1] == 5  # TF32: occupancy only
     monkeypatch.setattr(mm, "SPLIT_K", [False])
     assert mm.split_k_plan(tc, 1, 128, 128, 8192, 132) is None
+
+
+# ---- split-K in one launch (split_k_fixup_kernel): 16-bit, M and N <= 128, 2048 <= k <= 32768
+
+
+@pytest.fixture
+def one_launch(monkeypatch):
+    """NaN-poisoned workspaces and counters the test can inspect; yields (fixup launches, reduce
+    launches, the last counters handed to a launch)."""
+    monkeypatch.setattr(mm, "POISON_WORKSPACE", [float("nan")])
+    monkeypatch.setattr(mm, "SPLIT_K", [True])
+    monkeypatch.setattr(mm, "SPLIT_K_ONE_LAUNCH", [True])
+    handed = []
+    counters = mm._tile_counters
+
+    def spy(device, tiles):
+        counts = counters(device, tiles)
+        handed.append(counts)
+        return counts
+
+    monkeypatch.setattr(mm, "_tile_counters", spy)
+
+    def launches(launcher):
+        return launcher.slow_launches + launcher.fast_launches
+
+    return lambda: (launches(mm._fixup_launcher), launches(mm._reduce_launcher), handed[-1] if handed else None)  # fmt: skip
+
+
+ONE_LAUNCH_CASES = {  # k tails: 2056 = 12 slices of 160 + 136 (interpreter tiles 16x16x32)
+    "matmul": lambda g, dt: Sample(
+        (_randn((24, 2056), g, dt), _randn((2056, 40), g, dt, 1 / 45)), {}, "24x2056x40"
+    ),  # fmt: skip
+    "matmul_kmajor_b": lambda g, dt: Sample(
+        (_randn((17, 2100), g, dt), _randn((33, 2100), g, dt, 1 / 45).t()),
+        {},
+        "17x2100x33 B k-major",
+    ),  # fmt: skip
+    "linear_gelu": lambda g, dt: Sample(
+        (_randn((20, 2100), g, dt), _randn((24, 2100), g, dt, 1 / 45), _randn(24, g, dt, 0.5)),
+        {"approximate": "tanh"},
+        "20x2100->24 bias gelu",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("case", sorted(ONE_LAUNCH_CASES))
+def test_one_launch_split_k(case, dtype, one_launch):
+    """One launch, no reduce kernel; every slice written (NaN-poisoned workspace); the tile
+    counters back at 0; the same bits on a second call."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"one/{case}/{dtype}".encode()))
+    sample = ONE_LAUNCH_CASES[case](gen, dtype)
+    op = "linear_gelu" if case == "linear_gelu" else "matmul"
+    fixups, reduces, _ = one_launch()
+    out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
+    again = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    after_fixups, after_reduces, counts = one_launch()
+    assert (after_fixups, after_reduces) == (fixups + 2, reduces), "not the one-launch path"
+    assert counts is not None and not counts.any(), "tile counters left non-zero"
+    verdict = judge(OPS[op], sample, out)
+    assert verdict.ok, f"{op} [{sample.label}] {dtype}: {verdict.message}"
+    assert torch.equal(out, again), "two calls gave different bits"
+
+
+def test_one_launch_plan(monkeypatch):
+    """Where one launch is taken (GPU configs): the measured box, 16-bit only, batch 1."""
+    monkeypatch.setattr(mm, "interpreting", lambda: False)
+    monkeypatch.setattr(mm, "SPLIT_K", [True])
+    monkeypatch.setattr(mm, "SPLIT_K_ONE_LAUNCH", [True])
+    tc = "tensor_core"
+    cfg, splits, k_slice = mm.one_launch_plan(tc, 1, 128, 128, 8192)
+    assert cfg == mm.FIXUP_CONFIG and (splits, k_slice) == (16, 512)
+    _, splits, k_slice = mm.one_launch_plan(tc, 1, 72, 40, 5000)  # 13 slices of 384 + 8
+    assert (splits, k_slice) == (14, 384)
+    assert mm.one_launch_plan(tc, 1, 129, 128, 8192) is None  # M > 128
+    assert mm.one_launch_plan(tc, 1, 128, 129, 8192) is None  # N > 128
+    assert mm.one_launch_plan(tc, 1, 128, 128, 2047) is None  # k below the measured range
+    assert mm.one_launch_plan(tc, 1, 64, 64, 65536) is None  # k above it (two launches won)
+    assert mm.one_launch_plan(tc, 2, 128, 128, 8192) is None
+    assert mm.one_launch_plan("fp32", 1, 128, 128, 8192) is None
+    assert mm.one_launch_plan("tf32", 1, 128, 128, 8192) is None
+    monkeypatch.setattr(mm, "SPLIT_K", [False])
+    assert mm.one_launch_plan(tc, 1, 128, 128, 8192) is None
