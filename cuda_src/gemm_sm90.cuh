@@ -8,7 +8,8 @@
 //     tiles and k tiles and issues cp.async.bulk.tensor loads (128-byte swizzle, TMA zero-fills
 //     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
 //     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
-//     warp, after the wgmma that read the stage retired).
+//     warp, after the wgmma that read the stage retired; CTA pairs: per consumer warp of both
+//     CTAs, since both producers write the stage).
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
 //     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
 //     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
@@ -116,7 +117,7 @@ struct TileConfig {
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
-// PingPong64x128Tma. The others are the candidates experiments/gemm_sm90_bench.cu compares them
+// PingPong64x128Tma, and the pairs Tile128x256TmaC2 and PingPong64x128TmaC2. The others are the candidates experiments/gemm_sm90_bench.cu compares them
 // with (session 9 in NOTES-gemm-sm90.md), kept so that a new GPU can be swept again.
 // 128 x 256, 4 stages (193 KB): the brief's starting point, one wgmma m64n256 per k16 per consumer.
 using Tile128x256 = TileConfig<128, 256, 4>;
@@ -318,7 +319,7 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
 }
 
 // Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM; B k-major
-// (k, n[, batch]) box 64 x kBlockN; B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
+// (k, n[, batch]) box 64 x kBlockN / kCluster (a pair's CTA loads half of B's rows); B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
@@ -709,21 +710,28 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
     // Persistent pairs: as many as fit at once (GPCs may leave an SM without a partner), asked
-    // once per device and config.
+    // once per device and kernel instantiation; devices past kMaxDevices ask on every call.
+    // cudaErrorInvalidConfiguration (no pair fits, or the query failed): launch() then runs the
+    // single config.
     constexpr int kMaxDevices = 64;
     static std::atomic<int> max_pairs_of[kMaxDevices] = {};
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-    int max_pairs = max_pairs_of[device].load(std::memory_order_relaxed);
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      cudaGetLastError();
+      return cudaErrorInvalidConfiguration;
+    }
+    const bool cached = device >= 0 && device < kMaxDevices;
+    int max_pairs = cached ? max_pairs_of[device].load(std::memory_order_relaxed) : 0;
     if (max_pairs == 0) {  // not yet asked; -1: asked, and no pair fits
       config.gridDim = dim3(Cfg::kCluster * (device_props().num_sms / Cfg::kCluster));
-      if (cudaOccupancyMaxActiveClusters(&max_pairs, kernel, &config) != cudaSuccess || max_pairs < 1) {
-        cudaGetLastError();
-        max_pairs = -1;
+      if (cudaOccupancyMaxActiveClusters(&max_pairs, kernel, &config) != cudaSuccess) {
+        cudaGetLastError();  // not cached: the next call asks again
+        return cudaErrorInvalidConfiguration;
       }
-      max_pairs_of[device].store(max_pairs, std::memory_order_relaxed);
+      if (max_pairs < 1) max_pairs = -1;
+      if (cached) max_pairs_of[device].store(max_pairs, std::memory_order_relaxed);
     }
-    if (max_pairs < 1) return cudaErrorInvalidConfiguration;  // launch() then runs a single config
+    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_pairs)));
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p);
   }
@@ -792,7 +800,7 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
     return args.b_k_major ? detail::launch_config<T, Cfg, true, kAct, kHasBias>(args, stream)
                           : detail::launch_config<T, Cfg, false, kAct, kHasBias>(args, stream);
   };
-  // Pairs first; cudaErrorInvalidConfiguration: no cluster of two fits (then the single config).
+  // Pairs first; cudaErrorInvalidConfiguration: no cluster of two fits, or the query failed.
   auto run_pair_or = [&](auto pair, auto single) {
     const cudaError_t err = run(pair);
     if (err != cudaErrorInvalidConfiguration) return err;

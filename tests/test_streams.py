@@ -12,9 +12,9 @@ from dualk.testing import judge
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="CUDA streams and graphs need a GPU")
 
-# split_k_odd: split-K (Triton's in one launch, with tile counters: a graph gets its own)
+# split_k_kmajor: split-K (Triton's in one launch, with tile counters: a graph gets its own)
 CASES = [("add", "n=4097"), ("relu_scale", "noncontig"), ("matmul", "odd"),
-         ("matmul", "split_k_odd"), ("linear_gelu", "odd"), ("fused_mlp", "seed_b32")]  # fmt: skip
+         ("matmul", "split_k_kmajor"), ("linear_gelu", "odd"), ("fused_mlp", "seed_b32")]  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])

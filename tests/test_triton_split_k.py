@@ -208,20 +208,22 @@ def one_launch(monkeypatch):
     return lambda: (launches(mm._fixup_launcher), launches(mm._reduce_launcher), handed[-1] if handed else None)  # fmt: skip
 
 
-ONE_LAUNCH_CASES = {  # k tails: 2056 = 12 slices of 160 + 136 (interpreter tiles 16x16x32)
+# k and A's and B's row strides multiples of 16 elements (else two launches, see below); M and N
+# tails; k tails: 2064 = 12 slices of 160 + 144 (interpreter tiles 16x16x32)
+ONE_LAUNCH_CASES = {
     "matmul": lambda g, dt: Sample(
-        (_randn((24, 2056), g, dt), _randn((2056, 40), g, dt, 1 / 45)), {}, "24x2056x40"
-    ),  # fmt: skip
+        (_randn((24, 2064), g, dt), _randn((2064, 48), g, dt, 1 / 45)), {}, "24x2064x48"
+    ),
     "matmul_kmajor_b": lambda g, dt: Sample(
-        (_randn((17, 2100), g, dt), _randn((33, 2100), g, dt, 1 / 45).t()),
+        (_randn((17, 2112), g, dt), _randn((33, 2112), g, dt, 1 / 45).t()),
         {},
-        "17x2100x33 B k-major",
-    ),  # fmt: skip
+        "17x2112x33 B k-major",
+    ),
     "linear_gelu": lambda g, dt: Sample(
-        (_randn((20, 2100), g, dt), _randn((24, 2100), g, dt, 1 / 45), _randn(24, g, dt, 0.5)),
+        (_randn((20, 2112), g, dt), _randn((24, 2112), g, dt, 1 / 45), _randn(24, g, dt, 0.5)),
         {"approximate": "tanh"},
-        "20x2100->24 bias gelu",
-    ),  # fmt: skip
+        "20x2112->24 bias gelu",
+    ),
 }
 
 
@@ -265,3 +267,23 @@ def test_one_launch_plan(monkeypatch):
     assert mm.one_launch_plan("tf32", 1, 128, 128, 8192) is None
     monkeypatch.setattr(mm, "SPLIT_K", [False])
     assert mm.one_launch_plan(tc, 1, 128, 128, 8192) is None
+
+
+@pytest.mark.parametrize("shape", [(24, 2056, 48), (24, 2064, 40)], ids=["k_2056", "n_40"])
+def test_one_launch_needs_16_element_strides(shape, one_launch, monkeypatch):
+    """k = 2056 or B's rows of 40 elements: the fix-up kernel has no alignment hints, so the
+    two-launch plan (with them) runs instead."""
+    monkeypatch.setattr(mm, "num_sms", lambda device: 64)
+    M, K, N = shape
+    gen = torch.Generator().manual_seed(K + N)
+    a = _randn((M, K), gen, torch.bfloat16)
+    b = _randn((K, N), gen, torch.bfloat16, 1 / 45)
+    sample = Sample((a, b), {}, str(shape))
+    fixups, reduces, _ = one_launch()
+    out = dualk.matmul(a, b, backend="triton")
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    after_fixups, after_reduces, _ = one_launch()
+    assert (after_fixups, after_reduces) == (fixups, reduces + 1)
+    verdict = judge(OPS["matmul"], sample, out)
+    assert verdict.ok, verdict.message

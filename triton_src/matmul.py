@@ -6,6 +6,8 @@ activation epilogue applied to the fp32 accumulator before the down-cast. Large 
 problems on Hopper also time the TMA kernel of triton_src/gemm_tma.py among the candidates.
 Few output tiles with a long k take split-K instead (``split_k_plan``): gemm_kernel computes
 fp32 partial products of k slices, and ``split_k_reduce_kernel`` sums them and runs the epilogue.
+The fewest tiles (16-bit, M and N <= 128, see ``one_launch_plan``) do both in one launch,
+``split_k_fixup_kernel``.
 """
 
 from __future__ import annotations
@@ -303,7 +305,11 @@ def split_k_fixup_kernel(
             bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc += bias.to(tl.float32)[None, :]
         acc = apply_activation(acc, ACTIVATION, FAST_ACT)
-        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+        c_ptrs = (
+            c_ptr
+            + offs_m[:, None].to(tl.int64) * stride_cm
+            + offs_n[None, :].to(tl.int64) * stride_cn
+        )
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch on this stream
 
@@ -548,7 +554,7 @@ def _gemm(
             spec = (*spec[:-1], aligned)
     if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
         plan = one_launch_plan(kind, batch, M, N, K)
-        if plan is not None:
+        if plan is not None and not (K | sa1 * sa2 | sb1 * sb2) & 15:
             _one_launch(
                 plan, spec, a, b, bias, c, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2, activation,
                 fast_act,
@@ -702,11 +708,14 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
 
 
 # One launch for the fewest tiles (split_k_fixup_kernel): 16-bit, M and N <= 128, k in
-# [2048, 32768], 16 slices of 32x32 tiles. Measured on an H100 (bf16,
+# [2048, 32768], up to 16 slices (k cut into FIXUP_SPLITS slices rounded up to whole k tiles:
+# 9-16 of them) of 32x32 tiles. Measured on an H100 (bf16, contiguous,
 # experiments/results/2026-11-26-h100-triton-splitk-fixup-grid-s15.txt): for M = N in {32, 64,
 # 128} and k 2048-32768 it beat the two-launch plan in all 15 cases, by 2-22% (128x8192x128:
 # 11.89 vs 12.94 us, cuBLAS 11.90); at 256 x k x 256 (many 32x32 tiles) and at k = 65536
-# (64x65536x64: 25.2 vs 21.2 us) it lost, hence the bounds. Untried below k = 2048.
+# (64x65536x64: 25.2 vs 21.2 us) it lost, hence the bounds. Untried below k = 2048. The kernel
+# has none of gemm_kernel's alignment hints, so _gemm takes it only where k and A's and B's
+# non-unit strides are multiples of 16 elements (as in the measurements).
 FIXUP_MAX_MN = 128
 FIXUP_MIN_K, FIXUP_MAX_K = 2048, 32768
 FIXUP_SPLITS = 16
@@ -733,7 +742,10 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     buffer per (device, stream), which each launch leaves at 0 for the next launch on its stream
     (launches on one stream run in order; another stream gets its own). Inside a CUDA-graph
     capture, the graph's own buffer, zeroed by a captured memset at each replay (a graph replayed
-    on another stream must not share a stream's buffer)."""
+    on another stream must not share a stream's buffer). Keyed by the stream's handle: a stream
+    destroyed with a launch in flight whose handle a new stream reuses at once, or per-thread
+    default streams (one handle, concurrent threads), would share counters; PyTorch's streams
+    are neither."""
     if device.type != "cuda":
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     if torch.cuda.is_current_stream_capturing():
