@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "launchers.h"
@@ -383,28 +384,55 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, int bytes) {
   return err;
 }
 
-// Resident blocks per SM of `kernel` at this block size and dynamic shared memory on the current
-// device (0 if the query fails), queried once per kernel, device and configuration: persistent
-// launchers size their grid with it on every call.
-inline int max_blocks_per_sm(const void* kernel, int threads, int smem_bytes) {
+// One occupancy answer per kernel, device, block size, dynamic shared memory and cluster size,
+// from `query(int* out)` on the current device; 0 if the query fails (not cached: a later call
+// may succeed). Persistent launchers size their grid with it on every call.
+template <typename Query>
+inline int cached_occupancy(const void* kernel, int threads, int smem_bytes, int cluster, Query query) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   static std::mutex mutex;
-  static std::map<std::pair<std::pair<const void*, int>, std::pair<int, int>>, int> cache;
-  const auto key = std::make_pair(std::make_pair(kernel, device), std::make_pair(threads, smem_bytes));
+  static std::map<std::tuple<const void*, int, int, int, int>, int> cache;
+  const auto key = std::make_tuple(kernel, device, threads, smem_bytes, cluster);
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes) != cudaSuccess) {
+  int count = 0;
+  if (query(&count) != cudaSuccess) {
     cudaGetLastError();
-    return 0;  // not cached: a later call may succeed
+    return 0;
   }
-  cache[key] = blocks;
-  return blocks;
+  cache[key] = count;
+  return count;
+}
+
+// Resident blocks per SM of `kernel` at this block size and dynamic shared memory.
+inline int max_blocks_per_sm(const void* kernel, int threads, int smem_bytes) {
+  return cached_occupancy(kernel, threads, smem_bytes, 1, [&](int* blocks) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem_bytes);
+  });
+}
+
+// Thread-block clusters of `cluster` CTAs of `kernel` resident at once on the whole device (GPCs
+// may leave an SM without a partner); 0 if none fits. The kernel's dynamic shared-memory limit
+// must already allow `smem_bytes` (ensure_dynamic_smem).
+inline int max_active_clusters(const void* kernel, int threads, int smem_bytes, int cluster) {
+  return cached_occupancy(kernel, threads, smem_bytes, cluster, [&](int* clusters) {
+    cudaLaunchAttribute dims{};
+    dims.id = cudaLaunchAttributeClusterDimension;
+    dims.val.clusterDim.x = static_cast<unsigned>(cluster);
+    dims.val.clusterDim.y = dims.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.attrs = &dims;
+    config.numAttrs = 1;
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.gridDim = dim3(static_cast<unsigned>(cluster * (device_props().num_sms / cluster)));
+    return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+  });
 }
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;

@@ -699,39 +699,21 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p);
     return cudaGetLastError();
   } else {
-    cudaLaunchConfig_t config{};
+    // Persistent pairs: as many as fit at once. None (or a failed query):
+    // cudaErrorInvalidConfiguration, and launch() runs the single config.
+    const int max_pairs = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                              Cfg::kSmemBytes, Cfg::kCluster);
+    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = Cfg::kCluster;
     cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
     config.attrs = &cluster;
     config.numAttrs = 1;
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
-    // Persistent pairs: as many as fit at once (GPCs may leave an SM without a partner), asked
-    // once per device and kernel instantiation; devices past kMaxDevices ask on every call.
-    // cudaErrorInvalidConfiguration (no pair fits, or the query failed): launch() then runs the
-    // single config.
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> max_pairs_of[kMaxDevices] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) {
-      cudaGetLastError();
-      return cudaErrorInvalidConfiguration;
-    }
-    const bool cached = device >= 0 && device < kMaxDevices;
-    int max_pairs = cached ? max_pairs_of[device].load(std::memory_order_relaxed) : 0;
-    if (max_pairs == 0) {  // not yet asked; -1: asked, and no pair fits
-      config.gridDim = dim3(Cfg::kCluster * (device_props().num_sms / Cfg::kCluster));
-      if (cudaOccupancyMaxActiveClusters(&max_pairs, kernel, &config) != cudaSuccess) {
-        cudaGetLastError();  // not cached: the next call asks again
-        return cudaErrorInvalidConfiguration;
-      }
-      if (max_pairs < 1) max_pairs = -1;
-      if (cached) max_pairs_of[device].store(max_pairs, std::memory_order_relaxed);
-    }
-    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_pairs)));
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p);
   }

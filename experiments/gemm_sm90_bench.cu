@@ -523,20 +523,9 @@ int main(int argc, char** argv) {
 
   {  // How many CTA pairs fit at once (the pair configs' persistent grid; GPCs may strand SMs).
     using Cfg = gemm_sm90::Tile128x256TmaC2;
-    auto kernel = gemm_sm90::gemm_sm90_kernel<bf16, Cfg, false, Activation::kNone, false>;
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    cfg.blockDim = dim3(Cfg::kThreads);
-    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-    cfg.gridDim = dim3(2 * (prop.multiProcessorCount / 2));
-    int pairs = 0;
-    CK(cudaOccupancyMaxActiveClusters(&pairs, kernel, &cfg));
+    auto kernel = reinterpret_cast<const void*>(gemm_sm90::gemm_sm90_kernel<bf16, Cfg, false, Activation::kNone, false>);
+    CK(ensure_dynamic_smem(kernel, Cfg::kSmemBytes));
+    const int pairs = max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
     printf("CTA pairs resident at once (%d KB smem per CTA): %d of %d SMs\n", Cfg::kSmemBytes / 1024, pairs,
            prop.multiProcessorCount);
   }

@@ -553,8 +553,8 @@ def _gemm(
         if aligned:
             spec = (*spec[:-1], aligned)
     if K >= 2 * SPLIT_K_MIN_SLICE:  # short k never splits: one comparison on that hot path
-        plan = one_launch_plan(kind, batch, M, N, K)
-        if plan is not None and not (K | sa1 * sa2 | sb1 * sb2) & 15:
+        plan = one_launch_plan(kind, batch, M, N, K, sa1 * sa2 | sb1 * sb2)
+        if plan is not None:
             _one_launch(
                 plan, spec, a, b, bias, c, M, N, K, sa1, sa2, sb1, sb2, sc1, sc2, activation,
                 fast_act,
@@ -714,8 +714,8 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
 # 128} and k 2048-32768 it beat the two-launch plan in all 15 cases, by 2-22% (128x8192x128:
 # 11.89 vs 12.94 us, cuBLAS 11.90); at 256 x k x 256 (many 32x32 tiles) and at k = 65536
 # (64x65536x64: 25.2 vs 21.2 us) it lost, hence the bounds. Untried below k = 2048. The kernel
-# has none of gemm_kernel's alignment hints, so _gemm takes it only where k and A's and B's
-# non-unit strides are multiples of 16 elements (as in the measurements).
+# has none of gemm_kernel's alignment hints, so it is taken only where A's and B's non-unit
+# strides (k itself for a row-major A) are multiples of 16 elements (as in the measurements).
 FIXUP_MAX_MN = 128
 FIXUP_MIN_K, FIXUP_MAX_K = 2048, 32768
 FIXUP_SPLITS = 16
@@ -726,9 +726,12 @@ _fixup_launcher = KernelLauncher(split_k_fixup_kernel)
 _tile_counts: dict = {}  # (device, stream handle) -> int32 zeros that every launch leaves at 0
 
 
-def one_launch_plan(kind: str, batch: int, M: int, N: int, K: int):
-    """(config, splits, slice) when this GEMM takes split_k_fixup_kernel, else None."""
+def one_launch_plan(kind: str, batch: int, M: int, N: int, K: int, row_strides: int = 0):
+    """(config, splits, slice) when this GEMM takes split_k_fixup_kernel, else None.
+    ``row_strides``: A's and B's non-unit strides or'ed together (sa1 * sa2 | sb1 * sb2)."""
     if kind != "tensor_core" or batch != 1 or M > FIXUP_MAX_MN or N > FIXUP_MAX_MN:
+        return None
+    if row_strides & 15:  # no alignment hints in the kernel: 16-element rows, as measured
         return None
     if not FIXUP_MIN_K <= K <= FIXUP_MAX_K or not (SPLIT_K_ONE_LAUNCH[0] and SPLIT_K[0]):
         return None
@@ -750,7 +753,10 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(tiles, dtype=torch.int32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    from triton.runtime import driver
+
+    # the handle of the stream the launcher launches on (KernelLauncher asks the same driver)
+    key = (device.index, driver.active.get_current_stream(device.index))
     counts = _tile_counts.get(key)
     if counts is None or counts.numel() < tiles:
         if len(_tile_counts) >= 64:  # streams come and go: forget the old ones
