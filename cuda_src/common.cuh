@@ -58,17 +58,21 @@ __device__ __forceinline__ float gelu_erf(float v) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
-// tanh-gelu as v * sigmoid(2u) = v / (1 + 2^(-2u log2 e)): one ex2.approx and a fast divide
-// instead of tanhf, with a small *relative* error everywhere (no 1 + tanh cancellation for
-// negative v). For 16-bit outputs, whose rounding is far coarser than the ~1e-6 it adds.
+// tanh-gelu for 16-bit outputs: h + h tanh(z), h = v / 2, z = v (sqrt(2/pi) + sqrt(2/pi) 0.044715 v^2),
+// with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
+// backend's TMA epilogue). Was v / (1 + 2^(-2z log2 e)): ex2 and a reciprocal, two MUFU ops
+// per element, which bounded the GEMM epilogue (16 MUFU results per clock per SM; the
+// 128 x 256 linear_gelu tile's epilogue cost ~4 us, NOTES-gemm-sm90.md session 16). The error
+// it adds is absolute, at most ~|v| 2^-12: below a 16-bit output's rounding where gelu is not
+// near 0, and far below 2^-12 max|v| where it is (v < -3). gelu(-inf) is NaN, as in torch.
 __device__ __forceinline__ float gelu_tanh_fast(float v) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCoeff = 0.044715f;
-  constexpr float kMinus2Log2e = -2.8853900817779268f;  // -2 / ln 2
-  const float u = kSqrt2OverPi * fmaf(kCoeff * v, v * v, v);
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(kMinus2Log2e * u));
-  return __fdividef(v, 1.f + e);
+  constexpr float kCubicCoeff = 0.035677408136300125f;  // sqrt(2/pi) * 0.044715
+  const float z = v * fmaf(kCubicCoeff, v * v, kSqrt2OverPi);
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(z));
+  const float h = 0.5f * v;
+  return fmaf(h, t, h);
 }
 
 // The activation of a 16-bit output: the fast tanh-gelu, the others as apply_activation.

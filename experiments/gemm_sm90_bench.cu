@@ -498,7 +498,10 @@ std::vector<Variant> timed_variants(bool sweep) {
 }
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --quick: fewer shapes; --epilogue: the linear_gelu cases only (every config, with and without
+  // the bias + gelu epilogue on the same operands), after the quick correctness sweep.
+  const bool epilogue_only = argc > 1 && std::string(argv[1]) == "--epilogue";
+  const bool quick = argc > 1 && (std::string(argv[1]) == "--quick" || epilogue_only);
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device %s (cc %d.%d), %d SMs, %d KB smem/block opt-in, L2 %d MB\n", prop.name, prop.major, prop.minor,
@@ -530,8 +533,18 @@ int main(int argc, char** argv) {
            prop.multiProcessorCount);
   }
   printf("== timed (median of %d, L2 flushed before each run)\n", quick ? 10 : 20);
-  const int reps = quick ? 10 : 20;
+  const int reps = quick && !epilogue_only ? 10 : 20;
   const auto kNone = Activation::kNone, kGelu = Activation::kGeluTanh;
+  if (epilogue_only) {
+    const int64_t shapes[][3] = {{8192, 3072, 768}, {4096, 16384, 4096}, {1000, 1000, 1000}};  // m, n, k
+    for (const auto& mnk : shapes) {
+      char label[96];
+      snprintf(label, sizeof label, "linear_gelu bf16 %ldx%ldx%ld", (long)mnk[0], (long)mnk[2], (long)mnk[1]);
+      run_case<bf16>(label, {1, mnk[0], mnk[1], mnk[2], true, false, kGelu, true}, timed_variants<bf16>(true), reps);
+      snprintf(label, sizeof label, "x @ W^T bf16 %ldx%ldx%ld (no epilogue)", (long)mnk[0], (long)mnk[2], (long)mnk[1]);
+      run_case<bf16>(label, {1, mnk[0], mnk[1], mnk[2], true, false, kNone, false}, timed_variants<bf16>(true), reps);
+    }
+  } else {
   run_case<bf16>("matmul bf16 4096^3 B(k,n)", {1, 4096, 4096, 4096, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("matmul bf16 4096^3 B=W^T", {1, 4096, 4096, 4096, true, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<__half>("matmul fp16 4096^3 B(k,n)", {1, 4096, 4096, 4096, false, false, kNone, false}, timed_variants<__half>(!quick), reps);
@@ -549,6 +562,7 @@ int main(int argc, char** argv) {
   run_case<bf16>("matmul bf16 m3072 n5120 k2048", {1, 3072, 5120, 2048, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("linear_gelu bf16 1000x1000x1000", {1, 1000, 1000, 1000, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
   run_case<bf16>("linear_gelu bf16 32x768x3072", {1, 32, 3072, 768, true, false, kGelu, true}, timed_variants<bf16>(true), reps);
+  }
 
   printf("\n== summary (us / TFLOP/s / speed vs vendor (cuBLAS or cuBLASLt GELU_BIAS) / rel err)\n");
   std::string last;

@@ -15,6 +15,7 @@ OUT=${1:?usage: experiments/ncu_linear_gelu.sh OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 python3 experiments/probe_linear_gelu.py > "$OUT/probe-linear-gelu.txt" 2>&1
+python3 experiments/probe_linear_gelu.py --kernels >> "$OUT/probe-linear-gelu.txt" 2>&1
 echo "probe: rc=$?"; cat "$OUT/probe-linear-gelu.txt"
 ncu --clock-control none --kernel-name regex:gemm_sm90_kernel --launch-count 12 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
