@@ -179,15 +179,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// The inverse: two T packed in a 32-bit word (low half first) as fp32.
-template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
-template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
-  return __half22float2(*reinterpret_cast<__half2*>(&v));
-}
-template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
 // relu of two packed T with NaN propagation (torch.relu(nan) is nan), one instruction: relu
 // commutes with rounding, so it can run after the down-cast.
 template <typename T> __device__ __forceinline__ uint32_t relu2(uint32_t v);

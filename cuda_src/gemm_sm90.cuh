@@ -94,14 +94,10 @@ struct TileConfig {
   static constexpr int kEmptyArrivals = (kPingPong ? 4 : 4 * kConsumerWGs) * kCluster;
   // One staging buffer per consumer: kWgRows x kBlockN as kBlockN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kBlockN * 2 : 0;
-  // Deferred activations (kTmaStore, see the kernel): each consumer's tile bias as fp32, and two
-  // mbarriers per staging buffer (filled by its consumer / stored by the helper warps).
-  static constexpr int kBiasBufBytes = kTmaStore ? kBlockN * 4 : 0;
-  static constexpr int kStagingBars = kTmaStore ? 2 * kConsumerWGs : 0;
-  // Ring, C staging, biases, then full[], empty[], the two order mbarriers and the staging
-  // mbarriers; +1024 for aligning the dynamic base to 1024 bytes.
-  static constexpr int kSmemBytes = kStages * kStageBytes + kConsumerWGs * (kCBufBytes + kBiasBufBytes) +
-                                    2 * kStages * 8 + 2 * 8 + kStagingBars * 8 + 1024;
+  // Ring, C staging, then full[], empty[] and the two order mbarriers; +1024 for aligning the
+  // dynamic base to 1024 bytes.
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kConsumerWGs * kCBufBytes + 2 * kStages * 8 + 2 * 8 + 1024;
   // setmaxnreg moves registers inside the CTA's launch allocation (168 x 384 = 64512 at the
   // __launch_bounds__(384, 1) cap): the producer frees 128 x (168 - 40) = 16384, exactly the
   // 256 x (232 - 168) the consumers take. ptxas still compiles the whole kernel under the entry cap
@@ -138,7 +134,7 @@ using Tile128x256Tma = TileConfig<128, 256, 3, false, true>;
 using Tile256x128Tma = TileConfig<256, 128, 3, false, true>;
 using Tile128x128Tma = TileConfig<128, 128, 5, false, true>;
 using PingPong128x128Tma = TileConfig<128, 128, 4, true, true>;
-using PingPong64x256Tma = TileConfig<64, 256, 3, true, true>;  // (4 stages until the bias buffers)
+using PingPong64x256Tma = TileConfig<64, 256, 4, true, true>;
 using PingPong64x128Tma = TileConfig<64, 128, 6, true, true>;
 // The same in CTA pairs multicasting B (kCluster = 2). launch() takes Tile128x256TmaC2 and
 // PingPong64x128TmaC2 where B's rows sit 16 bytes off a 32-byte sector (see launch()); the other
@@ -248,24 +244,6 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
 
 // setmaxnreg_dec / inc, wgmma_fence / commit / wait and fence_acc live in common.cuh (the fused
 // MLP uses them too).
@@ -340,70 +318,6 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
   tile_n = in_group / group_rows;
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Deferred activations: the helper warps (96 threads, `htid` 0..95) walk the CTA's tiles in the
-// consumers' order and, per staged buffer (cooperative: both consumers' halves of each tile;
-// ping-pong: consumer local % 2's whole tile), wait until it is full, apply kAct in place to
-// every element (the swizzle does not matter to an elementwise map), store it by TMA (clipped at
-// C's edges), and hand it back once the store has read it.
-template <typename T, typename Cfg, Activation kAct>
-__device__ __forceinline__ void activation_helpers(int htid, uint32_t c_buf, uint32_t staging_full,
-                                                   uint32_t staging_empty, const CUtensorMap* tmap_c,
-                                                   const KernelParams& p, int first_tile, int tile_stride, int rank) {
-  using namespace sm90;
-  constexpr int kHelpers = 96;
-  constexpr int kChunks = Cfg::kCBufBytes / 16;
-  uint32_t uses0 = 0, uses1 = 0;  // how often each buffer was filled (two scalars: no local memory)
-  for (int local = 0;; ++local) {
-    const int64_t tile64 = first_tile + static_cast<int64_t>(local) * tile_stride;
-    if (tile64 >= p.num_tiles) break;
-    int batch, tile_m, tile_n;
-    tile_coord(static_cast<int>(tile64), p, batch, tile_m, tile_n);
-    tile_m = tile_m * Cfg::kCluster + rank;
-    const int m_left = p.m - tile_m * Cfg::kBlockM;
-    const int n_left = p.n - tile_n * Cfg::kBlockN;
-#pragma unroll 1
-    for (int part = 0; part < (Cfg::kPingPong ? 1 : Cfg::kConsumerWGs); ++part) {
-      const int cw = Cfg::kPingPong ? (local & 1) : part;
-      const int row0 = Cfg::kPingPong ? 0 : cw * Cfg::kWgRows;
-      const uint32_t buf = c_buf + cw * Cfg::kCBufBytes;
-      const uint32_t uses = cw == 0 ? uses0++ : uses1++;
-      mbar_wait(staging_full + 8 * cw, uses & 1);
-#pragma unroll 4
-      for (int q = htid; q < kChunks; q += kHelpers) {
-        uint4 v = ld_shared_v4(buf + 16 * q);
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 x = unpack2<T>(w[e]);
-          w[e] = pack2<T>(apply_activation_16bit<kAct>(x.x), apply_activation_16bit<kAct>(x.y));
-        }
-        st_shared_v4(buf + 16 * q, v);
-      }
-      fence_proxy_async();
-      named_barrier(3, kHelpers);
-      if (htid == 0) {
-        if (row0 < m_left) {  // (a cooperative tile's second half may lie below C)
-          const int m0 = tile_m * Cfg::kBlockM + row0;
-#pragma unroll
-          for (int b = 0; b < Cfg::kBlockN / 64; ++b) {
-            if (b * 64 >= n_left) break;  // boxes wholly right of C: nothing to store
-            const int n0 = tile_n * Cfg::kBlockN + b * 64;
-            const uint32_t src = buf + b * (Cfg::kWgRows * 128);
-            if (p.c_batched) tma_store_3d(tmap_c, src, n0, m0, batch);
-            else tma_store_2d(tmap_c, src, n0, m0);
-          }
-          bulk_commit();
-          bulk_wait_read();
-        }
-        mbar_arrive(staging_empty + 8 * cw);
-      }
-    }
-  }
-  if (htid == 0) bulk_wait_all();  // the last stores must finish reading before the CTA exits
-}
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
 // Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM; B k-major
 // (k, n[, batch]) box 64 x kBlockN / kCluster (a pair's CTA loads half of B's rows); B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
@@ -416,21 +330,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B
   const uint32_t c_buf = smem + kStages * Cfg::kStageBytes;  // kConsumerWGs x kCBufBytes
-  const uint32_t bias_buf = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;  // kConsumerWGs x kBiasBufBytes
-  const uint32_t full_bar = bias_buf + Cfg::kConsumerWGs * Cfg::kBiasBufBytes;
+  const uint32_t full_bar = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
   // Ping-pong only: order_bar + 8 c is where consumer c waits for its turn at the main loop.
   const uint32_t order_bar = empty_bar + kStages * 8;
-  // Deferred activations: staging_full + 8 c (consumer c's 128 threads filled its buffer) and
-  // staging_empty + 8 c (the helpers stored it; it may be refilled).
-  const uint32_t staging_full = order_bar + 2 * 8;
-  const uint32_t staging_empty = staging_full + Cfg::kConsumerWGs * 8;
-  // The activation runs in the helper warps (warps 1-3 of the producer warpgroup, idle until
-  // now) on the staged tile, so the consumers only add the bias, round and stage their rows,
-  // then start the next tile: the tensor cores wait for ~1 instruction per element instead of
-  // the activation's ~10 (which a cooperative tile otherwise pays in full). The staged
-  // pre-activation is rounded to T first, as torch's F.gelu(F.linear(...)) in T does.
-  constexpr bool kDeferAct = Cfg::kTmaStore && kAct != Activation::kNone;
 
   const int wg = threadIdx.x / 128;
   const int tid_wg = threadIdx.x % 128;
@@ -442,11 +345,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbar_init(order_bar, 1);
     mbar_init(order_bar + 8, 1);
-#pragma unroll
-    for (int c = 0; c < Cfg::kStagingBars / 2; ++c) {
-      mbar_init(staging_full + 8 * c, 128);
-      mbar_init(staging_empty + 8 * c, 1);
-    }
     fence_barrier_init();
   }
   // Pairs: the peer's multicast and arrivals may target this CTA's barriers once it passes here.
@@ -457,17 +355,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int first_tile = blockIdx.x / Cfg::kCluster, tile_stride = gridDim.x / Cfg::kCluster;
 
   if (wg == 0) {
-    // ---------------- producer (thread 0) and, deferring activations, helpers (warps 1-3)
-    // Deferring: no register moves (the consumers compile to 168 registers all the same, and
-    // the helpers need more than the producer's 40).
-    if constexpr (!kDeferAct) setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (kDeferAct) {
-      if (tid_wg >= 32) {
-        if (p.c_tma) activation_helpers<T, Cfg, kAct>(tid_wg - 32, c_buf, staging_full, staging_empty, &tmap_c, p,
-                                                      first_tile, tile_stride, rank);
-        return;
-      }
-    }
+    // ---------------- producer
+    setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid_wg != 0) return;
     prefetch_tensor_map(&tmap_a);
     prefetch_tensor_map(&tmap_b);
@@ -533,7 +422,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     // ---------------- consumers
-    if constexpr (!kDeferAct) setmaxnreg_inc<Cfg::kConsumerRegs>();
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
     // Consumer warpgroup cw: cooperative, tile rows [cw * kWgRows, (cw + 1) * kWgRows) of every
     // tile; ping-pong, every row of the CTA's tiles number cw, cw + 2, cw + 4, ...
     const int cw = wg - 1;
@@ -561,7 +450,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     int stage = 0;
     uint32_t phase = 0;
-    uint32_t staged = 0;  // deferring: how many tiles this consumer has staged
     float acc[Cfg::kMSub][Cfg::kAccRegs];
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
     for (int local = Cfg::kPingPong ? cw : 0;; local += kTileStep) {
@@ -585,16 +473,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int ms = 0; ms < Cfg::kMSub; ++ms)
 #pragma unroll
         for (int i = 0; i < Cfg::kAccRegs; ++i) acc[ms][i] = 0.f;
-      // Deferring: this tile's bias, kBlockN / 128 columns per thread, loaded now so that the
-      // main loop hides the loads' latency; staged to shared memory in the epilogue.
-      float bias_ahead[Cfg::kBlockN / 128];
-      if constexpr (kDeferAct && kHasBias) {
-#pragma unroll
-        for (int i = 0; i < Cfg::kBlockN / 128; ++i) {
-          const int col = tile_n * Cfg::kBlockN + tid_wg + 128 * i;
-          bias_ahead[i] = col < p.n ? to_float<T>(bias[col]) : 0.f;
-        }
-      }
 
       int prev_stage = 0;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
@@ -642,39 +520,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const T* bias_tile = bias + (kHasBias ? tile_n * Cfg::kBlockN : 0);
       const int row_base = row0 + warp * 16 + lane / 4;
       const int col_base = 2 * (lane % 4);
-      if constexpr (kDeferAct) {
-        if (p.c_tma) {
-          // acc + bias, rounded to T, into the staging layout below; the helpers apply the
-          // activation and store. The buffer is free once they stored its previous tile (that
-          // wait also orders every thread's reads of the previous bias before the writes here).
-          const uint32_t my_buf = c_buf + cw * Cfg::kCBufBytes;
-          const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
-          mbar_wait(staging_empty + 8 * cw, (staged & 1) ^ 1);
-          if constexpr (kHasBias) {
-#pragma unroll
-            for (int i = 0; i < Cfg::kBlockN / 128; ++i) st_shared_f32(my_bias + 4 * (tid_wg + 128 * i), bias_ahead[i]);
-            named_barrier(1 + cw, 128);
-          }
-#pragma unroll
-          for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-            const int col = col_base + 8 * j;
-            const float2 b = kHasBias ? ld_shared_f32x2(my_bias + 4 * col) : make_float2(0.f, 0.f);
-#pragma unroll
-            for (int ms = 0; ms < Cfg::kMSub; ++ms) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int r = warp * 16 + lane / 4 + ms * 64 + h * 8;
-                const uint32_t addr = my_buf + (j / 8) * (Cfg::kWgRows * 128) + r * 128 +
-                                      (((j % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
-                st_shared_u32(addr, pack2<T>(acc[ms][4 * j + 2 * h] + b.x, acc[ms][4 * j + 2 * h + 1] + b.y));
-              }
-            }
-          }
-          mbar_arrive(staging_full + 8 * cw);
-          ++staged;
-          continue;
-        }
-      }
       if constexpr (Cfg::kTmaStore) {
         if (p.c_tma) {
           // Thread (warp, lane)'s pair (row r, columns 8 j + 2 (lane % 4) + {0, 1}) goes to box
