@@ -171,7 +171,7 @@ def test_plan_on_an_h100(monkeypatch):
     assert mm.split_k_plan(tc, 1, 32, 3072, 768, 132)[1:] == (3, 256)  # 16-bit: slices of 256
     # exact fp32, many tiles: slices of about FP32_SLICE, the large class's tile
     cfg, splits, _ = mm.split_k_plan("fp32", 1, 2048, 2048, 16384, 132)
-    assert cfg[1:3] == (128, 128) and splits == 16
+    assert cfg[1:3] == (128, 64) and splits == 16
     assert mm.split_k_plan("fp32", 1, 2048, 2048, 4096, 132) is None
     # exact fp32, few tiles but a long k: at least the accuracy fix's slices (occupancy alone
     # gave 5 slices of 13120 here: 60 tiles, 2 x 132 / 60)

@@ -38,11 +38,13 @@ from .gemm_tma import launch_tma, tma_configs
 
 @triton.jit
 def accumulate_dot(accumulator, a, b, INPUT_PRECISION: tl.constexpr):
-    """accumulator + a @ b. Exact fp32 runs on CUDA cores as one FMA chain per output when the
-    accumulator is passed into tl.dot; summing each K block apart and then adding keeps the
-    rounding error growing with K / BLOCK_SIZE_K rather than K (the chained form was 3x cuBLAS's
-    error at K=320 on an H200). Tensor-core dtypes keep the chained form (no extra adds)."""
-    if INPUT_PRECISION == "ieee":
+    """accumulator + a @ b. Exact fp32 ("ieee") runs on CUDA cores as one FMA chain per output
+    when the accumulator is passed into tl.dot; summing each K block apart and then adding keeps
+    the rounding error growing with K / BLOCK_SIZE_K rather than K (the chained form was 3x
+    cuBLAS's error at K=320 on an H200). fp32 as "tf32x3" (FP32_INPUT_PRECISION) sums its blocks
+    apart too (a fresh tensor-core sum per block, as the 3xTF32 error model favours). Tensor-core
+    dtypes keep the chained form (no extra adds)."""
+    if INPUT_PRECISION == "ieee" or INPUT_PRECISION == "tf32x3":
         if a.dtype == tl.float32:
             accumulator += tl.dot(a, b, input_precision=INPUT_PRECISION)
         else:
@@ -90,7 +92,7 @@ def gemm_kernel(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # common.ACT_* id, applied after the bias, in fp32
     FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16 outputs)
-    INPUT_PRECISION: tl.constexpr,  # tl.dot's: "ieee" (exact fp32) or "tf32"
+    INPUT_PRECISION: tl.constexpr,  # tl.dot's: "tf32x3" or "ieee" (fp32, TF32 off) or "tf32"
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
     EVEN_K: tl.constexpr,  # K % BLOCK_SIZE_K == 0 (and K_SLICE's): the K loop needs no mask
     SPLIT_K: tl.constexpr,  # batch entry s is k slice [s * K_SLICE, min((s + 1) * K_SLICE, K))
@@ -450,28 +452,28 @@ GEMM_CONFIGS: dict[tuple[str, str], tuple[tuple, ...]] = {
         (False, 64, 256, 32, 8, 4, 4),
         (False, 128, 128, 32, 8, 3, 4),
     ),
-    # CUDA-core FMA path: moderate tiles keep the per-thread accumulator (BM*BN / threads) at
-    # 32-64 registers; shallow BLOCK_SIZE_K keeps operand fragments small. tl.dot needs
-    # BLOCK_SIZE_K >= 16 (Triton 3.6 asserts it at compile time). 64x64 won 32x64x64.
+    # fp32 with TF32 off, as 3xTF32 (FP32_INPUT_PRECISION): tensor-core tiles of BLOCK_SIZE_K 32.
+    # 128x64 with 4 stages and 4 warps was the fastest of six on every shape of
+    # experiments/triton_fp32_tf32x3.py (H100: 4096^3, 8192x768x3072, 1024^3, 2048x16384x2048).
     ("fp32", "large"): (
+        (False, 128, 64, 32, 8, 4, 4),
+        (False, 128, 128, 32, 8, 3, 4),
         (False, 128, 128, 32, 8, 3, 8),
-        (False, 128, 128, 16, 8, 3, 8),
-        (False, 128, 64, 32, 8, 3, 4),
-        (False, 64, 128, 32, 8, 3, 4),
-        (False, 256, 128, 16, 8, 3, 8),
+        (False, 64, 128, 32, 8, 4, 4),
     ),
     ("fp32", "small"): (
-        (False, 64, 64, 32, 8, 3, 4),
-        (False, 128, 64, 32, 8, 3, 4),
-        (False, 64, 128, 32, 8, 3, 4),
-        (False, 128, 128, 32, 8, 3, 8),
+        (False, 64, 64, 32, 8, 4, 4),
+        (False, 128, 64, 32, 8, 4, 4),
+        (False, 64, 128, 32, 8, 4, 4),
+        (False, 128, 128, 32, 8, 3, 4),
     ),
 }
 
 
 def gemm_configs(kind: str) -> list[tuple]:
-    """Every config of ``kind``: "tensor_core" (fp16/bf16), "tf32" or "fp32" (exact fp32: tl.dot
-    on CUDA cores). Any of them runs any problem; a stored choice must be one of them.
+    """Every config of ``kind``: "tensor_core" (fp16/bf16), "tf32" or "fp32" (TF32 off: tl.dot as
+    3xTF32, FP32_INPUT_PRECISION). Any of them runs any problem; a stored choice must be one of
+    them.
 
     tensor_core follows the shapes that suit Hopper's wgmma (128x256x64 with 8 warps, 3 stages:
     48 KiB of smem a stage, 144 KiB in all). Configs that do not fit a device's shared memory
@@ -523,6 +525,15 @@ _ALIGN = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 _best_config: dict = {}  # tuning key -> config
 TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchmarks)
 FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
+# fp32 with TF32 off ("fp32" kind): tl.dot's "tf32x3" splits each fp32 operand into a TF32 high
+# part and a TF32 remainder and sums three tensor-core products (hi*hi + hi*lo + lo*hi), each
+# block's sum added to the running fp32 sum (accumulate_dot). Measured on an H100
+# (experiments/results/2026-11-26-h100-triton-fp32-tf32x3-s16.txt): 1.08x cuBLAS SGEMM at
+# 4096^3, 1.47x with B = W^T, 1.40x at 8192x768x3072, 0.92x at 1024^3, with max errors 4-6x
+# *below* cuBLAS's (4096^3: 1.9e-4 vs 9.5e-4; k = 16384: 6.1e-4 vs 3.6e-3), where "ieee" (exact
+# fp32 FMAs on CUDA cores) ran 0.46-0.86x at cuBLAS's error. An inf in A gave cuBLAS's inf / nan
+# pattern. "ieee" stays selectable here for comparison.
+FP32_INPUT_PRECISION = "tf32x3"
 # fp16/bf16 activation math: 2 = PTX MUFU ex2/rcp, 1 = tl.exp2 + div.full (common.apply_activation)
 FAST_ACT_LEVEL = [2]
 
@@ -622,7 +633,7 @@ def _gemm_launch(
     persistent, bm, bn, bk, group, stages, warps = cfg
     tiles = batch * ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
-    input_precision = "ieee" if kind == "fp32" else "tf32"
+    input_precision = FP32_INPUT_PRECISION if kind == "fp32" else "tf32"
     head = (
         bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype), K % bk == 0,
     )  # fmt: skip
@@ -650,6 +661,9 @@ def _gemm_launch(
 # applies the activation and rounds once. One batch only: the batch axis carries the slices
 # (matmul's batched A times a shared B is folded into one batch before this).
 #
+# The two fp32 rules below date from when fp32 ran on CUDA cores ("ieee"); with 3xTF32
+# (FP32_INPUT_PRECISION) they are kept unmeasured: its error at k = 16384 without slices was
+# already 6x below cuBLAS's, and its faster k loop makes the workspace's share larger.
 # Exact fp32 ("fp32" kind, not TF32) also splits a long k when the tiles fill the GPU, for
 # accuracy: gemm_kernel adds k blocks in order, K / BLOCK_SIZE_K additions per output, which put
 # dualk's fp32 error at 3-20x cuBLAS's (which splits k) for k = 5000-65536. Slices of FP32_SLICE
@@ -791,7 +805,7 @@ def _split_k_launch(
     ws = torch.empty((splits, M, N), dtype=torch.float32, device=c.device)
     if POISON_WORKSPACE:
         ws.fill_(POISON_WORKSPACE[0])
-    input_precision = "ieee" if kind == "fp32" else "tf32"
+    input_precision = FP32_INPUT_PRECISION if kind == "fp32" else "tf32"
     sab, sbb = k_slice * sa2, k_slice * sb1  # slice s starts s * k_slice along k
     align = _ALIGN[a.dtype]
     aligned = spec[18] and align_mask(align, M, N, K, sab, sa1, sa2, sbb, sb1, sb2, M * N, N, 1)
@@ -840,7 +854,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool) -> torch.Tenso
     """a @ b for a (M, K) or (B, M, K) and b (K, N) or (B, K, N), any strides, one dtype among
     fp32/fp16/bf16 (validated by dualk). A 2-D operand next to a 3-D one is broadcast over the
     batch. Returns a new contiguous (M, N) or (B, M, N) tensor of a's dtype; fp32 accumulation.
-    ``allow_tf32``: fp32 inputs may use TF32 tensor cores (else exact fp32 on CUDA cores).
+    ``allow_tf32``: fp32 inputs may use TF32 tensor cores (else 3xTF32, fp32-accurate:
+    FP32_INPUT_PRECISION).
     """
     a_dim, b_dim = a.dim(), b.dim()
     M, K = a.shape[-2], a.shape[-1]
