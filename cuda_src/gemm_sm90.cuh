@@ -13,9 +13,11 @@
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
 //     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
 //     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
-//     t-1 is released once the group of t is issued and t-1 has retired), and runs the epilogue
-//     from registers: + bias, activation in fp32 (epilogue_pair: apply_activation_16bit, the
-//     math of the portable kernels' epilogue), down-cast, and stores: by TMA from a swizzled staging buffer where C
+//     t-1 is released once the group of t is issued and t-1 has retired). Its accumulators start
+//     from the bias (each consumer stages the tile's bias slice in shared memory, loaded during
+//     the previous tile's main loop), so the epilogue from registers is the activation in fp32
+//     (epilogue_pair: apply_activation_16bit, the math of the portable kernels' epilogue),
+//     down-cast, and stores: by TMA from a swizzled staging buffer where C
 //     allows it (kTmaStore configs), else bounds-checked 32-bit stores. The producer meanwhile
 //     fills the ring with the next tile, so loads overlap the epilogue.
 //   * Ping-pong configs (kPingPong): each consumer owns whole tiles instead of half of each, the
@@ -94,10 +96,12 @@ struct TileConfig {
   static constexpr int kEmptyArrivals = (kPingPong ? 4 : 4 * kConsumerWGs) * kCluster;
   // One staging buffer per consumer: kWgRows x kBlockN as kBlockN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kBlockN * 2 : 0;
-  // Ring, C staging, then full[], empty[] and the two order mbarriers; +1024 for aligning the
-  // dynamic base to 1024 bytes.
-  static constexpr int kSmemBytes =
-      kStages * kStageBytes + kConsumerWGs * kCBufBytes + 2 * kStages * 8 + 2 * 8 + 1024;
+  // One bias slice per consumer (kBlockN fp32): the accumulators start from it (see the kernel).
+  static constexpr int kBiasBufBytes = kBlockN * 4;
+  // Ring, C staging, bias slices, then full[], empty[] and the two order mbarriers; +1024 for
+  // aligning the dynamic base to 1024 bytes.
+  static constexpr int kSmemBytes = kStages * kStageBytes + kConsumerWGs * (kCBufBytes + kBiasBufBytes) +
+                                    2 * kStages * 8 + 2 * 8 + 1024;
   // setmaxnreg moves registers inside the CTA's launch allocation (168 x 384 = 64512 at the
   // __launch_bounds__(384, 1) cap): the producer frees 128 x (168 - 40) = 16384, exactly the
   // 256 x (232 - 168) the consumers take. ptxas still compiles the whole kernel under the entry cap
@@ -134,7 +138,7 @@ using Tile128x256Tma = TileConfig<128, 256, 3, false, true>;
 using Tile256x128Tma = TileConfig<256, 128, 3, false, true>;
 using Tile128x128Tma = TileConfig<128, 128, 5, false, true>;
 using PingPong128x128Tma = TileConfig<128, 128, 4, true, true>;
-using PingPong64x256Tma = TileConfig<64, 256, 4, true, true>;
+using PingPong64x256Tma = TileConfig<64, 256, 3, true, true>;  // (4 stages before the bias slices)
 using PingPong64x128Tma = TileConfig<64, 128, 6, true, true>;
 // The same in CTA pairs multicasting B (kCluster = 2). launch() takes Tile128x256TmaC2 and
 // PingPong64x128TmaC2 where B's rows sit 16 bytes off a 32-byte sector (see launch()); the other
@@ -244,6 +248,14 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
 
 // setmaxnreg_dec / inc, wgmma_fence / commit / wait and fence_acc live in common.cuh (the fused
 // MLP uses them too).
@@ -283,23 +295,10 @@ DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_
 
 // ------------------------------------------------------------------ kernel
 
-// The epilogue's math, shared by its two store paths: a column pair's bias (0 where `has0` /
-// `has1` is false or there is no bias), then act(acc + bias) in fp32 per element.
-template <typename T, bool kHasBias>
-__device__ __forceinline__ float2 bias_pair(const T* bias, int col, bool has0, bool has1) {
-  float2 b = make_float2(0.f, 0.f);
-  if constexpr (kHasBias) {
-    if (has0) b.x = to_float<T>(bias[col]);
-    if (has1) b.y = to_float<T>(bias[col + 1]);
-  }
-  return b;
-}
-template <Activation kAct, bool kHasBias>
-__device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1, float2 bias) {
-  if constexpr (kHasBias) {
-    acc0 += bias.x;
-    acc1 += bias.y;
-  }
+// The epilogue's math, shared by its two store paths: act(acc) in fp32 per element (the bias is
+// already in the accumulators).
+template <Activation kAct>
+__device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1) {
   return make_float2(apply_activation_16bit<kAct>(acc0), apply_activation_16bit<kAct>(acc1));
 }
 
@@ -330,7 +329,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B
   const uint32_t c_buf = smem + kStages * Cfg::kStageBytes;  // kConsumerWGs x kCBufBytes
-  const uint32_t full_bar = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;
+  const uint32_t bias_buf = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;  // kConsumerWGs x kBiasBufBytes
+  const uint32_t full_bar = bias_buf + Cfg::kConsumerWGs * Cfg::kBiasBufBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
   // Ping-pong only: order_bar + 8 c is where consumer c waits for its turn at the main loop.
   const uint32_t order_bar = empty_bar + kStages * 8;
@@ -452,6 +452,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     float acc[Cfg::kMSub][Cfg::kAccRegs];
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
+    // The bias: the accumulators start from it, so the epilogue (which a cooperative tile pays
+    // with idle tensor cores) has no bias loads or adds; `bias` + 0 where there is none. Each
+    // thread loads kBlockN / 128 of the next tile's columns during this tile's main loop (its
+    // latency hidden there) and stages them in this consumer's slice at the next tile's start.
+    const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
+    float bias_next[Cfg::kBlockN / 128];
+    auto load_bias = [&](int64_t tile_of) {
+      int b_ = 0, tm_ = 0, tn_ = 0;
+      if (tile_of < p.num_tiles) tile_coord(static_cast<int>(tile_of), p, b_, tm_, tn_);
+#pragma unroll
+      for (int i = 0; i < Cfg::kBlockN / 128; ++i) {
+        const int col = tn_ * Cfg::kBlockN + tid_wg + 128 * i;
+        bias_next[i] = tile_of < p.num_tiles && col < p.n ? to_float<T>(bias[col]) : 0.f;
+      }
+    };
+    if constexpr (kHasBias) load_bias(first_tile + static_cast<int64_t>(Cfg::kPingPong ? cw : 0) * tile_stride);
     for (int local = Cfg::kPingPong ? cw : 0;; local += kTileStep) {
       const int64_t tile64 = first_tile + static_cast<int64_t>(local) * tile_stride;
       if (tile64 >= p.num_tiles) break;
@@ -459,6 +475,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
       tile_m = tile_m * Cfg::kCluster + rank;
+      // The accumulators' start (before a ping-pong consumer waits for its turn: no wgmma here).
+      if constexpr (kHasBias) {
+        named_barrier(1 + cw, 128);  // every thread has read the previous tile's slice
+#pragma unroll
+        for (int i = 0; i < Cfg::kBlockN / 128; ++i) st_shared_f32(my_bias + 4 * (tid_wg + 128 * i), bias_next[i]);
+        named_barrier(1 + cw, 128);
+        // Thread (warp, lane)'s accumulator columns: 8 j + 2 (lane % 4) + {0, 1} (epilogue below).
+#pragma unroll
+        for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+          const float2 b = ld_shared_f32x2(my_bias + 4 * (8 * j + 2 * (lane % 4)));
+#pragma unroll
+          for (int ms = 0; ms < Cfg::kMSub; ++ms)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              acc[ms][4 * j + 2 * h] = b.x;
+              acc[ms][4 * j + 2 * h + 1] = b.y;
+            }
+        }
+        load_bias(tile64 + static_cast<int64_t>(kTileStep) * tile_stride);
+      } else {
+#pragma unroll
+        for (int ms = 0; ms < Cfg::kMSub; ++ms)
+#pragma unroll
+          for (int i = 0; i < Cfg::kAccRegs; ++i) acc[ms][i] = 0.f;
+      }
       if constexpr (Cfg::kPingPong) {
         // This consumer skipped the other's tiles: its ring position is local * k_tiles. Waiting
         // for the other consumer's main loop to finish (local >= 1) also keeps the full[] waits
@@ -469,10 +510,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         phase = static_cast<uint32_t>((pos / kStages) & 1);
         if (local >= 1) mbar_wait(order_bar + 8 * cw, static_cast<uint32_t>(((local - 1) >> 1) & 1));
       }
-#pragma unroll
-      for (int ms = 0; ms < Cfg::kMSub; ++ms)
-#pragma unroll
-        for (int i = 0; i < Cfg::kAccRegs; ++i) acc[ms][i] = 0.f;
 
       int prev_stage = 0;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
@@ -517,7 +554,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int n_left = p.n - tile_n * Cfg::kBlockN;
       T* c_tile = c + batch * p.stride_c_batch + static_cast<int64_t>(tile_m) * Cfg::kBlockM * p.stride_cm +
                   static_cast<int64_t>(tile_n) * Cfg::kBlockN;
-      const T* bias_tile = bias + (kHasBias ? tile_n * Cfg::kBlockN : 0);
       const int row_base = row0 + warp * 16 + lane / 4;
       const int col_base = 2 * (lane % 4);
       if constexpr (Cfg::kTmaStore) {
@@ -529,15 +565,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           named_barrier(1 + cw, 128);
 #pragma unroll
           for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-            const int col = col_base + 8 * j;
-            const float2 bias = bias_pair<T, kHasBias>(bias_tile, col, col < n_left, col + 1 < n_left);
 #pragma unroll
             for (int ms = 0; ms < Cfg::kMSub; ++ms) {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int r = warp * 16 + lane / 4 + ms * 64 + h * 8;  // row within my rows
                 const float2 v =
-                    epilogue_pair<kAct, kHasBias>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1], bias);
+                    epilogue_pair<kAct>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1]);
                 const uint32_t addr = my_buf + (j / 8) * (Cfg::kWgRows * 128) + r * 128 +
                                       (((j % 8) ^ (r % 8)) * 16) + 4 * (lane % 4);
                 st_shared_u32(addr, pack2<T>(v.x, v.y));
@@ -568,7 +602,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int col = col_base + 8 * j;
         if (!full && col >= n_left) continue;
         const bool pair = full || col + 1 < n_left;
-        const float2 bias = bias_pair<T, kHasBias>(bias_tile, col, true, pair);
 #pragma unroll
         for (int ms = 0; ms < Cfg::kMSub; ++ms) {
 #pragma unroll
@@ -576,7 +609,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int row = row_base + ms * 64 + h * 8;
             if (!full && row >= m_left) continue;
             const float2 v =
-                epilogue_pair<kAct, kHasBias>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1], bias);
+                epilogue_pair<kAct>(acc[ms][4 * j + 2 * h], acc[ms][4 * j + 2 * h + 1]);
             const float v0 = v.x, v1 = v.y;
             T* dst = c_tile + row * p.stride_cm + col;
             if (full || (p.c_vec && pair)) {
