@@ -287,3 +287,36 @@ def test_one_launch_needs_16_element_strides(shape, one_launch, monkeypatch):
     assert (after_fixups, after_reduces) == (fixups, reduces + 1)
     verdict = judge(OPS["matmul"], sample, out)
     assert verdict.ok, verdict.message
+
+
+def test_fp32_3xtf32_precision_rule():
+    """fp32 with TF32 off: 3xTF32 from k = FP32_TF32X3_MIN_K, exact FMAs ("ieee") below."""
+    assert mm.fp32_input_precision(mm.FP32_TF32X3_MIN_K) == "tf32x3"
+    assert mm.fp32_input_precision(mm.FP32_TF32X3_MIN_K - 1) == "ieee"
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
+def test_fp32_3xtf32_split(op):
+    """The 3xTF32 path (k >= FP32_TF32X3_MIN_K) on random fp32 operands, judged by the GEMM rule,
+    and with special values in A: FLT_MAX (which cvt.rna.tf32 would round into inf), +-inf,
+    NaN and -0.0 must give PyTorch's inf / NaN pattern and, elsewhere, its values."""
+    gen = torch.Generator().manual_seed(5)
+    M, K, N = 40, mm.FP32_TF32X3_MIN_K + 44, 36
+    a = _randn((M, K), gen, torch.float32)
+    w = _randn((N, K), gen, torch.float32, 1 / 16)
+    if op == "matmul":
+        sample = Sample((a, w.t()), {}, f"{M}x{K}x{N}")
+    else:
+        sample = Sample((a, w, _randn((N,), gen, torch.float32)), {"approximate": "tanh"}, f"{M}x{K}->{N}")
+    out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
+    verdict = judge(OPS[op], sample, out)
+    assert verdict.ok, verdict.message
+    big = torch.finfo(torch.float32).max
+    a[0, 0], a[1, 1], a[2, 2], a[3, 3], a[4, 4] = big, float("inf"), float("-inf"), float("nan"), -0.0
+    b = torch.full((K, N), 0.5, device=DEVICE)
+    out = dualk.matmul(a, b, backend="triton")
+    want = a @ b
+    assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.isinf(), want.isinf())
+    finite = want.isfinite()
+    assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-4)
+    assert out[0].isfinite().all() and (out[0] > 1.6e38).all()  # FLT_MAX * 0.5 + ..., not inf
