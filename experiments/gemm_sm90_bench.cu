@@ -351,7 +351,7 @@ std::vector<Variant> config_variants() {
       sm90_config<T, Tile256x128Tma>("tma 256x128 s3"),
       sm90_config<T, Tile128x128Tma>("tma 128x128 s5"),
       sm90_config<T, PingPong128x128Tma>("tma pp 128x128 s4"),
-      sm90_config<T, PingPong64x256Tma>("tma pp 64x256 s4"),
+      sm90_config<T, PingPong64x256Tma>("tma pp 64x256 s3"),
       sm90_config<T, PingPong64x128Tma>("tma pp 64x128 s6"),
       sm90_config<T, Tile128x256TmaC2>("pair tma 128x256 s3"),
       sm90_config<T, Tile128x128TmaC2>("pair tma 128x128 s5"),
