@@ -47,7 +47,7 @@ def split_tf32(x):
     # finite x into inf, cut toward zero instead; lo is then rounded the same way (it has up to
     # 13 significant bits; the tensor core would truncate them).
     hi = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
-    hi = tl.where(tl.abs(hi) == float("inf"), (bits & -8192).to(tl.float32, bitcast=True), hi)
+    hi = tl.where(tl.abs(hi) > 3.4028234663852886e38, (bits & -8192).to(tl.float32, bitcast=True), hi)
     hi = tl.where(x != x, x, hi)  # a NaN whose payload sits in the low bits stays NaN
     lo = tl.where(x == hi, 0.0, x - hi)
     lo = ((lo.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
