@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc[Cfg::kMSub][Cfg::kAccRegs];
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
     // The bias: the accumulators start from it, so the epilogue (which a cooperative tile pays
-    // with idle tensor cores) has no bias loads or adds; `bias` + 0 where there is none. Each
+    // with idle tensor cores) has no bias loads or adds; columns past n start from 0. Each
     // thread loads kBlockN / 128 of the next tile's columns during this tile's main loop (its
     // latency hidden there) and stages them in this consumer's slice at the next tile's start.
     const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
@@ -678,6 +678,17 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
 // The bench calls this directly to compare tile configs; launch() picks the config.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
+  auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
+  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  // Pairs: as many as fit at once. None (or a failed query): cudaErrorInvalidConfiguration
+  // before any map is encoded, and launch() runs the single config.
+  int max_pairs = 0;
+  if constexpr (Cfg::kCluster > 1) {
+    max_pairs = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads, Cfg::kSmemBytes,
+                                    Cfg::kCluster);
+    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
+  }
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
   CUtensorMap map_a, map_b;
@@ -724,19 +735,11 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   p.c_vec = ((reinterpret_cast<uintptr_t>(args.c) & 3) | (args.m > 1 ? args.stride_cm & 1 : 0) |
              (args.batch > 1 ? (args.stride_c_batch & 1) : 0)) == 0;
 
-  auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
-  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
   if constexpr (Cfg::kCluster == 1) {
     const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, map_c, p);
     return cudaGetLastError();
   } else {
-    // Persistent pairs: as many as fit at once. None (or a failed query):
-    // cudaErrorInvalidConfiguration, and launch() runs the single config.
-    const int max_pairs = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
-                                              Cfg::kSmemBytes, Cfg::kCluster);
-    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = Cfg::kCluster;

@@ -554,10 +554,10 @@ TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchm
 FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
 # fp32 with TF32 off ("fp32" kind): each fp32 operand split into a TF32 high part and the
 # remainder and three tensor-core products summed (hi*lo + lo*hi + hi*hi), each block's sum added
-# to the running fp32 sum (accumulate_dot). The split is dualk's own (split_tf32: a cut toward
-# zero) since tl.dot's "tf32x3" rounds the high part to nearest, which turns |x| >= 3.4011e38
-# into inf (a review finding, not run on a GPU: the measurements below are of tl.dot's
-# "tf32x3", whose decomposition this mirrors). Measured on an H100
+# to the running fp32 sum (accumulate_dot). The split is dualk's own (split_tf32: the same
+# rounding, but cut toward zero where it would carry a finite |x| >= 3.4011e38 into inf, which
+# tl.dot's "tf32x3" does; a review finding, not run on a GPU: the measurements below are of
+# tl.dot's "tf32x3", whose decomposition this mirrors). Measured on an H100
 # (experiments/results/2026-11-26-h100-triton-fp32-tf32x3-s16.txt): 1.08x cuBLAS SGEMM at
 # 4096^3, 1.47x with B = W^T, 1.40x at 8192x768x3072, 0.92x at 1024^3, with max errors 4-6x
 # *below* cuBLAS's (4096^3: 1.9e-4 vs 9.5e-4; k = 16384: 6.1e-4 vs 3.6e-3), where "ieee" (exact
