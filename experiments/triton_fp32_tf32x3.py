@@ -4,7 +4,11 @@ exact-fp32 CUDA-core path? Per shape: the time of the best of a few configs agai
 (torch, allow_tf32 False), and the max abs error against a float64 reference next to cuBLAS's
 own, judged by dualk's GEMM rule (<= 2x PyTorch's max error + 4 ulp of max |ref|). Accumulation
 as dualk's exact-fp32 Triton path does it: a fresh tl.dot per BLOCK_K, added to the running sum
-(FRESH), or chained through tl.dot's accumulator. Also: what an inf in A becomes.
+(FRESH), or chained through tl.dot's accumulator; "dualk" is dualk's own split
+(triton_src.matmul.split_tf32 via accumulate_dot), "dualk-chained" the same split with all three
+products chained into the running sum. Also: what inf, inf * 0 and FLT_MAX in A become.
+Session 17's H200 files: in `-s17-chained.txt` "dualk" was a cvt.rna.satfinite (inline PTX)
+split, in `-s17.txt` "dualk" is that one and "dualk-clamped" today's split_tf32.
 
     python3 experiments/triton_fp32_tf32x3.py [--json PATH]      # on a GPU
 """
@@ -19,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dualk.bench import time_device
+from triton_src.matmul import accumulate_dot, split_tf32
 
 
 @triton.jit
@@ -43,7 +48,15 @@ def _mm(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
         k_left = K - k * BK
         a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)
-        if FRESH:
+        if PREC == "dualk":  # dualk's own split (triton_src.matmul.split_tf32), block sums apart
+            acc = accumulate_dot(acc, a, b, "tf32x3")
+        elif PREC == "dualk-chained":  # the same split, every product into the running sum
+            a_hi, a_lo = split_tf32(a)
+            b_hi, b_lo = split_tf32(b)
+            acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+            acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+            acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+        elif FRESH:
             acc += tl.dot(a, b, input_precision=PREC)
         else:
             acc = tl.dot(a, b, acc, input_precision=PREC)
@@ -101,7 +114,12 @@ def main() -> None:
         torch_us = time_device(lambda: a @ b)[0]
         row = {"shape": label, "cublas_us": torch_us, "cublas_err": torch_err, "budget": budget}
         c = torch.empty((M, N), device="cuda")
-        for prec, fresh in (("tf32x3", True), ("tf32x3", False), ("ieee", True)):
+        for prec, fresh in (
+            ("tf32x3", True),
+            ("dualk", True),
+            ("dualk-chained", True),
+            ("ieee", True),
+        ):
             best = None
             for cfg in CONFIGS:
                 try:
@@ -128,12 +146,19 @@ def main() -> None:
     a = torch.randn((256, 256), device="cuda", generator=gen)
     b = torch.randn((256, 256), device="cuda", generator=gen)
     a[0, 3] = float("inf")
+    a[1, 5] = torch.finfo(torch.float32).max  # finite, but cvt.rna rounds it into inf
+    b[5, :] = b[5, :].clamp(-0.9, 0.9)  # so that row 1 stays finite
+    b[3, 7] = 0.0  # inf * 0: NaN in column 7 of row 0
     c = torch.empty((256, 256), device="cuda")
-    run(a, b, c, CONFIGS[0], "tf32x3", True)
     want = a @ b
-    same = ((c == want) | (c.isnan() & want.isnan()))[0]
-    print(f"inf in A[0, 3]: row 0 matches cuBLAS's inf/nan pattern in {int(same.sum())} of 256 columns "
-          f"(tf32x3 nan: {int(c[0].isnan().sum())}, cuBLAS nan: {int(want[0].isnan().sum())})")  # fmt: skip
+    for prec in ("tf32x3", "dualk"):
+        run(a, b, c, CONFIGS[0], prec, True)
+        for row in (0, 1):
+            same = ((c.isnan() == want.isnan()) & (c.isposinf() == want.isposinf())
+                    & (c.isneginf() == want.isneginf()))[row]  # fmt: skip
+            print(f"{prec}: special value in row {row}: matches cuBLAS's inf/nan pattern in {int(same.sum())} of "
+                  f"256 columns ({prec} nan: {int(c[row].isnan().sum())}, inf: {int(c[row].isinf().sum())}; "
+                  f"cuBLAS nan: {int(want[row].isnan().sum())}, inf: {int(want[row].isinf().sum())})")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -298,8 +298,9 @@ def test_fp32_3xtf32_precision_rule():
 @pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
 def test_fp32_3xtf32_split(op):
     """The 3xTF32 path (k >= FP32_TF32X3_MIN_K) on random fp32 operands, judged by the GEMM rule,
-    and with special values in A: FLT_MAX (which cvt.rna.tf32 would round into inf), +-inf,
-    NaN and -0.0 must give PyTorch's inf / NaN pattern and, elsewhere, its values."""
+    and with special values in A: FLT_MAX (which cvt.rna.tf32 would round into inf), +-inf
+    (times B of both signs and times 0), inf - inf, NaN and -0.0 must give PyTorch's
+    inf / NaN pattern with its signs and, elsewhere, its values."""
     gen = torch.Generator().manual_seed(5)
     M, K, N = 40, mm.FP32_TF32X3_MIN_K + 44, 36
     a = _randn((M, K), gen, torch.float32)
@@ -307,16 +308,34 @@ def test_fp32_3xtf32_split(op):
     if op == "matmul":
         sample = Sample((a, w.t()), {}, f"{M}x{K}x{N}")
     else:
-        sample = Sample((a, w, _randn((N,), gen, torch.float32)), {"approximate": "tanh"}, f"{M}x{K}->{N}")
+        sample = Sample(
+            (a, w, _randn((N,), gen, torch.float32)), {"approximate": "tanh"}, f"{M}x{K}->{N}"
+        )
     out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
     verdict = judge(OPS[op], sample, out)
     assert verdict.ok, verdict.message
     big = torch.finfo(torch.float32).max
-    a[0, 0], a[1, 1], a[2, 2], a[3, 3], a[4, 4] = big, float("inf"), float("-inf"), float("nan"), -0.0
-    b = torch.full((K, N), 0.5, device=DEVICE)
+    a[0, 0], a[1, 1], a[2, 2], a[3, 3] = big, float("inf"), float("-inf"), float("nan")
+    a[4, 4] = -0.0
+    a[5, 1], a[5, 2] = float("inf"), float("-inf")  # NaN where b[1] and b[2] share a sign
+    # B random, both signs, |b| < 1 (row 0 stays finite), none exactly TF32 (b's low part is
+    # not 0, where a split that leaves hi = inf would meet lo * inf of either sign), and one 0
+    # under each infinity (inf * 0 = NaN in that column only).
+    b = (torch.rand((K, N), generator=gen) * 0.8 + 0.1) * (
+        torch.randint(0, 2, (K, N), generator=gen) * 2 - 1
+    )
+    b[1, 3] = b[2, 5] = 0.0
+    b = b.to(DEVICE)
     out = dualk.matmul(a, b, backend="triton")
     want = a @ b
-    assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.isinf(), want.isinf())
+    for pattern in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(pattern(out), pattern(want)), pattern.__name__
+    assert (
+        want[1].isinf().sum() == N - 1
+        and want[1, 3].isnan()
+        and want[5].isnan().any()
+        and want[5].isinf().any()
+    )
     finite = want.isfinite()
     assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-4)
-    assert out[0].isfinite().all() and (out[0] > 1.6e38).all()  # FLT_MAX * 0.5 + ..., not inf
+    assert out[0].isfinite().all() and (out[0].abs() > 1e37).all()  # FLT_MAX * b + ..., not inf

@@ -38,20 +38,19 @@ from .gemm_tma import launch_tma, tma_configs
 
 @triton.jit
 def split_tf32(x):
-    """x ~ hi + lo for 3xTF32, both TF32 values: hi is x rounded to TF32 as cvt.rna.tf32 does
-    (Triton's own "tf32x3" split), except that a finite |x| >= 3.4011e38, which that rounds into
-    inf, is cut toward zero instead; lo is the remainder rounded to TF32: 0 where x is +-inf
-    (x == hi), NaN where x is NaN."""
-    bits = x.to(tl.int32, bitcast=True)
-    # Round the magnitude half away from zero (cvt.rna's rounding), but where that carries a
-    # finite x into inf, cut toward zero instead; lo is then rounded the same way (it has up to
-    # 13 significant bits; the tensor core would truncate them).
-    hi = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
-    hi = tl.where(tl.abs(hi) > 3.4028234663852886e38, (bits & -8192).to(tl.float32, bitcast=True), hi)
-    hi = tl.where(x != x, x, hi)  # a NaN whose payload sits in the low bits stays NaN
-    lo = tl.where(x == hi, 0.0, x - hi)
-    lo = ((lo.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
-    return hi, lo
+    """x = hi + lo for 3xTF32: hi is x rounded to TF32 (nearest, ties away, as cvt.rna.tf32),
+    clamped to +-MAX_TF32 (0x7F7FE000) where cvt.rna would round a finite |x| >= 3.4011e38
+    into inf; lo = x - hi, exact, left for the tensor core to truncate to TF32.
+
+    The clamp also turns +-inf into hi = +-MAX_TF32 and lo = +-inf, so no product needs patching
+    afterwards: inf * b is +-inf through lo * b_hi with b's sign, inf * 0 is NaN, inf - inf is
+    NaN, as in IEEE fp32. The rounding add is unguarded: a NaN's hi may become anything, but its
+    lo = x - hi is NaN. Four instructions (IADD, LOP3, two FMNMX) and the FADD: Triton's own
+    "tf32x3" (cvt.rna, which rounds inf into hi = inf, lo = NaN, and so must drop NaNs from the
+    small products) was 4-8% slower on an H200 (experiments/triton_fp32_tf32x3.py)."""
+    hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    hi = tl.minimum(tl.maximum(hi, -3.4011621342146535e38), 3.4011621342146535e38)
+    return hi, x - hi
 
 
 @triton.jit
@@ -59,18 +58,15 @@ def accumulate_dot(accumulator, a, b, INPUT_PRECISION: tl.constexpr):
     """accumulator + a @ b. Exact fp32 ("ieee") runs on CUDA cores as one FMA chain per output
     when the accumulator is passed into tl.dot; summing each K block apart and then adding keeps
     the rounding error growing with K / BLOCK_SIZE_K rather than K (the chained form was 3x
-    cuBLAS's error at K=320 on an H200). fp32 as "tf32x3" (FP32_INPUT_PRECISION: three TF32
-    tensor-core products of split_tf32's parts, the small ones first) sums its blocks apart too.
-    Tensor-core dtypes keep the chained form (no extra adds)."""
-    if INPUT_PRECISION == "tf32x3":  # fp32 as 3xTF32: hi*lo + lo*hi + hi*hi, one block's sum
+    cuBLAS's error at K=320 on an H200). fp32 as "tf32x3" (FP32_INPUT_PRECISION): three TF32
+    tensor-core products of split_tf32's parts, the small ones first, one block's sum added to
+    the accumulator. Tensor-core dtypes keep the chained form (no extra adds)."""
+    if INPUT_PRECISION == "tf32x3":  # fp32 as 3xTF32: lo*hi + hi*lo + hi*hi
         a_hi, a_lo = split_tf32(a)
         b_hi, b_lo = split_tf32(b)
-        cross = tl.dot(a_hi, b_lo, input_precision="tf32")
-        cross = tl.dot(a_lo, b_hi, cross, input_precision="tf32")
-        # inf * 0 (an infinite hi times the other's lo of 0) is NaN in the small terms only: drop
-        # it there; a real NaN or inf still comes through hi * hi.
-        cross = tl.where(cross != cross, 0.0, cross)
-        accumulator += tl.dot(a_hi, b_hi, cross, input_precision="tf32")
+        block = tl.dot(a_lo, b_hi, input_precision="tf32")
+        block = tl.dot(a_hi, b_lo, block, input_precision="tf32")
+        accumulator += tl.dot(a_hi, b_hi, block, input_precision="tf32")
     elif INPUT_PRECISION == "ieee":
         if a.dtype == tl.float32:
             accumulator += tl.dot(a, b, input_precision=INPUT_PRECISION)
@@ -553,16 +549,15 @@ _best_config: dict = {}  # tuning key -> config
 TUNING_LOG: dict = {}  # tuning key -> [(ms, config)], fastest first (for benchmarks)
 FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when set
 # fp32 with TF32 off ("fp32" kind): each fp32 operand split into a TF32 high part and the
-# remainder and three tensor-core products summed (hi*lo + lo*hi + hi*hi), each block's sum added
-# to the running fp32 sum (accumulate_dot). The split is dualk's own (split_tf32: the same
-# rounding, but cut toward zero where it would carry a finite |x| >= 3.4011e38 into inf, which
-# tl.dot's "tf32x3" does; a review finding, not run on a GPU: the measurements below are of
-# tl.dot's "tf32x3", whose decomposition this mirrors). Measured on an H100
-# (experiments/results/2026-11-26-h100-triton-fp32-tf32x3-s16.txt): 1.08x cuBLAS SGEMM at
-# 4096^3, 1.47x with B = W^T, 1.40x at 8192x768x3072, 0.92x at 1024^3, with max errors 4-6x
-# *below* cuBLAS's (4096^3: 1.9e-4 vs 9.5e-4; k = 16384: 6.1e-4 vs 3.6e-3), where "ieee" (exact
-# fp32 FMAs on CUDA cores) ran 0.46-0.86x at cuBLAS's error. An inf in A gave cuBLAS's inf / nan
-# pattern. "ieee" stays selectable here for comparison.
+# remainder and three tensor-core products summed (lo*hi + hi*lo + hi*hi), each block's sum added
+# to the running fp32 sum (accumulate_dot; chaining all three into the running sum instead was
+# 1.1-1.7x faster, through larger tiles, but the tensor core's truncating adds left 6-60x the
+# error budget). The split is dualk's own (split_tf32, IEEE's inf / NaN results). Measured on an
+# H200 (experiments/results/2026-11-26-h200-triton-fp32-tf32x3-s17.txt), best config of six
+# against cuBLAS SGEMM: 1.11x at 4096^3, 1.58x with B = W^T and at 8192x768x3072, 1.02x at
+# 1024^3, 1.06x at k = 16384, with max errors 4-6x *below* cuBLAS's (4096^3: 1.9e-4 vs 9.5e-4;
+# k = 16384: 6.1e-4 vs 3.6e-3), where "ieee" (exact fp32 FMAs on CUDA cores) ran 0.46-0.86x at
+# cuBLAS's error. "ieee" stays selectable here for comparison.
 FP32_INPUT_PRECISION = "tf32x3"
 # Below this k, fp32 keeps exact FMAs ("ieee"): 3xTF32 adds ~3 * 2^-22 of |a b| per product, where
 # an fp32 sum's own rounding error grows like k * 2^-24 of it; they meet near k = 144, so a short
@@ -574,6 +569,8 @@ FP32_TF32X3_MIN_K = 256
 def fp32_input_precision(K: int) -> str:
     """tl.dot's input precision for an fp32 GEMM with TF32 off over a k of K."""
     return FP32_INPUT_PRECISION if K >= FP32_TF32X3_MIN_K else "ieee"
+
+
 # fp16/bf16 activation math: 2 = PTX MUFU ex2/rcp, 1 = tl.exp2 + div.full (common.apply_activation)
 FAST_ACT_LEVEL = [2]
 
