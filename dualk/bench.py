@@ -197,12 +197,7 @@ def time_host(fn: Callable[[], object], calls: int = 200) -> float:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return timing.burst_host_ms(fn, calls) * 1e3
 
 
 def measure_ceilings() -> dict:

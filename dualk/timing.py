@@ -52,6 +52,17 @@ def timed_calls(
     return [s.elapsed_time(e) for s, e in events], host
 
 
+def burst_host_ms(run: Callable[[], object], calls: int) -> float:
+    """Host milliseconds per call over `calls` back-to-back calls without synchronising, as a
+    model issues them (then one synchronise, outside the clock)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e3
+
+
 def interquartile_mean(samples: list[float]) -> float:
     """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
     times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands
