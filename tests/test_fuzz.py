@@ -69,6 +69,11 @@ EW_LONG = 1 << 17 if GPU_PROFILE else 2000  # elementwise: a long 1-D case
 MM_DIM = 160 if GPU_PROFILE else 24  # matmul / linear_gelu: M, K, N
 MLP_WIDTH = 300 if GPU_PROFILE else 40  # fused_mlp widths (> 256 runs the per-layer chain)
 MLP_BIG_BATCH = (4096, 6000) if GPU_PROFILE else None  # fp32 3xTF32 path on Hopper
+# fp32 GEMMs with TF32 off take Triton's 3xTF32 path from this k; shorter sums stay exact FMAs.
+try:
+    from dualk.triton_src.matmul import FP32_TF32X3_MIN_K as TF32X3_MIN_K
+except ImportError:  # no Triton: the other backends get the same long sums
+    TF32X3_MIN_K = 256
 
 FP32_LIMIT = 2.0**128 * (1 - 2.0**-25)  # fp32 rounds to inf from here
 EPS32 = 2.0**-23
@@ -233,10 +238,17 @@ def _size(draw, limit: int) -> int:
     return draw(st.one_of(st.just(1), st.integers(0, limit), st.integers(2, 17)))
 
 
+def _k(draw, dtype: torch.dtype) -> int:
+    """A GEMM's k: as _size, and for fp32 one draw in four long enough for the 3xTF32 path."""
+    if dtype == torch.float32 and draw(st.integers(0, 3)) == 0:
+        return draw(st.integers(TF32X3_MIN_K, TF32X3_MIN_K + 64))
+    return _size(draw, MM_DIM)
+
+
 @st.composite
 def matmul_samples(draw, special: bool, dtypes=DTYPES):
     dtype = draw(st.sampled_from(dtypes))
-    m, k, n = (_size(draw, MM_DIM) for _ in range(3))
+    m, k, n = _size(draw, MM_DIM), _k(draw, dtype), _size(draw, MM_DIM)
     kind = draw(st.sampled_from(["2d", "2d", "3d", "3d@2d", "2d@3d"]))
     batch = draw(st.integers(0 if draw(st.integers(0, 9)) == 0 else 1, 3))
     a_shape = (batch, m, k) if kind in ("3d", "3d@2d") else (m, k)
@@ -252,7 +264,7 @@ def linear_gelu_samples(draw, special: bool, dtypes=DTYPES):
     lead = draw(st.lists(st.integers(0, 6), min_size=0, max_size=2))
     if not lead or draw(st.booleans()):
         lead = [_size(draw, MM_DIM)] + lead[:1]
-    k, n = _size(draw, MM_DIM), _size(draw, MM_DIM)
+    k, n = _k(draw, dtype), _size(draw, MM_DIM)
     x = draw(tensors((*lead, k), dtype, special))
     w = draw(tensors((n, k), dtype, special, scale=1.0 / math.sqrt(max(k, 1))))
     bias = draw(st.none() | tensors((n,), dtype, special, scale=0.5))
