@@ -94,6 +94,7 @@ SCHEMA = 1
 TUNE_BUDGET_MS = 45.0
 TUNE_ROUNDS = 3  # passes over the candidates (_measure)
 MAX_REPS = 25
+BURST_SHARE = 0.25  # of a timer call's budget: the back-to-back calls that give the host time
 BACKEND_SECTION = "backend"
 
 Timer = Callable[[Callable[[], object], str, float], "float | tuple[float, float]"]
@@ -633,8 +634,9 @@ def cuda_event_timer(
     start from a cold L2, as `dualk bench` measures and as in a model whose other layers evict
     this call's operands (timed L2-warm, add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked
     kernels that lose once the 4-9 MB operands come from HBM); host time: wall clock per call
-    over 3 to MAX_REPS calls in a row, without synchronising. As many timed calls as fit
-    `budget_ms` after one probe (1 to MAX_REPS), and a burst of up to half of it."""
+    over 1 to MAX_REPS calls in a row (up to BURST_SHARE of `budget_ms`), without
+    synchronising. As many timed calls as fit the rest of `budget_ms` after one probe (1 to
+    MAX_REPS)."""
     flush = _l2_flush_buffer()
     torch.cuda.synchronize()
     flushed, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -652,14 +654,16 @@ def cuda_event_timer(
     # A repetition costs its flush and sleep too (0.15-0.3 ms for a launch-bound call): counted,
     # so the budget holds (counting the kernel alone, a first call cost 96 ms on an H100).
     rep_ms = probe + flushed.elapsed_time(start) + timing.sleep_ms(cycles)
-    reps = int(max(1, min(MAX_REPS, budget_ms / max(rep_ms, probe_host_us / 1e3, 1e-3))))
-    device, _ = timing.timed_calls(run, reps, flush, cycles)
-    device_ms = timing.interquartile_mean(device)
     # Host time from back-to-back calls, as `dualk bench` reports it and a model issues them:
     # each call isolated behind a flush and a sleep measured cuBLAS's matmul 1024^3 fp16 at
     # 46.8 us of host on an H100 (12.3 us back to back), and auto ran dualk's slower kernel.
-    calls = int(max(3, min(MAX_REPS, 0.5 * budget_ms / max(device_ms, probe_host_us / 1e3, 1e-3))))
-    return device_ms * 1e3, timing.burst_host_ms(run, calls) * 1e3
+    # The burst takes up to BURST_SHARE of the budget (at least one call), the timed calls the rest.
+    call_ms = max(probe, probe_host_us / 1e3, 1e-3)
+    calls = int(max(1, min(MAX_REPS, BURST_SHARE * budget_ms / call_ms)))
+    left_ms = budget_ms - calls * call_ms
+    reps = int(max(1, min(MAX_REPS, left_ms / max(rep_ms, probe_host_us / 1e3, 1e-3))))
+    device, _ = timing.timed_calls(run, reps, flush, cycles)
+    return timing.interquartile_mean(device) * 1e3, timing.burst_host_ms(run, calls) * 1e3
 
 
 # ---------------------------------------------------------------------------- fingerprint

@@ -61,7 +61,9 @@ def print_kernels(gen) -> None:
         a = torch.randn((4096, 4096), device="cuda", dtype=dtype, generator=gen)
         b = torch.randn((4096, 4096), device="cuda", dtype=dtype, generator=gen)
         for backend in ("cuda", "triton"):
-            print(f"4096^3 {dtype} dualk {backend}: {kernel_names(lambda: dualk.matmul(a, b, backend=backend))}")
+            print(
+                f"4096^3 {dtype} dualk {backend}: {kernel_names(lambda: dualk.matmul(a, b, backend=backend))}"
+            )
         print(f"4096^3 {dtype} cuBLAS a @ b: {kernel_names(lambda: a @ b)}")
 
 
@@ -69,7 +71,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--ncu-cases", action="store_true", help="launches for ncu, no timing")
-    parser.add_argument("--kernels", action="store_true", help="print the kernels each case launches")
+    parser.add_argument(
+        "--kernels", action="store_true", help="print the kernels each case launches"
+    )
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.kernels:
@@ -105,9 +109,13 @@ def main() -> None:
         theirs = row["cuBLASLt bias+gelu epilogue"] - row["cuBLAS x @ W^T"]
         print(f"{M}x{K}->{N}: " + ", ".join(f"{k} {v:.1f} us" for k, v in row.items() if k.endswith(")") or k.startswith("cuBLAS")))  # fmt: skip
         print(f"    epilogue share: dualk {ours:+.1f} us, cuBLASLt {theirs:+.1f} us; err {row['lg err']:.1e}")  # fmt: skip
-        print("    max abs err (all / where pre-activation < -2): " + ", ".join(
-            f"{name} {row[f'{name} max err']:.2e} / {row[f'{name} max err at pre < -2']:.2e}"
-            for name in ("dualk linear_gelu (cuda)", "cuBLASLt bias+gelu epilogue")))
+        print(
+            "    max abs err (all / where pre-activation < -2): "
+            + ", ".join(
+                f"{name} {row[f'{name} max err']:.2e} / {row[f'{name} max err at pre < -2']:.2e}"
+                for name in ("dualk linear_gelu (cuda)", "cuBLASLt bias+gelu epilogue")
+            )
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from dualk.bench import time_device
-from triton_src.matmul import accumulate_dot, split_tf32
+from dualk.triton_src.matmul import accumulate_dot, split_tf32
 
 
 @triton.jit

@@ -110,12 +110,22 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
     monkeypatch.setattr(autotune, "_l2_flush_buffer", Flush)
     # The sleep as sized for a fast launch (the real host time of kernel() would vary it)
     monkeypatch.setattr(dualk.timing, "sleep_cycles", lambda host_us, at_least_us=0.0: int(at_least_us * dualk.timing.CYCLES_PER_US))  # fmt: skip
-    device_us, _ = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
-    assert device_us == pytest.approx(20.0)
-    # 0.02 ms kernel + 0.05 flush + 0.1 sleep (autotune._MIN_SLEEP_US): 10 in 1.75 ms, plus the
-    # probe, plus the host-time burst of back-to-back calls: as many as half the budget holds
-    # (0.875 ms / 0.02 ms), at most MAX_REPS
-    assert len(calls) == 1 + 10 + autotune.MAX_REPS
+    device_us, host_us = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
+    assert device_us == pytest.approx(20.0) and host_us > 0
+    # After the probe (0.02 ms kernel + 0.05 flush + 0.1 sleep, autotune._MIN_SLEEP_US): a burst
+    # of back-to-back calls in BURST_SHARE of the budget (0.4375 / 0.02 -> 21), then as many
+    # flushed and slept calls as the rest holds (1.33 / 0.17 -> 7): within the budget.
+    assert len(calls) == 1 + 7 + 21
+    assert clock[0] - 0.17 <= 1.75
+    # A slow kernel: one timed call and a burst of one, whatever the budget.
+    calls.clear()
+
+    def slow_kernel():
+        calls.append(1)
+        clock[0] += 1.0
+
+    device_us, _ = autotune.cuda_event_timer(slow_kernel, "cuda", budget_ms=1.75)
+    assert device_us == pytest.approx(1000.0) and len(calls) == 1 + 1 + 1
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

@@ -240,7 +240,7 @@ def _size(draw, limit: int) -> int:
 
 def _k(draw, dtype: torch.dtype) -> int:
     """A GEMM's k: as _size, and for fp32 one draw in four long enough for the 3xTF32 path."""
-    if dtype == torch.float32 and draw(st.integers(0, 3)) == 0:
+    if dtype == torch.float32 and draw(st.integers(0, 3)) == 3:  # shrinks to the short k
         return draw(st.integers(TF32X3_MIN_K, TF32X3_MIN_K + 64))
     return _size(draw, MM_DIM)
 

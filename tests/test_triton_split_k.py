@@ -295,12 +295,19 @@ def test_fp32_3xtf32_precision_rule():
     assert mm.fp32_input_precision(mm.FP32_TF32X3_MIN_K - 1) == "ieee"
 
 
+def test_fp32_3xtf32_runs_in_gemm_kernel_only():
+    """The exact re-sum of non-finite tiles is in gemm_kernel; no fp32 config is persistent."""
+    assert all(not cfg[0] for cfg in mm.gemm_configs("fp32"))
+
+
 @pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
 def test_fp32_3xtf32_split(op):
-    """The 3xTF32 path (k >= FP32_TF32X3_MIN_K) on random fp32 operands, judged by the GEMM rule,
-    and with special values in A: FLT_MAX (which cvt.rna.tf32 would round into inf), +-inf
-    (times B of both signs and times 0), inf - inf, NaN and -0.0 must give PyTorch's
-    inf / NaN pattern with its signs and, elsewhere, its values."""
+    """The 3xTF32 path (k >= FP32_TF32X3_MIN_K) on random fp32 operands, judged by the GEMM rule;
+    then special values in A and B must give PyTorch's inf / NaN pattern, signs included, and its
+    values elsewhere: FLT_MAX (which cvt.rna.tf32 would round into inf), +-inf times B of both
+    signs, times 0, times 8197 (whose TF32 remainder is negative: MAX_TF32 * -3 overflows to
+    -inf) and times the smallest subnormal (whose TF32 part is 0), inf - inf, NaN, -0.0, an inf
+    and a NaN in B, and a finite product at fp32's maximum whose TF32 parts overflow."""
     gen = torch.Generator().manual_seed(5)
     M, K, N = 40, mm.FP32_TF32X3_MIN_K + 44, 36
     a = _randn((M, K), gen, torch.float32)
@@ -314,28 +321,36 @@ def test_fp32_3xtf32_split(op):
     out = getattr(dualk, op)(*sample.args, **sample.kwargs, backend="triton")
     verdict = judge(OPS[op], sample, out)
     assert verdict.ok, verdict.message
-    big = torch.finfo(torch.float32).max
-    a[0, 0], a[1, 1], a[2, 2], a[3, 3] = big, float("inf"), float("-inf"), float("nan")
-    a[4, 4] = -0.0
-    a[5, 1], a[5, 2] = float("inf"), float("-inf")  # NaN where b[1] and b[2] share a sign
-    # B random, both signs, |b| < 1 (row 0 stays finite), none exactly TF32 (b's low part is
-    # not 0, where a split that leaves hi = inf would meet lo * inf of either sign), and one 0
-    # under each infinity (inf * 0 = NaN in that column only).
+
+    a = a.cpu()
+    big, inf, nan = torch.finfo(torch.float32).max, float("inf"), float("nan")
+    a[0, 0], a[1, 1], a[2, 2], a[3, 3], a[4, 4] = big, inf, -inf, nan, -0.0
+    a[5, 1], a[5, 2] = inf, -inf  # NaN where b[1] and b[2] share a sign
+    a[6, 11] = 2.0**64 * (1 - 2.0**-24)  # times b[11, 10]: fp32's maximum, finite
+    # B random, both signs, 0.1 <= |b| < 0.9 (row 0 stays finite), and under the infinities of
+    # rows 1 and 2: 0, +-8197, the smallest subnormal.
     b = (torch.rand((K, N), generator=gen) * 0.8 + 0.1) * (
         torch.randint(0, 2, (K, N), generator=gen) * 2 - 1
     )
     b[1, 3] = b[2, 5] = 0.0
-    b = b.to(DEVICE)
-    out = dualk.matmul(a, b, backend="triton")
-    want = a @ b
+    b[1, 4], b[1, 6], b[2, 7] = 8197.0, -8197.0, 1.4e-45
+    b[9, 8], b[10, 9] = inf, nan
+    b[11, 10] = 2.0**64 * (1 - 2.0**-24)
+    b[11, :10] = b[11, 11:] = 0.0
+    if op == "matmul":
+        want = a @ b
+        out = dualk.matmul(a.to(DEVICE), b.to(DEVICE), backend="triton").cpu()
+    else:
+        want = torch.nn.functional.gelu(a @ b, approximate="tanh")
+        zeros = torch.zeros(N, device=DEVICE)
+        out = dualk.linear_gelu(a.to(DEVICE), b.t().to(DEVICE), zeros, backend="triton").cpu()
     for pattern in (torch.isnan, torch.isposinf, torch.isneginf):
         assert torch.equal(pattern(out), pattern(want)), pattern.__name__
-    assert (
-        want[1].isinf().sum() == N - 1
-        and want[1, 3].isnan()
-        and want[5].isnan().any()
-        and want[5].isinf().any()
-    )
+    prod = a @ b  # the cases are there
+    assert prod[1, 3].isnan() and prod[1, 4] == inf and prod[1, 6] == -inf and prod[2, 7] == -inf
+    assert prod[5].isnan().any() and prod[:, 8].isinf().any() and prod[:, 9].isnan().all()
+    assert prod[6, 10].isfinite() and prod[6, 10] > 1e38
     finite = want.isfinite()
     assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-4)
-    assert out[0].isfinite().all() and (out[0].abs() > 1e37).all()  # FLT_MAX * b + ..., not inf
+    assert out[0, :8].isfinite().all()  # FLT_MAX * b + ..., not inf (gelu: x or 0)
+    assert (out[0, :8].abs() > 1e37).all() if op == "matmul" else (out[0, :8].amax() > 1e37)

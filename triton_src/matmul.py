@@ -42,12 +42,14 @@ def split_tf32(x):
     clamped to +-MAX_TF32 (0x7F7FE000) where cvt.rna would round a finite |x| >= 3.4011e38
     into inf; lo = x - hi, exact, left for the tensor core to truncate to TF32.
 
-    The clamp also turns +-inf into hi = +-MAX_TF32 and lo = +-inf, so no product needs patching
-    afterwards: inf * b is +-inf through lo * b_hi with b's sign, inf * 0 is NaN, inf - inf is
-    NaN, as in IEEE fp32. The rounding add is unguarded: a NaN's hi may become anything, but its
-    lo = x - hi is NaN. Four instructions (IADD, LOP3, two FMNMX) and the FADD: Triton's own
-    "tf32x3" (cvt.rna, which rounds inf into hi = inf, lo = NaN, and so must drop NaNs from the
-    small products) was 4-8% slower on an H200 (experiments/triton_fp32_tf32x3.py)."""
+    The clamp also turns +-inf into hi = +-MAX_TF32 and lo = +-inf, and the rounding add is
+    unguarded (a NaN's hi may become anything, but its lo = x - hi is NaN): finite inputs near
+    the fp32 maximum stay finite, and every inf or NaN input makes a non-finite sum. Its value
+    may still be wrong (MAX_TF32 times a negative remainder overflows to -inf beside lo * b_hi's
+    +inf: NaN), so gemm_kernel sums a tile with any non-finite value again with exact fp32 FMAs.
+    Four instructions (IADD, LOP3, two FMNMX) and the FADD: Triton's own "tf32x3" (cvt.rna,
+    NaNs dropped from the small products) was 4-8% slower on an H200 and turns FLT_MAX into inf
+    (experiments/triton_fp32_tf32x3.py)."""
     hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
     hi = tl.minimum(tl.maximum(hi, -3.4011621342146535e38), 3.4011621342146535e38)
     return hi, x - hi
@@ -86,6 +88,32 @@ def hinted(value, ALIGN: tl.constexpr, FLAGGED: tl.constexpr):
         return value // ALIGN * ALIGN
     else:
         return value
+
+
+@triton.jit
+def k_loop(
+    a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):  # fmt: skip
+    """gemm_kernel's sum over k of one tile, from the tile's first A and B pointers: the fp32
+    accumulator of A[rows, :K] @ B[:K, cols] (rows past M and columns past N read as 0)."""
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=a_row_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=b_col_ok, other=0.0)
+        else:
+            k_left = K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=a_row_ok & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=b_col_ok & (offs_k[:, None] < k_left), other=0.0)
+        if DOT_IN_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        accumulator = accumulate_dot(accumulator, a, b, INPUT_PRECISION)
+        a_ptrs += BLOCK_SIZE_K * tl.cast(stride_ak, tl.int64)  # a stride of 1 is a constexpr
+        b_ptrs += BLOCK_SIZE_K * tl.cast(stride_bk, tl.int64)
+    return accumulator
 
 
 @triton.jit
@@ -176,21 +204,20 @@ def gemm_kernel(
     a_row_ok = offs_am[:, None] < M
     b_col_ok = offs_bn[None, :] < N
 
-    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=a_row_ok, other=0.0)
-            b = tl.load(b_ptrs, mask=b_col_ok, other=0.0)
-        else:
-            k_left = K - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=a_row_ok & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=b_col_ok & (offs_k[:, None] < k_left), other=0.0)
-        if DOT_IN_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        accumulator = accumulate_dot(accumulator, a, b, INPUT_PRECISION)
-        a_ptrs += BLOCK_SIZE_K * tl.cast(stride_ak, tl.int64)  # a stride of 1 is a constexpr
-        b_ptrs += BLOCK_SIZE_K * tl.cast(stride_bk, tl.int64)
+    accumulator = k_loop(
+        a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
+        INPUT_PRECISION, DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+    )  # fmt: skip
+    if INPUT_PRECISION == "tf32x3":  # noqa: SIM102 - compile-time branch around a runtime one
+        # 3xTF32's small products can overflow, or meet an infinity, with the other sign than
+        # the full product: NaN where IEEE fp32 gives +-inf (inf times 8197, whose TF32 remainder
+        # is negative). Any non-finite sum in the tile, whatever made it, is summed again with
+        # exact fp32 FMAs, which give IEEE's inf / NaN; finite tiles pay one reduction.
+        if tl.max(tl.where(tl.abs(accumulator) <= 3.4028234663852886e38, 0, 1)) > 0:
+            accumulator = k_loop(
+                a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
+                "ieee", DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+            )  # fmt: skip
 
     # Epilogue in fp32, then one down-cast.
     offs_cm = offs_am
@@ -475,7 +502,8 @@ GEMM_CONFIGS: dict[tuple[str, str], tuple[tuple, ...]] = {
         (False, 64, 256, 32, 8, 4, 4),
         (False, 128, 128, 32, 8, 3, 4),
     ),
-    # fp32 with TF32 off, as 3xTF32 (FP32_INPUT_PRECISION): tensor-core tiles of BLOCK_SIZE_K 32.
+    # fp32 with TF32 off, as 3xTF32 (FP32_INPUT_PRECISION): tensor-core tiles of BLOCK_SIZE_K 32,
+    # run by gemm_kernel only (its exact re-sum of non-finite tiles; _gemm_launch makes sure).
     # 128x64 with 4 stages and 4 warps was the fastest of six on every shape of
     # experiments/triton_fp32_tf32x3.py (H100: 4096^3, 8192x768x3072, 1024^3, 2048x16384x2048).
     ("fp32", "large"): (
@@ -671,6 +699,8 @@ def _gemm_launch(
     tiles = batch * ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     # tl.dot ignores input_precision for fp16/bf16; "tf32" is its default there.
     input_precision = fp32_input_precision(K) if kind == "fp32" else "tf32"
+    if persistent and input_precision == "tf32x3":  # the exact re-sum of non-finite tiles is
+        persistent = False  # gemm_kernel's (no fp32 config is persistent; the interpreter's is)
     head = (
         bias is not None, activation, fast_act, input_precision, dot_in_fp32(a.dtype), K % bk == 0,
     )  # fmt: skip
