@@ -95,11 +95,13 @@ def k_loop(
     a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
     INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """gemm_kernel's sum over k of one tile, from the tile's first A and B pointers: the fp32
-    accumulator of A[rows, :K] @ B[:K, cols] (rows past M and columns past N read as 0)."""
+    accumulator of A[rows, :K] @ B[:K, cols] (rows past M and columns past N read as 0).
+    STAGES: the loop's software-pipeline depth (None: the launch's num_stages)."""
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=a_row_ok, other=0.0)
             b = tl.load(b_ptrs, mask=b_col_ok, other=0.0)
@@ -206,17 +208,18 @@ def gemm_kernel(
 
     accumulator = k_loop(
         a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
-        INPUT_PRECISION, DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+        INPUT_PRECISION, DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, None,
     )  # fmt: skip
     if INPUT_PRECISION == "tf32x3":  # noqa: SIM102 - compile-time branch around a runtime one
         # 3xTF32's small products can overflow, or meet an infinity, with the other sign than
         # the full product: NaN where IEEE fp32 gives +-inf (inf times 8197, whose TF32 remainder
         # is negative). Any non-finite sum in the tile, whatever made it, is summed again with
         # exact fp32 FMAs, which give IEEE's inf / NaN; finite tiles pay one reduction.
+        # The re-sum is unpipelined (STAGES 1): no shared memory of its own beside the main loop's.
         if tl.max(tl.where(tl.abs(accumulator) <= 3.4028234663852886e38, 0, 1)) > 0:
             accumulator = k_loop(
                 a_ptrs, b_ptrs, a_row_ok, b_col_ok, offs_k, K, stride_ak, stride_bk,
-                "ieee", DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                "ieee", DOT_IN_FP32, EVEN_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, 1,
             )  # fmt: skip
 
     # Epilogue in fp32, then one down-cast.
