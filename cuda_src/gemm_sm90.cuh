@@ -82,7 +82,13 @@ struct TileConfig {
   // kCluster = 2: CTA pairs (a thread-block cluster) take vertically adjacent tiles of one tile
   // column and multicast B's boxes, each loading half of them into both CTAs' rings, so B is read
   // from L2 once per pair. A stage is then refilled only when both CTAs' consumers released it.
+  // kCluster = 4 (harness only, unmeasured): 2 x 2 tiles, CTA rank r at (r % 2, r / 2); the two
+  // CTAs of a tile column share B's boxes as pairs do, the two of a tile row A's, each loading
+  // half of each; a stage is refilled when the three CTAs that write into it released it.
   static constexpr int kCluster = kCluster_;
+  static constexpr int kClusterM = kCluster == 4 ? 2 : kCluster;  // CTAs along m (sharing B)
+  static constexpr int kClusterN = kCluster == 4 ? 2 : 1;         // CTAs along n (sharing A)
+  static constexpr int kWriters = kClusterM + kClusterN - 1;      // CTAs loading into one ring
   static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
@@ -93,7 +99,7 @@ struct TileConfig {
   static constexpr int kStageBytesB = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
   // A stage is released by every warp that read it: both consumers' (cooperative) or one's.
-  static constexpr int kEmptyArrivals = (kPingPong ? 4 : 4 * kConsumerWGs) * kCluster;
+  static constexpr int kEmptyArrivals = (kPingPong ? 4 : 4 * kConsumerWGs) * kWriters;
   // One staging buffer per consumer: kWgRows x kBlockN as kBlockN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kBlockN * 2 : 0;
   // One bias slice per consumer (kBlockN fp32): the accumulators start from it (see the kernel).
@@ -116,7 +122,8 @@ struct TileConfig {
   static_assert(kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
-  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "clusters of 1, 2 or 2 x 2 CTAs");
+  static_assert(kClusterN == 1 || kBlockM % 16 == 0, "A splits into halves of whole 8-row swizzle atoms");
   static_assert(kCluster == 1 || kBlockN % 128 == 0, "B splits into halves of whole 64-wide boxes");
 };
 
@@ -147,6 +154,9 @@ using Tile128x256TmaC2 = TileConfig<128, 256, 3, false, true, 2>;
 using Tile128x128TmaC2 = TileConfig<128, 128, 5, false, true, 2>;
 using PingPong128x128TmaC2 = TileConfig<128, 128, 4, true, true, 2>;
 using PingPong64x128TmaC2 = TileConfig<64, 128, 6, true, true, 2>;
+// 2 x 2 clusters multicasting A and B (a harness candidate for few-tile grids such as linear_gelu
+// 1000^3, whose time tracks the bytes each CTA pulls from L2; NOTES-gemm-sm90.md, session 17).
+using PingPong64x128TmaC4 = TileConfig<64, 128, 6, true, true, 4>;
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
 // stores 128 x 256 or ping-pong 128 x 128 win on the H100.
@@ -350,8 +360,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Pairs: the peer's multicast and arrivals may target this CTA's barriers once it passes here.
   if constexpr (Cfg::kCluster > 1) cluster_sync();
   else __syncthreads();
-  // Pairs walk tile pairs: p.tiles_m counts pairs of tile rows, CTA rank r takes row 2 pair + r.
+  // Clusters walk cluster tiles: p.tiles_m (p.tiles_n) counts them along m (n), and CTA rank r
+  // takes tile row kClusterM i + rank_m and tile column kClusterN j + rank_n (pairs: 2 i + r, j).
   const int rank = Cfg::kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int rank_m = Cfg::kClusterM == Cfg::kCluster ? rank : rank % Cfg::kClusterM;
+  const int rank_n = Cfg::kClusterN == 1 ? 0 : rank / Cfg::kClusterM;
   const int first_tile = blockIdx.x / Cfg::kCluster, tile_stride = gridDim.x / Cfg::kCluster;
 
   if (wg == 0) {
@@ -365,7 +378,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int tile = first_tile; tile < p.num_tiles; tile += tile_stride) {
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
-      tile_m = tile_m * Cfg::kCluster + rank;  // past the last row in a pair's second CTA: zeros
+      tile_m = tile_m * Cfg::kClusterM + rank_m;  // past the last row or column: zeros
+      tile_n = tile_n * Cfg::kClusterN + rank_n;
       const int m0 = tile_m * Cfg::kBlockM;
       const int n0 = tile_n * Cfg::kBlockN;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
@@ -376,19 +390,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const uint32_t sa = smem + stage * Cfg::kStageBytes;
         const uint32_t sb = sa + Cfg::kStageBytesA;
         const int k0 = kt * Cfg::kBlockK;
-        if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
-        else tma_load_2d(sa, &tmap_a, k0, m0, bar);
+        if constexpr (Cfg::kClusterN > 1) {
+          // This CTA's half of A's rows (the map's box), into both CTAs of its tile row.
+          const int half = rank_n * (Cfg::kBlockM / 2);
+          const uint16_t row_mates = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ 2)));
+          if (p.a_batched) tma_load_3d_mc(sa + half * 128, &tmap_a, k0, m0 + half, batch, bar, row_mates);
+          else tma_load_2d_mc(sa + half * 128, &tmap_a, k0, m0 + half, bar, row_mates);
+        } else {
+          if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
+          else tma_load_2d(sa, &tmap_a, k0, m0, bar);
+        }
         if constexpr (Cfg::kCluster > 1) {
-          // This CTA's half of B, into both CTAs (k-major: rows [rank, rank + 1) x kBlockN / 2
-          // of the tile, the map's box; n-major: boxes rank, rank + 2, ...).
-          constexpr uint16_t kBoth = 0x3;
+          // This CTA's half of B, into both CTAs of its tile column (k-major: rows
+          // [rank_m, rank_m + 1) x kBlockN / 2 of the tile, the map's box; n-major: boxes
+          // rank_m, rank_m + 2, ...).
+          const uint16_t kBoth =
+              Cfg::kCluster == 2 ? 0x3 : static_cast<uint16_t>((1u << rank) | (1u << (rank ^ 1)));
           if constexpr (kBKMajor) {
-            const int half = rank * (Cfg::kBlockN / 2);
+            const int half = rank_m * (Cfg::kBlockN / 2);
             if (p.b_batched) tma_load_3d_mc(sb + half * 128, &tmap_b, k0, n0 + half, batch, bar, kBoth);
             else tma_load_2d_mc(sb + half * 128, &tmap_b, k0, n0 + half, bar, kBoth);
           } else {
 #pragma unroll
-            for (int nb = rank; nb < Cfg::kBlockN / 64; nb += 2) {
+            for (int nb = rank_m; nb < Cfg::kBlockN / 64; nb += 2) {
               if (p.b_batched) tma_load_3d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar, kBoth);
               else tma_load_2d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar, kBoth);
             }
@@ -410,8 +434,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     if constexpr (Cfg::kCluster > 1) {
-      // Stay until every stage's last round was released by both CTAs' consumers: the peer's
-      // arrivals on this CTA's empty barriers must land before it exits.
+      // Stay until every stage's last round was released by the consumers of every CTA that
+      // loads into it: the peers' arrivals on this CTA's empty barriers must land before it exits.
       for (int i = 0; i < kStages; ++i) {
         mbar_wait(empty_bar + 8 * stage, phase ^ 1);
         if (++stage == kStages) {
@@ -431,8 +455,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = tid_wg % 32;
     const T* __restrict__ bias = static_cast<const T*>(p.bias);
     // A stage this warp has read may be refilled: pairs tell both CTAs (both producers write it).
-    auto release_stage = [](uint32_t bar) {
-      if constexpr (Cfg::kCluster > 1) {
+    // 2 x 2 clusters: this CTA, its column mate (rank ^ 1, B) and its row mate (rank ^ 2, A).
+    auto release_stage = [rank](uint32_t bar) {
+      if constexpr (Cfg::kCluster == 4) {
+        mbar_arrive_cluster(bar, rank);
+        mbar_arrive_cluster(bar, rank ^ 1);
+        mbar_arrive_cluster(bar, rank ^ 2);
+      } else if constexpr (Cfg::kCluster > 1) {
         mbar_arrive_cluster(bar, 0);
         mbar_arrive_cluster(bar, 1);
       } else {
@@ -463,7 +492,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (tile_of < p.num_tiles) tile_coord(static_cast<int>(tile_of), p, b_, tm_, tn_);
 #pragma unroll
       for (int i = 0; i < Cfg::kBlockN / 128; ++i) {
-        const int col = tn_ * Cfg::kBlockN + tid_wg + 128 * i;
+        const int col = (tn_ * Cfg::kClusterN + rank_n) * Cfg::kBlockN + tid_wg + 128 * i;
         bias_next[i] = tile_of < p.num_tiles && col < p.n ? to_float<T>(bias[col]) : 0.f;
       }
     };
@@ -474,7 +503,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int tile = static_cast<int>(tile64);
       int batch, tile_m, tile_n;
       tile_coord(tile, p, batch, tile_m, tile_n);
-      tile_m = tile_m * Cfg::kCluster + rank;
+      tile_m = tile_m * Cfg::kClusterM + rank_m;
+      tile_n = tile_n * Cfg::kClusterN + rank_n;
       // The accumulators' start (before a ping-pong consumer waits for its turn: no wgmma here).
       if constexpr (kHasBias) {
         named_barrier(1 + cw, 128);  // every thread has read the previous tile's slice
@@ -693,11 +723,11 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
   CUtensorMap map_a, map_b;
   if (!make_operand_map(&map_a, args.dtype, args.a, args.k, args.m, args.stride_am, a_batched, args.batch,
-                        args.stride_a_batch, Cfg::kBlockM))
+                        args.stride_a_batch, Cfg::kBlockM / Cfg::kClusterN))
     return cudaErrorInvalidValue;
   const bool b_ok =
       kBKMajor ? make_operand_map(&map_b, args.dtype, args.b, args.k, args.n, args.stride_b_outer, b_batched,
-                                  args.batch, args.stride_b_batch, Cfg::kBlockN / Cfg::kCluster)
+                                  args.batch, args.stride_b_batch, Cfg::kBlockN / Cfg::kClusterM)
                : make_operand_map(&map_b, args.dtype, args.b, args.n, args.k, args.stride_b_outer, b_batched,
                                   args.batch, args.stride_b_batch, 64);
   if (!b_ok) return cudaErrorInvalidValue;
@@ -724,9 +754,10 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   p.m = static_cast<int>(args.m);
   p.n = static_cast<int>(args.n);
   p.k_tiles = static_cast<int>(ceil_div(args.k, Cfg::kBlockK));
-  // Pairs: tile rows counted in pairs (an odd last row's second CTA computes zeros, stores nothing).
-  p.tiles_m = static_cast<int>(ceil_div(ceil_div(args.m, Cfg::kBlockM), Cfg::kCluster));
-  p.tiles_n = static_cast<int>(ceil_div(args.n, Cfg::kBlockN));
+  // Clusters: tiles counted in cluster tiles (an odd last row's or column's second CTA computes
+  // zeros and stores nothing).
+  p.tiles_m = static_cast<int>(ceil_div(ceil_div(args.m, Cfg::kBlockM), Cfg::kClusterM));
+  p.tiles_n = static_cast<int>(ceil_div(ceil_div(args.n, Cfg::kBlockN), Cfg::kClusterN));
   const int64_t num_tiles = args.batch * p.tiles_m * p.tiles_n;
   if (num_tiles > kMaxInt) return cudaErrorInvalidValue;
   p.num_tiles = static_cast<int>(num_tiles);

@@ -357,6 +357,7 @@ std::vector<Variant> config_variants() {
       sm90_config<T, Tile128x128TmaC2>("pair tma 128x128 s5"),
       sm90_config<T, PingPong128x128TmaC2>("pair tma pp 128x128 s4"),
       sm90_config<T, PingPong64x128TmaC2>("pair tma pp 64x128 s6"),
+      sm90_config<T, PingPong64x128TmaC4>("quad tma pp 64x128 s6"),
   };
 }
 
