@@ -8,8 +8,8 @@
 //     tiles and k tiles and issues cp.async.bulk.tensor loads (128-byte swizzle, TMA zero-fills
 //     outside the tensor) into a kStages-deep shared-memory ring. Stage s has two mbarriers:
 //     full[s] (1 arrival + the stage's transaction bytes) and empty[s] (one arrival per consumer
-//     warp, after the wgmma that read the stage retired; CTA pairs: per consumer warp of both
-//     CTAs, since both producers write the stage).
+//     warp, after the wgmma that read the stage retired; clusters: per consumer warp of every
+//     CTA whose producer writes the stage, kWriters of them: both of a pair, three of a 2 x 2).
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
 //     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
 //     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
@@ -327,8 +327,10 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
   tile_n = in_group / group_rows;
 }
 
-// Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM; B k-major
-// (k, n[, batch]) box 64 x kBlockN / kCluster (a pair's CTA loads half of B's rows); B n-major (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
+// Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM / kClusterN
+// (a 2 x 2 cluster's CTA loads half of A's rows); B k-major (k, n[, batch]) box 64 x kBlockN /
+// kClusterM (a pair's CTA loads half of B's rows); B n-major (n, k[, batch]) box 64 x 64,
+// kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
@@ -454,7 +456,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int warp = tid_wg / 32;
     const int lane = tid_wg % 32;
     const T* __restrict__ bias = static_cast<const T*>(p.bias);
-    // A stage this warp has read may be refilled: pairs tell both CTAs (both producers write it).
+    // A stage this warp has read may be refilled: tell every CTA whose producer writes it (pairs:
+    // both CTAs).
     // 2 x 2 clusters: this CTA, its column mate (rank ^ 1, B) and its row mate (rank ^ 2, A).
     auto release_stage = [rank](uint32_t bar) {
       if constexpr (Cfg::kCluster == 4) {
@@ -711,13 +714,13 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
   const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  // Pairs: as many as fit at once. None (or a failed query): cudaErrorInvalidConfiguration
+  // Clusters: as many as fit at once. None (or a failed query): cudaErrorInvalidConfiguration
   // before any map is encoded, and launch() runs the single config.
-  int max_pairs = 0;
+  int max_clusters = 0;
   if constexpr (Cfg::kCluster > 1) {
-    max_pairs = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads, Cfg::kSmemBytes,
+    max_clusters = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads, Cfg::kSmemBytes,
                                     Cfg::kCluster);
-    if (max_pairs < 1) return cudaErrorInvalidConfiguration;
+    if (max_clusters < 1) return cudaErrorInvalidConfiguration;
   }
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
@@ -781,7 +784,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
-    config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_pairs)));
+    config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_clusters)));
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p);
   }
 }

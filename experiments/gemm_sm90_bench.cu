@@ -539,6 +539,14 @@ int main(int argc, char** argv) {
     printf("CTA pairs resident at once (%d KB smem per CTA): %d of %d SMs\n", Cfg::kSmemBytes / 1024, pairs,
            prop.multiProcessorCount);
   }
+  {  // 2 x 2 clusters fit within one GPC: fewer may be resident than SMs / 4.
+    using Cfg = gemm_sm90::PingPong64x128TmaC4;
+    auto kernel = reinterpret_cast<const void*>(gemm_sm90::gemm_sm90_kernel<bf16, Cfg, true, Activation::kGeluTanh, true>);
+    CK(ensure_dynamic_smem(kernel, Cfg::kSmemBytes));
+    const int quads = max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
+    printf("2 x 2 clusters resident at once (%d KB smem per CTA): %d (%d SMs) of %d SMs\n", Cfg::kSmemBytes / 1024,
+           quads, 4 * quads, prop.multiProcessorCount);
+  }
   printf("== timed (median of %d, L2 flushed before each run)\n", quick ? 10 : 20);
   const int reps = quick && !epilogue_only ? 10 : 20;
   const auto kNone = Activation::kNone, kGelu = Activation::kGeluTanh;
