@@ -97,8 +97,9 @@ def k_loop(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     STAGES: tl.constexpr,
 ):  # fmt: skip
-    """gemm_kernel's sum over k of one tile, from the tile's first A and B pointers: the fp32
-    accumulator of A[rows, :K] @ B[:K, cols] (rows past M and columns past N read as 0).
+    """gemm_kernel's (and split_k_fixup_kernel's) sum over k of one tile, from the tile's first
+    A and B pointers: the fp32 accumulator of A[rows, :K] @ B[:K, cols] (rows past M and
+    columns past N read as 0).
     STAGES: the loop's software-pipeline depth (None: the launch's num_stages)."""
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=STAGES):
@@ -335,17 +336,11 @@ def split_k_fixup_kernel(
     b_ptrs = b_ptr + (k0 + offs_k[:, None]) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
     row_ok = offs_m[:, None] < M
     col_ok = offs_n[None, :] < N
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(k_len, BLOCK_SIZE_K)):
-        k_left = k_len - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=col_ok & (offs_k[:, None] < k_left), other=0.0)
-        if DOT_IN_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_SIZE_K * tl.cast(stride_ak, tl.int64)
-        b_ptrs += BLOCK_SIZE_K * tl.cast(stride_bk, tl.int64)
+    # 16-bit operands: tl.dot ignores "tf32" (its default); k_len masked on every k step
+    acc = k_loop(
+        a_ptrs, b_ptrs, row_ok, col_ok, offs_k, k_len, stride_ak, stride_bk,
+        "tf32", DOT_IN_FP32, False, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, None,
+    )  # fmt: skip
     mask = row_ok & col_ok
     ws_tile = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     total = tl.cast(M, tl.int64) * N
