@@ -17,10 +17,10 @@ miss does more:
    within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
    TUNE_ROUNDS passes that take the candidates in turn; each pass gives a candidate's device time
    (the interquartile mean of its samples) and host time (per call, over a burst of calls in a
-   row), and the medians over the passes make its score (`scores`: kernel time, plus launch time beyond the cheapest
-   path's where that exceeds the kernel), and the lowest score wins; scores within 3% (at least
-   0.25 us) tie, and the tie goes to the cheapest launch (`pick`). A candidate that
-   raises is skipped and recorded with its reason. Inputs are never modified (each
+   row), and the medians over the passes make its score (`scores`: kernel time, plus launch
+   time beyond the cheapest path's where that exceeds the kernel), and the lowest score wins;
+   scores within 3% (at least 0.25 us) tie, and the tie goes to the cheapest launch (`pick`).
+   A candidate that raises is skipped and recorded with its reason. Inputs are never modified (each
    implementation allocates fresh outputs).
 4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
    heuristic below decides, and its choice is not recorded as tuned (the next call outside
@@ -628,7 +628,8 @@ def cuda_event_timer(
     run: Callable[[], object], backend: str, budget_ms: float
 ) -> tuple[float, float]:
     """Microseconds per call (the interquartile mean of the device times; the host time per call
-    of a burst of back-to-back calls); `scores` ranks the candidates by them. Device time: CUDA events around the call, each
+    of a burst of back-to-back calls); `scores` ranks the candidates by them. Device time: CUDA
+    events around the call, each
     call after an L2 flush and a GPU sleep that outlasts the call's host time (at least
     _MIN_SLEEP_US, more for a slow launch path: `timing`), so the window holds the kernels only and they
     start from a cold L2, as `dualk bench` measures and as in a model whose other layers evict
@@ -657,12 +658,12 @@ def cuda_event_timer(
     # Host time from back-to-back calls, as `dualk bench` reports it and a model issues them:
     # each call isolated behind a flush and a sleep measured cuBLAS's matmul 1024^3 fp16 at
     # 46.8 us of host on an H100 (12.3 us back to back), and auto ran dualk's slower kernel.
-    # The burst takes up to BURST_SHARE of the budget (at least one call), the timed calls the rest.
-    call_ms = max(probe, probe_host_us / 1e3, 1e-3)
+    # The burst takes up to BURST_SHARE of the budget (at least one call), timed calls the rest.
+    call_ms = max(probe, probe_host_us / 1e3, 1e-3)  # one call in a row
     calls = int(max(1, min(MAX_REPS, BURST_SHARE * budget_ms / call_ms)))
     left_ms = budget_ms - calls * call_ms
-    reps = int(max(1, min(MAX_REPS, left_ms / max(rep_ms, probe_host_us / 1e3, 1e-3))))
-    device, _ = timing.timed_calls(run, reps, flush, cycles)
+    reps = int(max(1, min(MAX_REPS, left_ms / max(rep_ms, call_ms))))
+    device = timing.timed_calls(run, reps, flush, cycles)
     return timing.interquartile_mean(device) * 1e3, timing.burst_host_ms(run, calls) * 1e3
 
 

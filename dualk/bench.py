@@ -182,7 +182,7 @@ def _eager_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float = 2
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         fn()
     n = max(1, int(rep_ms / (estimate_ms + timing.sleep_ms(cycles))))
-    return timing.timed_calls(fn, n, flush, cycles)[0]
+    return timing.timed_calls(fn, n, flush, cycles)
 
 
 # Each (op, shape, dtype) is timed in ROUNDS passes over its implementations, each pass ~100/ROUNDS

@@ -30,12 +30,12 @@ def sleep_ms(cycles: int) -> float:
 
 def timed_calls(
     run: Callable[[], object], reps: int, flush: torch.Tensor | None, cycles: int
-) -> tuple[list[float], list[float]]:
-    """(device ms, host ms) of `reps` calls of `run`, each after `flush.zero_()` (when given)
-    and a GPU sleep of `cycles` (where torch.cuda._sleep exists), CUDA events around the call,
-    its host time measured without synchronising."""
+) -> list[float]:
+    """Device ms of `reps` calls of `run`, each after `flush.zero_()` (when given) and a GPU
+    sleep of `cycles` (where torch.cuda._sleep exists), CUDA events around the call. (Host time
+    is `burst_host_ms`'s: calls in a row, not calls isolated like these.)"""
     sleep = getattr(torch.cuda, "_sleep", None)
-    events, host = [], []
+    events = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush is not None:
@@ -43,13 +43,11 @@ def timed_calls(
         if sleep is not None:
             sleep(cycles)
         s.record()
-        t0 = time.perf_counter()
         run()
-        host.append((time.perf_counter() - t0) * 1e3)
         e.record()
         events.append((s, e))
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events], host
+    return [s.elapsed_time(e) for s, e in events]
 
 
 def burst_host_ms(run: Callable[[], object], calls: int) -> float:
