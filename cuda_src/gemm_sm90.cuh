@@ -312,9 +312,12 @@ __device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1) {
   return make_float2(apply_activation_16bit<kAct>(acc0), apply_activation_16bit<kAct>(acc1));
 }
 
-// Tile `tile` of the flat (batch, tile_m, tile_n) order: kGroupM tile rows column by column.
-__device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int& batch, int& tile_m,
-                                           int& tile_n) {
+// This CTA's tile of cluster tile `tile` in the flat (batch, tile_m, tile_n) order of cluster
+// tiles (kGroupM rows of them column by column): tile row kClusterM i + rank_m, column
+// kClusterN j + rank_n (past the last row or column: a tile of zeros, stored nowhere).
+template <typename Cfg>
+__device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int rank_m, int rank_n, int& batch,
+                                           int& tile_m, int& tile_n) {
   const int per_batch = p.tiles_m * p.tiles_n;
   batch = tile / per_batch;
   const int t = tile - batch * per_batch;
@@ -323,8 +326,8 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int&
   const int first_m = group * kGroupM;
   const int group_rows = min(p.tiles_m - first_m, kGroupM);
   const int in_group = t - group * per_group;
-  tile_m = first_m + in_group % group_rows;
-  tile_n = in_group / group_rows;
+  tile_m = (first_m + in_group % group_rows) * Cfg::kClusterM + rank_m;
+  tile_n = (in_group / group_rows) * Cfg::kClusterN + rank_n;
 }
 
 // Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM / kClusterN
@@ -379,9 +382,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     for (int tile = first_tile; tile < p.num_tiles; tile += tile_stride) {
       int batch, tile_m, tile_n;
-      tile_coord(tile, p, batch, tile_m, tile_n);
-      tile_m = tile_m * Cfg::kClusterM + rank_m;  // past the last row or column: zeros
-      tile_n = tile_n * Cfg::kClusterN + rank_n;
+      tile_coord<Cfg>(tile, p, rank_m, rank_n, batch, tile_m, tile_n);
       const int m0 = tile_m * Cfg::kBlockM;
       const int n0 = tile_n * Cfg::kBlockN;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
@@ -492,10 +493,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float bias_next[Cfg::kBlockN / 128];
     auto load_bias = [&](int64_t tile_of) {
       int b_ = 0, tm_ = 0, tn_ = 0;
-      if (tile_of < p.num_tiles) tile_coord(static_cast<int>(tile_of), p, b_, tm_, tn_);
+      if (tile_of < p.num_tiles) tile_coord<Cfg>(static_cast<int>(tile_of), p, rank_m, rank_n, b_, tm_, tn_);
 #pragma unroll
       for (int i = 0; i < Cfg::kBlockN / 128; ++i) {
-        const int col = (tn_ * Cfg::kClusterN + rank_n) * Cfg::kBlockN + tid_wg + 128 * i;
+        const int col = tn_ * Cfg::kBlockN + tid_wg + 128 * i;
         bias_next[i] = tile_of < p.num_tiles && col < p.n ? to_float<T>(bias[col]) : 0.f;
       }
     };
@@ -505,9 +506,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (tile64 >= p.num_tiles) break;
       const int tile = static_cast<int>(tile64);
       int batch, tile_m, tile_n;
-      tile_coord(tile, p, batch, tile_m, tile_n);
-      tile_m = tile_m * Cfg::kClusterM + rank_m;
-      tile_n = tile_n * Cfg::kClusterN + rank_n;
+      tile_coord<Cfg>(tile, p, rank_m, rank_n, batch, tile_m, tile_n);
       // The accumulators' start (before a ping-pong consumer waits for its turn: no wgmma here).
       if constexpr (kHasBias) {
         named_barrier(1 + cw, 128);  // every thread has read the previous tile's slice
