@@ -82,9 +82,9 @@ struct TileConfig {
   // kCluster = 2: CTA pairs (a thread-block cluster) take vertically adjacent tiles of one tile
   // column and multicast B's boxes, each loading half of them into both CTAs' rings, so B is read
   // from L2 once per pair. A stage is then refilled only when both CTAs' consumers released it.
-  // kCluster = 4 (harness only, unmeasured): 2 x 2 tiles, CTA rank r at (r % 2, r / 2); the two
-  // CTAs of a tile column share B's boxes as pairs do, the two of a tile row A's, each loading
-  // half of each; a stage is refilled when the three CTAs that write into it released it.
+  // kCluster = 4: 2 x 2 tiles, CTA rank r at (r % 2, r / 2); the two CTAs of a tile column share
+  // B's boxes as pairs do, the two of a tile row A's, each loading half of each; a stage is
+  // refilled when the three CTAs that write into it released it.
   static constexpr int kCluster = kCluster_;
   static constexpr int kClusterM = kCluster == 4 ? 2 : kCluster;  // CTAs along m (sharing B)
   static constexpr int kClusterN = kCluster == 4 ? 2 : 1;         // CTAs along n (sharing A)
@@ -128,7 +128,8 @@ struct TileConfig {
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
-// PingPong64x128Tma, and the pairs Tile128x256TmaC2 and PingPong64x128TmaC2. The others are the candidates experiments/gemm_sm90_bench.cu compares them
+// PingPong64x128Tma, the pairs Tile128x256TmaC2 and PingPong64x128TmaC2, and the 2 x 2 clusters
+// PingPong64x128TmaC4. The others are the candidates experiments/gemm_sm90_bench.cu compares them
 // with (session 9 in NOTES-gemm-sm90.md), kept so that a new GPU can be swept again.
 // 128 x 256, 4 stages (193 KB): the brief's starting point, one wgmma m64n256 per k16 per consumer.
 using Tile128x256 = TileConfig<128, 256, 4>;
@@ -154,8 +155,9 @@ using Tile128x256TmaC2 = TileConfig<128, 256, 3, false, true, 2>;
 using Tile128x128TmaC2 = TileConfig<128, 128, 5, false, true, 2>;
 using PingPong128x128TmaC2 = TileConfig<128, 128, 4, true, true, 2>;
 using PingPong64x128TmaC2 = TileConfig<64, 128, 6, true, true, 2>;
-// 2 x 2 clusters multicasting A and B (a harness candidate for few-tile grids such as linear_gelu
-// 1000^3, whose time tracks the bytes each CTA pulls from L2; NOTES-gemm-sm90.md, session 17).
+// 2 x 2 clusters multicasting A and B, for few-tile grids whose time tracks the bytes each CTA
+// pulls from L2 (NOTES-gemm-sm90.md, sessions 17 and 18); launch() takes it where every cluster
+// is resident at once.
 using PingPong64x128TmaC4 = TileConfig<64, 128, 6, true, true, 4>;
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
@@ -706,6 +708,16 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
   return r == CUDA_SUCCESS;
 }
 
+// How many clusters of this config fit on the device at once (cached per process after the first
+// ask); 0 where its shared memory cannot be granted or the query fails.
+template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
+int resident_clusters() {
+  static_assert(Cfg::kCluster > 1, "single CTAs need no cluster query");
+  const void* kernel = reinterpret_cast<const void*>(gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>);
+  if (ensure_dynamic_smem(kernel, Cfg::kSmemBytes) != cudaSuccess) return 0;
+  return max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
+}
+
 // One config, one B layout: encodes the maps and launches a persistent grid (<= one CTA per SM).
 // The bench calls this directly to compare tile configs; launch() picks the config.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
@@ -717,8 +729,7 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   // before any map is encoded, and launch() runs the single config.
   int max_clusters = 0;
   if constexpr (Cfg::kCluster > 1) {
-    max_clusters = max_active_clusters(reinterpret_cast<const void*>(kernel), Cfg::kThreads, Cfg::kSmemBytes,
-                                    Cfg::kCluster);
+    max_clusters = resident_clusters<T, Cfg, kBKMajor, kAct, kHasBias>();
     if (max_clusters < 1) return cudaErrorInvalidConfiguration;
   }
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
@@ -836,43 +847,88 @@ inline bool can_run(const GemmArgs& args) {
 // 15.2 us). On aligned rows pairs gained nothing (4096^3 178.5 vs 177.7 us; 1024^3 10.3 vs 9.5),
 // so they are taken only there, and only with two tile rows or more (else one CTA of each pair
 // would only compute zeros). If the device cannot run clusters, the single configs run.
+// 2 x 2 clusters (session 18): in the same few-tile case, with two tile columns or more too,
+// PingPong64x128TmaC4 multicasts A as well, where all its clusters are resident at once
+// (linear_gelu 896 x 1000 -> 1024, 28 clusters on an H100: 12.0 us, pairs 13.2, cuBLASLt 12.5).
+// A GPC holds whole clusters, so only 30 of them fit on an H100's 132 SMs; a second wave for the
+// last few costs more than the multicast saves (1000^3 needs 32: 15.8 us against pairs' 13.5).
+enum class TileChoice {
+  k128x256,              // Tile128x256Tma
+  k128x256Pair,          // Tile128x256TmaC2, else Tile128x256Tma
+  kPingPong128x128,      // PingPong128x128Tma
+  kPingPong64x128,       // PingPong64x128Tma
+  kPingPong64x128Pair,   // PingPong64x128TmaC2, else the few-tile single config below
+  kPingPong64x128Quad,   // PingPong64x128TmaC4, else as kPingPong64x128Pair
+  k128x128,              // Tile128x128Tma
+};
+
+// Host arithmetic only (tests/test_cuda_host_logic.py runs it on the CPU). resident_quads() is
+// how many 2 x 2 clusters of PingPong64x128TmaC4 fit at once (an occupancy query, asked only
+// where the answer matters; < 1 where clusters cannot run).
+template <typename ResidentQuads>
+TileChoice choose_tiles(const GemmArgs& args, bool has_activation, int64_t num_sms, ResidentQuads resident_quads) {
+  const int64_t t256 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
+  const int64_t t128 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128);
+  const bool b_rows_off_sector = args.stride_b_outer % 16 != 0;  // can_run: a multiple of 8 elements
+  if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
+    if (has_activation && args.k <= 1024) return TileChoice::kPingPong128x128;
+    if (b_rows_off_sector && args.m > 128) return TileChoice::k128x256Pair;
+    return TileChoice::k128x256;
+  }
+  if (2 * t128 <= num_sms) {
+    if (b_rows_off_sector && args.m > 64) {
+      const int64_t quads = args.batch * ceil_div(ceil_div(args.m, 64), 2) * ceil_div(ceil_div(args.n, 128), 2);
+      if (args.n > 128 && quads <= static_cast<int64_t>(resident_quads())) return TileChoice::kPingPong64x128Quad;
+      return TileChoice::kPingPong64x128Pair;
+    }
+    if (!has_activation) return TileChoice::kPingPong64x128;
+  }
+  return TileChoice::k128x128;
+}
+
 // Returns cudaErrorInvalidValue for arguments can_run() rejects.
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
   if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
-  const int64_t num_sms = device_props().num_sms;
-  const int64_t t256 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
-  const int64_t t128 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128);
   // A config is passed as a value of its (empty) type: run(Tile128x128Tma{}).
   auto run = [&](auto config) {
     using Cfg = decltype(config);
     return args.b_k_major ? detail::launch_config<T, Cfg, true, kAct, kHasBias>(args, stream)
                           : detail::launch_config<T, Cfg, false, kAct, kHasBias>(args, stream);
   };
-  // Pairs first; cudaErrorInvalidConfiguration: no cluster of two fits, or the query failed.
-  auto run_pair_or = [&](auto pair, auto single) {
-    const cudaError_t err = run(pair);
+  // Clusters first; cudaErrorInvalidConfiguration: no cluster fits, or the query failed.
+  auto run_cluster_or = [&](auto cluster, auto fallback) {
+    const cudaError_t err = run(cluster);
     if (err != cudaErrorInvalidConfiguration) return err;
     cudaGetLastError();
-    return run(single);
+    return fallback();
   };
-  const bool b_rows_off_sector = args.stride_b_outer % 16 != 0;  // can_run: a multiple of 8 elements
-  if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
-    if constexpr (kAct != Activation::kNone) {
-      if (args.k <= 1024) return run(PingPong128x128Tma{});
-    }
-    if (b_rows_off_sector && args.m > 128) return run_pair_or(Tile128x256TmaC2{}, Tile128x256Tma{});
-    return run(Tile128x256Tma{});
-  }
-  if (2 * t128 <= num_sms) {
-    if constexpr (kAct == Activation::kNone) {
-      if (b_rows_off_sector && args.m > 64) return run_pair_or(PingPong64x128TmaC2{}, PingPong64x128Tma{});
-      return run(PingPong64x128Tma{});
-    } else {
-      if (b_rows_off_sector && args.m > 64) return run_pair_or(PingPong64x128TmaC2{}, Tile128x128Tma{});
-    }
+  auto resident_quads = [&] {
+    return args.b_k_major ? detail::resident_clusters<T, PingPong64x128TmaC4, true, kAct, kHasBias>()
+                          : detail::resident_clusters<T, PingPong64x128TmaC4, false, kAct, kHasBias>();
+  };
+  // The few-tile branch's single-CTA config where clusters cannot run: ping-pong 64 x 128, or
+  // with an activation cooperative 128 x 128 (as choose_tiles picks on aligned rows).
+  auto few_tile_single = [&] {
+    if constexpr (kAct == Activation::kNone) return run(PingPong64x128Tma{});
+    else return run(Tile128x128Tma{});
+  };
+  auto pair = [&] { return run_cluster_or(PingPong64x128TmaC2{}, few_tile_single); };
+  switch (choose_tiles(args, kAct != Activation::kNone, device_props().num_sms, resident_quads)) {
+    case TileChoice::k128x256: return run(Tile128x256Tma{});
+    case TileChoice::k128x256Pair: return run_cluster_or(Tile128x256TmaC2{}, [&] { return run(Tile128x256Tma{}); });
+    // (choose_tiles gives these two only with / without an activation: one kernel fewer to build)
+    case TileChoice::kPingPong128x128:
+      if constexpr (kAct != Activation::kNone) return run(PingPong128x128Tma{});
+      break;
+    case TileChoice::kPingPong64x128:
+      if constexpr (kAct == Activation::kNone) return run(PingPong64x128Tma{});
+      break;
+    case TileChoice::kPingPong64x128Pair: return pair();
+    case TileChoice::kPingPong64x128Quad: return run_cluster_or(PingPong64x128TmaC4{}, pair);
+    case TileChoice::k128x128: break;
   }
   return run(Tile128x128Tma{});
 }

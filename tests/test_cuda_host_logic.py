@@ -1,6 +1,6 @@
 """Host-side planning code of the CUDA GEMM family and of the wide fused-MLP kernel, compiled with
-nvcc and run on the CPU (no GPU needed: split_k_plan and wide::unfit_reason are arithmetic over
-the launch arguments and DeviceProps). The GPU tests check the results of these plans; this
+nvcc and run on the CPU (no GPU needed: split_k_plan, gemm_sm90::choose_tiles and
+wide::unfit_reason are arithmetic over the launch arguments and DeviceProps). The GPU tests check the results of these plans; this
 checks the plans themselves, which only the GPU exercised."""
 
 import subprocess
@@ -187,3 +187,72 @@ def test_wide_mlp_eligibility(tmp_path: Path):
     """Which MLPs fused_mlp_wide.cu's kernel takes (wide::unfit_reason): the planner falls back to
     the mma.sync kernel for every other one."""
     assert build_and_run(tmp_path, WIDE_PROGRAM) == WIDE_EXPECTED
+
+
+TILES_PROGRAM = textwrap.dedent(
+    r"""
+    #include <cstdio>
+    #include "gemm_select.cuh"
+    using namespace dualk;
+    static char buf[1 << 12] __attribute__((aligned(256)));
+    int main() {
+      // op: 0 matmul (B n-major, row pitch n), 1 linear_gelu (W k-major, row pitch k)
+      const struct { int lg; long batch, m, n, k; int quads; } cases[] = {
+          {0, 1, 4096, 4096, 4096, 30},  // many tiles: 128 x 256
+          {1, 1, 8192, 3072, 768, 30},   // gelu, k <= 1024: ping-pong 128 x 128
+          {1, 1, 4096, 16384, 4096, 30}, // gelu, long k: 128 x 256
+          {0, 1, 3000, 5000, 2000, 30},  // B rows of 10000 bytes (16 off a sector): pairs
+          {0, 1, 1024, 1024, 1024, 30},  // few tiles: ping-pong 64 x 128
+          {1, 1, 1024, 1024, 1024, 30},  // few tiles, gelu: 128 x 128
+          {1, 1, 1000, 1000, 1000, 30},  // 32 clusters of 2 x 2 needed, 30 fit: pairs
+          {1, 1, 1000, 1000, 1000, 32},  // all 32 fit: 2 x 2
+          {1, 1, 896, 1024, 1000, 30},   // 28 clusters: 2 x 2
+          {1, 1, 896, 1024, 1000, 0},    // no cluster of 4 fits: pairs
+          {0, 1, 64, 1000, 1000, 30},    // one tile row: no cluster
+          {0, 1, 300, 120, 1000, 30},    // one tile column (B rows of 240 bytes): pairs
+          {0, 3, 300, 200, 264, 30},     // batch 3: 9 clusters of 2 x 2
+      };
+      for (const auto& c : cases) {
+        GemmArgs g{};
+        g.a = g.b = g.c = buf;
+        g.dtype = DType::kBFloat16;
+        g.batch = c.batch; g.m = c.m; g.n = c.n; g.k = c.k;
+        g.stride_am = c.k;
+        g.b_k_major = c.lg != 0;
+        g.stride_b_outer = c.lg ? c.k : c.n;
+        int asked = 0;
+        const auto quads = [&] { ++asked; return c.quads; };
+        const auto choice = gemm_sm90::choose_tiles(g, c.lg != 0, 132, quads);
+        printf("%d %d\n", static_cast<int>(choice), asked);
+      }
+      return 0;
+    }
+    """
+)
+
+# gemm_sm90::TileChoice in declaration order
+K128x256, K128x256_PAIR, PP128x128, PP64x128, PP64x128_PAIR, PP64x128_QUAD, K128x128 = range(7)
+
+TILES_EXPECTED = [
+    (K128x256, 0),
+    (PP128x128, 0),
+    (K128x256, 0),
+    (K128x256_PAIR, 0),
+    (PP64x128, 0),
+    (K128x128, 0),
+    (PP64x128_PAIR, 1),
+    (PP64x128_QUAD, 1),
+    (PP64x128_QUAD, 1),
+    (PP64x128_PAIR, 1),
+    (PP64x128, 0),
+    (PP64x128_PAIR, 0),  # n <= 128: the count is not asked for
+    (PP64x128_QUAD, 1),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_sm90_tile_choice(tmp_path: Path):
+    """launch()'s config choice on 132 SMs; the cluster occupancy query is asked only where a
+    2 x 2 cluster could be taken."""
+    got = [tuple(int(v) for v in line.split()) for line in build_and_run(tmp_path, TILES_PROGRAM)]
+    assert got == TILES_EXPECTED
