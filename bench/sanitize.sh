@@ -69,8 +69,11 @@ def parity(op, case, dtype):
 small = {op: [c.name for c in spec.cases if not c.gpu_only] for op, spec in OPS.items()}
 # The fused MLP's Hopper kernels: fp32 3xTF32 (>= ~31 rows per SM), 16-bit wgmma.
 hopper_mlp = ["tc_silu_tail_b5003", "tc_gelu_row_stride_b4133"]
-# The Hopper GEMM's CTA pairs (B's rows 16 bytes off a sector; odd tile-row counts), 16-bit.
-pairs = {"matmul": ["sm90_rows_16b_off", "sm90_rows_16b_off_batched", "sm90_pairs_odd_tile_rows"],
+# The Hopper GEMM's CTA clusters (B's rows 16 bytes off a sector), 16-bit: pairs (1000^3 on an
+# H100; odd tile-row counts) and 2 x 2 clusters (700x512x1000, batched 3 x 300x264x200,
+# linear_gelu 600x1000->1256).
+pairs = {"matmul": ["sm90_rows_16b_off", "sm90_rows_16b_off_b", "sm90_rows_16b_off_batched",
+                    "sm90_pairs_odd_tile_rows"],
          "linear_gelu": ["sm90_rows_16b_off", "sm90_pairs_odd_tile_rows"]}
 pair_ids = [parity(op, c, d) for op, cases in pairs.items() for c in cases for d in ("float16", "bfloat16")]
 collected = subprocess.run(
