@@ -723,14 +723,16 @@ int resident_clusters() {
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   auto kernel = gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>;
-  const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  // Clusters: as many as fit at once. None (or a failed query): cudaErrorInvalidConfiguration
-  // before any map is encoded, and launch() runs the single config.
+  // Clusters: as many as fit at once (resident_clusters grants the shared memory too). None, or
+  // a failed grant or query: cudaErrorInvalidConfiguration before any map is encoded, and
+  // launch() runs the single config, which reports a failed grant itself.
   int max_clusters = 0;
   if constexpr (Cfg::kCluster > 1) {
     max_clusters = resident_clusters<T, Cfg, kBKMajor, kAct, kHasBias>();
     if (max_clusters < 1) return cudaErrorInvalidConfiguration;
+  } else {
+    const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
   }
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;

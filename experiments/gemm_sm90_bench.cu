@@ -531,21 +531,15 @@ int main(int argc, char** argv) {
   correctness_sweep<bf16>(quick);
   correctness_sweep<__half>(quick);
 
-  {  // How many CTA pairs fit at once (the pair configs' persistent grid; GPCs may strand SMs).
-    using Cfg = gemm_sm90::Tile128x256TmaC2;
-    auto kernel = reinterpret_cast<const void*>(gemm_sm90::gemm_sm90_kernel<bf16, Cfg, false, Activation::kNone, false>);
-    CK(ensure_dynamic_smem(kernel, Cfg::kSmemBytes));
-    const int pairs = max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
-    printf("CTA pairs resident at once (%d KB smem per CTA): %d of %d SMs\n", Cfg::kSmemBytes / 1024, pairs,
-           prop.multiProcessorCount);
-  }
-  {  // 2 x 2 clusters fit within one GPC: fewer may be resident than SMs / 4.
-    using Cfg = gemm_sm90::PingPong64x128TmaC4;
-    auto kernel = reinterpret_cast<const void*>(gemm_sm90::gemm_sm90_kernel<bf16, Cfg, true, Activation::kGeluTanh, true>);
-    CK(ensure_dynamic_smem(kernel, Cfg::kSmemBytes));
-    const int quads = max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
-    printf("2 x 2 clusters resident at once (%d KB smem per CTA): %d (%d SMs) of %d SMs\n", Cfg::kSmemBytes / 1024,
-           quads, 4 * quads, prop.multiProcessorCount);
+  {  // How many clusters fit at once (the cluster configs' persistent grids): GPCs hold whole
+     // clusters and may strand SMs, so fewer 2 x 2 clusters may fit than SMs / 4.
+    using namespace gemm_sm90;
+    const int pairs = detail::resident_clusters<bf16, Tile128x256TmaC2, false, Activation::kNone, false>();
+    const int quads = detail::resident_clusters<bf16, PingPong64x128TmaC4, true, Activation::kGeluTanh, true>();
+    printf("CTA pairs resident at once (%d KB smem per CTA): %d of %d SMs\n", Tile128x256TmaC2::kSmemBytes / 1024,
+           pairs, prop.multiProcessorCount);
+    printf("2 x 2 clusters resident at once (%d KB smem per CTA): %d (%d SMs) of %d SMs\n",
+           PingPong64x128TmaC4::kSmemBytes / 1024, quads, 4 * quads, prop.multiProcessorCount);
   }
   printf("== timed (median of %d, L2 flushed before each run)\n", quick ? 10 : 20);
   const int reps = quick && !epilogue_only ? 10 : 20;
