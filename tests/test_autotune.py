@@ -347,6 +347,27 @@ def test_device_and_host_times_score_and_are_explained(fake_gpu):
         "a": (30.0, 5.0, 40.0), "b": (8.0, 8.0, 10.0)}  # fmt: skip
 
 
+def test_host_time_is_the_least_over_the_passes(fake_gpu):
+    """Host noise only adds time, so one slow burst must not decide: the H100 pass that read
+    cuBLASLt's host time at 47.3 us per call (its other bursts ~30) had auto run a kernel 1.5x
+    slower on the GPU. Device time stays the median of the passes."""
+    passes = {"cuda": iter([(14.3, 33.5), (14.4, 34.0), (14.2, 36.1)]),
+              "triton": iter([(20.0, 60.0), (20.0, 61.0), (20.0, 62.0)]),
+              "torch": iter([(9.3, 52.0), (9.2, 50.0), (9.4, 30.0)])}  # fmt: skip
+
+    def timer(run, backend, budget_ms):
+        return next(passes[backend])
+
+    autotune.set_timer(timer)
+    args = add_args(100)
+    # With medians: floor 34.0, torch max(9.3, 50.0 - 34.0) = 16.0 > cuda 14.3, and cuda won.
+    assert autotune.choose(OPS["add"], args) == "torch"
+    info = autotune.explain(OPS["add"], args)
+    assert info["device_host_us"] == {"cuda": [14.3, 33.5], "triton": [20.0, 60.0],
+                                      "torch": [9.3, 30.0]}  # fmt: skip
+    assert info["times_us"] == pytest.approx({"cuda": 14.3, "triton": 30.0, "torch": 9.3})
+
+
 def test_interquartile_mean_weighs_both_levels_and_ignores_outliers():
     """Two-level samples (a launch-bound kernel's CUDA-event times): the median jumps with the
     mix, the interquartile mean moves with it smoothly; an outlier changes neither."""
