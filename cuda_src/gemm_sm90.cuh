@@ -159,6 +159,12 @@ using PingPong64x128TmaC2 = TileConfig<64, 128, 6, true, true, 2>;
 // pulls from L2 (NOTES-gemm-sm90.md, sessions 17 and 18); launch() takes it where every cluster
 // is resident at once.
 using PingPong64x128TmaC4 = TileConfig<64, 128, 6, true, true, 4>;
+// The same three with 8 stages, the most that fit beside two staging buffers (226 KB of 227):
+// harness candidates for few-tile grids, where cuBLAS's own 64 x 128 pairs keep 8 k-blocks in
+// flight (nvjet_sm90_tst_64x128_64x8_2x1 at matmul 700x512x1000; NOTES-gemm-sm90.md, session 19).
+using PingPong64x128TmaS8 = TileConfig<64, 128, 8, true, true>;
+using PingPong64x128TmaC2S8 = TileConfig<64, 128, 8, true, true, 2>;
+using PingPong64x128TmaC4S8 = TileConfig<64, 128, 8, true, true, 4>;
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
 // stores 128 x 256 or ping-pong 128 x 128 win on the H100.

@@ -358,6 +358,9 @@ std::vector<Variant> config_variants() {
       sm90_config<T, PingPong128x128TmaC2>("pair tma pp 128x128 s4"),
       sm90_config<T, PingPong64x128TmaC2>("pair tma pp 64x128 s6"),
       sm90_config<T, PingPong64x128TmaC4>("quad tma pp 64x128 s6"),
+      sm90_config<T, PingPong64x128TmaS8>("tma pp 64x128 s8"),
+      sm90_config<T, PingPong64x128TmaC2S8>("pair tma pp 64x128 s8"),
+      sm90_config<T, PingPong64x128TmaC4S8>("quad tma pp 64x128 s8"),
   };
 }
 
@@ -546,7 +549,9 @@ int main(int argc, char** argv) {
   const auto kNone = Activation::kNone, kGelu = Activation::kGeluTanh;
   if (epilogue_only) {
     // 896 x 1024: 28 clusters of 2 x 2 64 x 128 tiles, one wave on an H100 (30 resident).
-    const int64_t shapes[][3] = {{1000, 1000, 1000}, {896, 1024, 1000}, {8192, 3072, 768}, {4096, 16384, 4096}};  // m, n, k
+    // 600 x 1256: the registry's linear_gelu sm90_rows_16b_off (2 x 2 clusters in launch()).
+    const int64_t shapes[][3] = {{1000, 1000, 1000}, {896, 1024, 1000}, {600, 1256, 1000},
+                                 {8192, 3072, 768},  {4096, 16384, 4096}};  // m, n, k
     const std::vector<Variant> launch_only = {{"sm90 launch", sm90_production<bf16>}};
     for (const auto& mnk : shapes) {
       char label[96];
@@ -561,6 +566,13 @@ int main(int argc, char** argv) {
       snprintf(label, sizeof label, "relu(x @ W^T + bias) bf16 %ldx%ldx%ld", (long)mnk[0], (long)mnk[2], (long)mnk[1]);
       run_case<bf16>(label, {1, mnk[0], mnk[1], mnk[2], true, false, Activation::kRelu, true}, launch_only, reps);
     }
+    // The few-tile matmuls whose B rows sit 16 bytes off a sector (the registry's matmul
+    // sm90_rows_16b_off_b and sm90_rows_16b_off): launch() runs 2 x 2 clusters at 700 rows (24
+    // clusters) and pairs at 1000^3 (32 would not fit); cuBLAS ran 64 x 128 pairs with 8 stages.
+    run_case<bf16>("matmul bf16 m700 n1000 k512 B(k,n)", {1, 700, 1000, 512, false, false, kNone, false},
+                   timed_variants<bf16>(true), reps);
+    run_case<bf16>("matmul bf16 m1000 n1000 k1000 B(k,n)", {1, 1000, 1000, 1000, false, false, kNone, false},
+                   timed_variants<bf16>(true), reps);
   } else {
   run_case<bf16>("matmul bf16 4096^3 B(k,n)", {1, 4096, 4096, 4096, false, false, kNone, false}, timed_variants<bf16>(true), reps);
   run_case<bf16>("matmul bf16 4096^3 B=W^T", {1, 4096, 4096, 4096, true, false, kNone, false}, timed_variants<bf16>(true), reps);
