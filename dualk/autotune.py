@@ -569,10 +569,10 @@ def _measure(
                 except Exception as exc:
                     errors[name] = f"raised {type(exc).__name__}: {str(exc)[:300]}"
     # Host time: the least over the passes, since host noise (another thread, an interrupt, a
-    # page fault) only ever adds time. The median let one slow burst decide: on an H100 whose
-    # host was busy, cuBLASLt's linear_gelu 32x768->3072 bf16 burst read 47.3 us per call
-    # against dualk's CUDA 33.5 (the bench's 200-call bursts: 30.0 and 36.1), and auto ran the
-    # CUDA kernel, 14.3 us on the GPU against 9.25 (bench/results/2026-11-26-h100-default-s18).
+    # page fault) only ever adds time. The median needed two quiet bursts of three: on an H100
+    # whose host was busy, cuBLASLt's linear_gelu 32x768->3072 bf16 read 47.3 us per call against
+    # dualk's CUDA 33.5 (the bench's 200-call bursts: 30.0 and 36.1), and auto ran the CUDA
+    # kernel, 14.3 us on the GPU against 9.25 (bench/results/2026-11-26-h100-default-s18).
     parts = {
         name: (statistics.median(p[0] for p in ps), min(p[1] for p in ps))
         for name, ps in passes.items() if name not in errors

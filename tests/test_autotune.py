@@ -348,9 +348,9 @@ def test_device_and_host_times_score_and_are_explained(fake_gpu):
 
 
 def test_host_time_is_the_least_over_the_passes(fake_gpu):
-    """Host noise only adds time, so one slow burst must not decide: the H100 pass that read
-    cuBLASLt's host time at 47.3 us per call (its other bursts ~30) had auto run a kernel 1.5x
-    slower on the GPU. Device time stays the median of the passes."""
+    """Host noise only adds time, so one quiet burst of three must be enough: an H100 whose host
+    was busy read cuBLASLt's host time at 47.3 us per call (the bench's bursts: ~30), and auto ran
+    a kernel 1.5x slower on the GPU. Device time stays the median of the passes."""
     passes = {"cuda": iter([(14.3, 33.5), (14.4, 34.0), (14.2, 36.1)]),
               "triton": iter([(20.0, 60.0), (20.0, 61.0), (20.0, 62.0)]),
               "torch": iter([(9.3, 52.0), (9.2, 50.0), (9.4, 30.0)])}  # fmt: skip
