@@ -74,7 +74,7 @@ namespace gemm_sm90 {
 // matrix edges. Taken at run time only where C suits TMA (KernelParams::c_tma), else the direct
 // stores.
 template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false, bool kTmaStore_ = false,
-          int kCluster_ = 1>
+          int kCluster_ = 1, int kClusterN_ = (kCluster_ == 4 ? 2 : 1)>
 struct TileConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
@@ -85,9 +85,11 @@ struct TileConfig {
   // kCluster = 4: 2 x 2 tiles, CTA rank r at (r % 2, r / 2); the two CTAs of a tile column share
   // B's boxes as pairs do, the two of a tile row A's, each loading half of each; a stage is
   // refilled when the three CTAs that write into it released it.
+  // kCluster = 2 with kClusterN = 2: pairs along n instead, multicasting A (cuBLASLt's choice at
+  // linear_gelu 1000^3: 128 x 64 tiles in 1 x 2 clusters).
   static constexpr int kCluster = kCluster_;
-  static constexpr int kClusterM = kCluster == 4 ? 2 : kCluster;  // CTAs along m (sharing B)
-  static constexpr int kClusterN = kCluster == 4 ? 2 : 1;         // CTAs along n (sharing A)
+  static constexpr int kClusterN = kClusterN_;                // CTAs along n (sharing A)
+  static constexpr int kClusterM = kCluster / kClusterN;      // CTAs along m (sharing B)
   static constexpr int kWriters = kClusterM + kClusterN - 1;      // CTAs loading into one ring
   static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
@@ -119,12 +121,13 @@ struct TileConfig {
 
   static_assert(kWgRows % 64 == 0 && kMSub >= 1, "each consumer owns whole m64 slices");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA box dimensions are at most 256");
-  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n64, n128, n256");
   static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "clusters of 1, 2 or 2 x 2 CTAs");
+  static_assert(kClusterM * kClusterN == kCluster && kClusterN <= 2 && kClusterM <= 2, "1 x 1, 2 x 1, 1 x 2, 2 x 2");
   static_assert(kClusterN == 1 || kBlockM % 16 == 0, "A splits into halves of whole 8-row swizzle atoms");
-  static_assert(kCluster == 1 || kBlockN % 128 == 0, "B splits into halves of whole 64-wide boxes");
+  static_assert(kClusterM == 1 || kBlockN % 128 == 0, "B splits into halves of whole 64-wide boxes");
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
@@ -165,6 +168,11 @@ using PingPong64x128TmaC4 = TileConfig<64, 128, 6, true, true, 4>;
 using PingPong64x128TmaS8 = TileConfig<64, 128, 8, true, true>;
 using PingPong64x128TmaC2S8 = TileConfig<64, 128, 8, true, true, 2>;
 using PingPong64x128TmaC4S8 = TileConfig<64, 128, 8, true, true, 4>;
+// Cooperative 128 x 64 tiles in pairs along n multicasting A, 8 stages of 24 KB: what cuBLASLt
+// runs at linear_gelu 1000^3 (nvjet_sm90_tst_128x64_64x8_1x2, 12.7 us against our pairs' 13.4 on
+// an H100); a harness candidate (NOTES-gemm-sm90.md, session 19).
+using Tile128x64TmaPairN = TileConfig<128, 64, 8, false, true, 2, 2>;
+using Tile128x64Tma = TileConfig<128, 64, 8, false, true>;  // the same tile without clusters
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
 // stores 128 x 256 or ping-pong 128 x 128 win on the H100.
@@ -302,6 +310,8 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
                  : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));                              \
   }
 
+DUALK_DEFINE_WGMMA(32, 64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35")
+DUALK_DEFINE_WGMMA(32, 64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35")
 DUALK_DEFINE_WGMMA(64, 128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
 DUALK_DEFINE_WGMMA(64, 128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
 DUALK_DEFINE_WGMMA(128, 256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131")
@@ -404,14 +414,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kClusterN > 1) {
           // This CTA's half of A's rows (the map's box), into both CTAs of its tile row.
           const int half = rank_n * (Cfg::kBlockM / 2);
-          const uint16_t row_mates = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ 2)));
+          const uint16_t row_mates = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ Cfg::kClusterM)));
           if (p.a_batched) tma_load_3d_mc(sa + half * 128, &tmap_a, k0, m0 + half, batch, bar, row_mates);
           else tma_load_2d_mc(sa + half * 128, &tmap_a, k0, m0 + half, bar, row_mates);
         } else {
           if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
           else tma_load_2d(sa, &tmap_a, k0, m0, bar);
         }
-        if constexpr (Cfg::kCluster > 1) {
+        if constexpr (Cfg::kClusterM > 1) {
           // This CTA's half of B, into both CTAs of its tile column (k-major: rows
           // [rank_m, rank_m + 1) x kBlockN / 2 of the tile, the map's box; n-major: boxes
           // rank_m, rank_m + 2, ...).
@@ -495,17 +505,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
     // The bias: the accumulators start from it, so the epilogue (which a cooperative tile pays
     // with idle tensor cores) has no bias loads or adds; columns past n start from 0. Each
-    // thread loads kBlockN / 128 of the next tile's columns during this tile's main loop (its
-    // latency hidden there) and stages them in this consumer's slice at the next tile's start.
+    // thread loads kBlockN / 128 of the next tile's columns (n64 tiles: the first 64 threads one
+    // each) during this tile's main loop (its latency hidden there) and stages them in this
+    // consumer's slice at the next tile's start.
     const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
-    float bias_next[Cfg::kBlockN / 128];
+    constexpr int kBiasCols = (Cfg::kBlockN + 127) / 128;
+    auto in_tile = [tid_wg](int i) { return Cfg::kBlockN % 128 == 0 || tid_wg + 128 * i < Cfg::kBlockN; };
+    float bias_next[kBiasCols];
     auto load_bias = [&](int64_t tile_of) {
       int b_ = 0, tm_ = 0, tn_ = 0;
       if (tile_of < p.num_tiles) tile_coord<Cfg>(static_cast<int>(tile_of), p, rank_m, rank_n, b_, tm_, tn_);
 #pragma unroll
-      for (int i = 0; i < Cfg::kBlockN / 128; ++i) {
+      for (int i = 0; i < kBiasCols; ++i) {
         const int col = tn_ * Cfg::kBlockN + tid_wg + 128 * i;
-        bias_next[i] = tile_of < p.num_tiles && col < p.n ? to_float<T>(bias[col]) : 0.f;
+        bias_next[i] = tile_of < p.num_tiles && in_tile(i) && col < p.n ? to_float<T>(bias[col]) : 0.f;
       }
     };
     if constexpr (kHasBias) load_bias(first_tile + static_cast<int64_t>(Cfg::kPingPong ? cw : 0) * tile_stride);
@@ -519,7 +532,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (kHasBias) {
         named_barrier(1 + cw, 128);  // every thread has read the previous tile's slice
 #pragma unroll
-        for (int i = 0; i < Cfg::kBlockN / 128; ++i) st_shared_f32(my_bias + 4 * (tid_wg + 128 * i), bias_next[i]);
+        for (int i = 0; i < kBiasCols; ++i)
+          if (in_tile(i)) st_shared_f32(my_bias + 4 * (tid_wg + 128 * i), bias_next[i]);
         named_barrier(1 + cw, 128);
         // Thread (warp, lane)'s accumulator columns: 8 j + 2 (lane % 4) + {0, 1} (epilogue below).
 #pragma unroll
