@@ -79,9 +79,10 @@ struct TileConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kTmaStore = kTmaStore_;
-  // kCluster = 2: CTA pairs (a thread-block cluster) take vertically adjacent tiles of one tile
-  // column and multicast B's boxes, each loading half of them into both CTAs' rings, so B is read
-  // from L2 once per pair. A stage is then refilled only when both CTAs' consumers released it.
+  // kCluster = 2 (kClusterN = 1): CTA pairs (a thread-block cluster) take vertically adjacent
+  // tiles of one tile column and multicast B's boxes, each loading half of them into both CTAs'
+  // rings, so B is read from L2 once per pair. A stage is then refilled only when both CTAs'
+  // consumers released it.
   // kCluster = 4: 2 x 2 tiles, CTA rank r at (r % 2, r / 2); the two CTAs of a tile column share
   // B's boxes as pairs do, the two of a tile row A's, each loading half of each; a stage is
   // refilled when the three CTAs that write into it released it.
@@ -349,9 +350,9 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int 
 }
 
 // Tensor maps (host-built, see make_operand_map): A (k, m[, batch]) box 64 x kBlockM / kClusterN
-// (a 2 x 2 cluster's CTA loads half of A's rows); B k-major (k, n[, batch]) box 64 x kBlockN /
-// kClusterM (a pair's CTA loads half of B's rows); B n-major (n, k[, batch]) box 64 x 64,
-// kBlockN / 64 per stage.
+// (a CTA of a 2 x 2 cluster or of a pair along n loads half of A's rows); B k-major (k, n[,
+// batch]) box 64 x kBlockN / kClusterM (a CTA of a pair along m loads half of B's rows); B n-major
+// (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
@@ -384,7 +385,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if constexpr (Cfg::kCluster > 1) cluster_sync();
   else __syncthreads();
   // Clusters walk cluster tiles: p.tiles_m (p.tiles_n) counts them along m (n), and CTA rank r
-  // takes tile row kClusterM i + rank_m and tile column kClusterN j + rank_n (pairs: 2 i + r, j).
+  // takes tile row kClusterM i + rank_m and tile column kClusterN j + rank_n (pairs along m:
+  // (2 i + r, j); along n: (i, 2 j + r)).
   const int rank = Cfg::kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
   const int rank_m = Cfg::kClusterM == Cfg::kCluster ? rank : rank % Cfg::kClusterM;
   const int rank_n = Cfg::kClusterN == 1 ? 0 : rank / Cfg::kClusterM;
