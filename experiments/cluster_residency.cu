@@ -26,7 +26,7 @@ int main() {
     return 1;
   }
   const void* kernel = reinterpret_cast<const void*>(whole_sm_kernel);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess ||
+  if (dualk::ensure_dynamic_smem(kernel, Cfg::kSmemBytes) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     std::printf("could not grant %d bytes of shared memory\n", Cfg::kSmemBytes);
     return 1;
@@ -35,23 +35,8 @@ int main() {
               prop.multiProcessorCount, Cfg::kThreads, Cfg::kSmemBytes);
   std::printf("cluster size | resident clusters | SMs used\n");
   for (int cluster : {1, 2, 3, 4, 6, 8, 16}) {
-    cudaLaunchAttribute dims{};
-    dims.id = cudaLaunchAttributeClusterDimension;
-    dims.val.clusterDim.x = static_cast<unsigned>(cluster);
-    dims.val.clusterDim.y = dims.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.attrs = &dims;
-    config.numAttrs = 1;
-    config.blockDim = dim3(static_cast<unsigned>(Cfg::kThreads));
-    config.dynamicSmemBytes = static_cast<size_t>(Cfg::kSmemBytes);
-    config.gridDim = dim3(static_cast<unsigned>(cluster * (prop.multiProcessorCount / cluster)));
-    int clusters = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-    if (err != cudaSuccess) {
-      std::printf("%12d | %s\n", cluster, cudaGetErrorString(err));
-      cudaGetLastError();
-      continue;
-    }
+    // The production query (common.cuh): 0 where none fits or the query fails.
+    const int clusters = dualk::max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, cluster);
     std::printf("%12d | %17d | %d\n", cluster, clusters, clusters * cluster);
   }
   return 0;

@@ -18,6 +18,7 @@ import torch
 import dualk
 from dualk.backends import torch_ref
 from dualk.bench import time_device
+from probe_linear_gelu import kernel_names  # experiments/ is the script's directory
 
 SHAPES = [
     (128, 8192, 128, torch.bfloat16),
@@ -25,15 +26,6 @@ SHAPES = [
     (1024, 1024, 1024, torch.bfloat16),
 ]
 ROUNDS = 3
-
-
-def kernel_names(fn) -> list[str]:
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def main() -> None:
