@@ -122,13 +122,16 @@ struct TileConfig {
 
   static_assert(kWgRows % 64 == 0 && kMSub >= 1, "each consumer owns whole m64 slices");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA box dimensions are at most 256");
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "wgmma wrappers exist for n64, n128, n256");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
+                "wgmma wrappers exist for n64, n128, n192, n256");
   static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "clusters of 1, 2 or 2 x 2 CTAs");
   static_assert(kClusterM * kClusterN == kCluster && kClusterN <= 2 && kClusterM <= 2, "1 x 1, 2 x 1, 1 x 2, 2 x 2");
   static_assert(kClusterN == 1 || kBlockM % 16 == 0, "A splits into halves of whole 8-row swizzle atoms");
-  static_assert(kClusterM == 1 || kBlockN % 128 == 0, "B splits into halves of whole 64-wide boxes");
+  // B's halves: k-major, kBlockN / 2 rows of whole 8-row swizzle atoms; n-major, the 64-wide
+  // boxes alternate between the two CTAs (n192: two and one).
+  static_assert(kClusterM == 1 || kBlockN % 128 == 0 || kBlockN == 192, "B splits into whole atoms and boxes");
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
@@ -174,6 +177,11 @@ using PingPong64x128TmaC4S8 = TileConfig<64, 128, 8, true, true, 4>;
 // an H100); a harness candidate (NOTES-gemm-sm90.md, session 19).
 using Tile128x64TmaPairN = TileConfig<128, 64, 8, false, true, 2, 2>;
 using Tile128x64Tma = TileConfig<128, 64, 8, false, true>;  // the same tile without clusters
+// 2 x 2 clusters of ping-pong 64 x 192 tiles, 5 stages of 32 KB: 1000 columns in 6 tiles, so
+// linear_gelu 1000^3 needs 24 clusters (one wave of the 30 that fit on an H100 or H200) where 64 x
+// 128 tiles need 32; a harness candidate (NOTES-gemm-sm90.md, session 19).
+using PingPong64x192TmaC4 = TileConfig<64, 192, 5, true, true, 4>;
+using PingPong64x192Tma = TileConfig<64, 192, 5, true, true>;  // the same tile without clusters
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
 // against 0.61x / 0.87x for 128 x 256 on the two linear_gelu benchmark shapes, H200); with TMA
 // stores 128 x 256 or ping-pong 128 x 128 win on the H100.
@@ -315,6 +323,8 @@ DUALK_DEFINE_WGMMA(32, 64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_3
 DUALK_DEFINE_WGMMA(32, 64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35")
 DUALK_DEFINE_WGMMA(64, 128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
 DUALK_DEFINE_WGMMA(64, 128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
+DUALK_DEFINE_WGMMA(96, 192, __half, "f16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96", "%97", "%98", "%99")
+DUALK_DEFINE_WGMMA(96, 192, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96", "%97", "%98", "%99")
 DUALK_DEFINE_WGMMA(128, 256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131")
 DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131")
 #undef DUALK_DEFINE_WGMMA

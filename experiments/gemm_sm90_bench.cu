@@ -363,6 +363,8 @@ std::vector<Variant> config_variants() {
       sm90_config<T, PingPong64x128TmaC4S8>("quad tma pp 64x128 s8"),
       sm90_config<T, Tile128x64Tma>("tma 128x64 s8"),
       sm90_config<T, Tile128x64TmaPairN>("pairN tma 128x64 s8"),
+      sm90_config<T, PingPong64x192Tma>("tma pp 64x192 s5"),
+      sm90_config<T, PingPong64x192TmaC4>("quad tma pp 64x192 s5"),
   };
 }
 
