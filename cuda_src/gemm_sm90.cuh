@@ -517,9 +517,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     constexpr int kTileStep = Cfg::kPingPong ? 2 : 1;
     // The bias: the accumulators start from it, so the epilogue (which a cooperative tile pays
     // with idle tensor cores) has no bias loads or adds; columns past n start from 0. Each
-    // thread loads kBlockN / 128 of the next tile's columns (n64 tiles: the first 64 threads one
-    // each) during this tile's main loop (its latency hidden there) and stages them in this
-    // consumer's slice at the next tile's start.
+    // thread loads column tid_wg + 128 i of the next tile for every i with that column inside the
+    // tile (n64: threads 0-63 one each; n192: threads 0-63 two, the rest one) during this tile's
+    // main loop (its latency hidden there) and stages them in this consumer's slice at the next
+    // tile's start.
     const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
     constexpr int kBiasCols = (Cfg::kBlockN + 127) / 128;
     auto in_tile = [tid_wg](int i) { return Cfg::kBlockN % 128 == 0 || tid_wg + 128 * i < Cfg::kBlockN; };
