@@ -19,10 +19,9 @@ miss does more:
    (the interquartile mean of its samples) and host time (per call, over a burst of calls in a
    row); the median device time and the least host time over the passes make its score
    (`scores`: kernel time, plus launch time beyond the cheapest path's where that exceeds the
-   kernel), and the lowest score wins;
-   scores within 3% (at least 0.25 us) tie, and the tie goes to the cheapest launch (`pick`).
-   A candidate that raises is skipped and recorded with its reason. Inputs are never modified (each
-   implementation allocates fresh outputs).
+   kernel), and the lowest score wins; scores within 3% (at least 0.25 us) tie, and the tie
+   goes to the cheapest launch (`pick`). A candidate that raises is skipped and recorded with
+   its reason. Inputs are never modified (each implementation allocates fresh outputs).
 4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
    heuristic below decides, and its choice is not recorded as tuned (the next call outside
    capture or tracing tunes).
@@ -535,10 +534,9 @@ def _measure(
 ) -> tuple[dict[str, tuple[float, float, float]], dict[str, str]]:
     """Each candidate's (score, device, host) times (`scores`) from, over TUNE_ROUNDS passes, the
     median of each pass's device time (interquartile mean) and the least of its host times
-    (per call over a burst). The passes
-    take the candidates in turn, so that the GPU's clock drift during tuning falls on all of them
-    alike (timed one after the other, 8192^3 GEMMs 5-9% apart were ranked by whichever ran first
-    on a cool GPU)."""
+    (per call over a burst). The passes take the candidates in turn, so that the GPU's clock
+    drift during tuning falls on all of them alike (timed one after the other, 8192^3 GEMMs 5-9%
+    apart were ranked by whichever ran first on a cool GPU)."""
     timer = _timer or cuda_event_timer
     budget = TUNE_BUDGET_MS / len(available) / TUNE_ROUNDS
     runs: dict[str, Callable[[], object]] = {}
@@ -636,12 +634,12 @@ def cuda_event_timer(
 ) -> tuple[float, float]:
     """Microseconds per call (the interquartile mean of the device times; the host time per call
     of a burst of back-to-back calls); `scores` ranks the candidates by them. Device time: CUDA
-    events around the call, each
-    call after an L2 flush and a GPU sleep that outlasts the call's host time (at least
-    _MIN_SLEEP_US, more for a slow launch path: `timing`), so the window holds the kernels only and they
-    start from a cold L2, as `dualk bench` measures and as in a model whose other layers evict
-    this call's operands (timed L2-warm, add 2^20 fp32 and linear_gelu 32x768->3072 fp32 picked
-    kernels that lose once the 4-9 MB operands come from HBM); host time: wall clock per call
+    events around the call, each call after an L2 flush and a GPU sleep that outlasts the call's
+    host time (at least _MIN_SLEEP_US, more for a slow launch path: `timing`), so the window
+    holds the kernels only and they start from a cold L2, as `dualk bench` measures and as in a
+    model whose other layers evict this call's operands (timed L2-warm, add 2^20 fp32 and
+    linear_gelu 32x768->3072 fp32 picked kernels that lose once the 4-9 MB operands come from
+    HBM); host time: wall clock per call
     over 1 to MAX_REPS calls in a row (up to BURST_SHARE of `budget_ms`), without
     synchronising. As many timed calls as fit the rest of `budget_ms` after one probe (1 to
     MAX_REPS)."""

@@ -1,7 +1,8 @@
 """Host-side planning code of the CUDA GEMM family and of the wide fused-MLP kernel, compiled with
 nvcc and run on the CPU (no GPU needed: split_k_plan, gemm_sm90::choose_tiles and
-wide::unfit_reason are arithmetic over the launch arguments and DeviceProps). The GPU tests check the results of these plans; this
-checks the plans themselves, which only the GPU exercised."""
+wide::unfit_reason are arithmetic over the launch arguments and DeviceProps). The GPU tests
+check the results of these plans; this checks the plans themselves, which only the GPU
+exercised."""
 
 import subprocess
 import textwrap
