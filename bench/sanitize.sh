@@ -72,10 +72,10 @@ hopper_mlp = ["tc_silu_tail_b5003", "tc_gelu_row_stride_b4133"]
 # The Hopper GEMM's CTA clusters (B's rows 16 bytes off a sector), 16-bit: pairs (1000^3 on an
 # H100; odd tile-row counts) and 2 x 2 clusters (700x512x1000, batched 3 x 300x264x200,
 # linear_gelu 600x1000->1256).
-pairs = {"matmul": ["sm90_rows_16b_off", "sm90_rows_16b_off_b", "sm90_rows_16b_off_batched",
+clusters = {"matmul": ["sm90_rows_16b_off", "sm90_rows_16b_off_b", "sm90_rows_16b_off_batched",
                     "sm90_pairs_odd_tile_rows"],
          "linear_gelu": ["sm90_rows_16b_off", "sm90_pairs_odd_tile_rows"]}
-pair_ids = [parity(op, c, d) for op, cases in pairs.items() for c in cases for d in ("float16", "bfloat16")]
+cluster_ids = [parity(op, c, d) for op, cases in clusters.items() for c in cases for d in ("float16", "bfloat16")]
 collected = subprocess.run(
     [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
      "tests/test_streams.py"], capture_output=True, text=True,
@@ -88,11 +88,11 @@ ids = []
 if tool == "memcheck":  # every op, dtype and small case; the Hopper MLP cases; streams
     ids += [parity(op, c, d) for op, cases in small.items() for c in cases for d in sorted(names)]
     ids += [parity("fused_mlp", c, d) for c in hopper_mlp for d in sorted(names)]
-    ids += pair_ids
+    ids += cluster_ids
     ids += streams
 elif tool in ("racecheck", "synccheck"):  # the kernels with shared memory and barriers
     # The clusters first: racecheck's budget ran out in session 15 before it reached them.
-    ids += pair_ids
+    ids += cluster_ids
     pick = {
         "matmul": ["odd", "square", "batched", "transposed", "sliced"],
         "linear_gelu": ["odd", "weight_view", "square"],
