@@ -7,6 +7,7 @@ gradient hooks firing through dualk's autograd) with the torch backend."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 
@@ -44,7 +45,9 @@ def _twins(device, dtype):
     return fused, plain
 
 
-def _worker(rank: int, world: int, port: int, use_cuda: bool, backend: str, queue) -> None:
+def _worker(
+    rank: int, world: int, port: int, use_cuda: bool, backend: str, queue, exit_barrier
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # fmt: skip
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
@@ -55,7 +58,13 @@ def _worker(rank: int, world: int, port: int, use_cuda: bool, backend: str, queu
 
         queue.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
+        # DDP's hooks put each wrapper in a reference cycle: collect them now, so that no reducer
+        # (holding the process group and its gloo threads) is left for interpreter shutdown,
+        # where destroying it aborted a CI run ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
+        # And no rank exits (closing its sockets) while a peer is still tearing its group down.
+        exit_barrier.wait(timeout=60)
 
 
 def _step(rank: int, use_cuda: bool, backend: str):
@@ -83,8 +92,9 @@ def _step(rank: int, use_cuda: bool, backend: str):
 def _run(world: int, use_cuda: bool, backend: str):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    exit_barrier = ctx.Barrier(world)
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, use_cuda, backend, queue))
+    procs = [ctx.Process(target=_worker, args=(r, world, port, use_cuda, backend, queue, exit_barrier))
              for r in range(world)]  # fmt: skip
     for p in procs:
         p.start()
