@@ -187,10 +187,13 @@ def test_dispatch_overhead_is_small():
     x = torch.randn(16)
     dualk.relu_scale(x, 1.0)
     n = 2000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        dispatch.choose(SPEC, "auto", (x, 1.0))
-    per_call_us = (time.perf_counter() - t0) / n * 1e6
+    rounds_us = []
+    for _ in range(3):  # the least of three: a busy CI host only adds time
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dispatch.choose(SPEC, "auto", (x, 1.0))
+        rounds_us.append((time.perf_counter() - t0) / n * 1e6)
+    per_call_us = min(rounds_us)
     assert per_call_us < 20, f"dispatch took {per_call_us:.1f} us per call"
     assert "DUALK_BACKEND" not in os.environ
 
