@@ -286,10 +286,12 @@ def run_fused_mlp_backward(
     if grad_x is None:
         grad_x = x.new_empty((0,))
     grad_b = [grad_b[i] for i in _bias_layers(n, bias_mask)]
-    if own_outputs:  # an op's outputs may not alias one another
-        grad_w = [_own(g) for g in grad_w]
-        grad_b = [_own(g) for g in grad_b]
-    return _fresh(grad_x), grad_w, grad_b
+    grad_x = _fresh(grad_x)
+    if own_outputs:  # an op's outputs may alias neither its inputs nor one another
+        taken = {t.untyped_storage().data_ptr() for t in (x, *weights, *biases, grad, grad_x)}
+        grad_w = [_own(g, taken) for g in grad_w]
+        grad_b = [_own(g, taken) for g in grad_b]
+    return grad_x, grad_w, grad_b
 
 
 @torch.library.custom_op(f"{LIB}::fused_mlp_backward", mutates_args=())
@@ -309,8 +311,14 @@ def fused_mlp_backward(
     )
 
 
-def _own(t: torch.Tensor) -> torch.Tensor:
-    return t.clone() if t._base is not None else _fresh(t)
+def _own(t: torch.Tensor, taken: set[int]) -> torch.Tensor:
+    """t, or a copy where its storage is already taken (views of the fused kernel's one output
+    buffer). By storage, not t._base: views made under a TorchDispatchMode (opcheck's
+    SchemaCheckMode) have no _base."""
+    key = t.untyped_storage().data_ptr()
+    t = t.clone() if key in taken else _fresh(t)
+    taken.add(t.untyped_storage().data_ptr())
+    return t
 
 
 @fused_mlp_backward.register_fake
