@@ -162,7 +162,7 @@ class _InferencePlan:
     backend that ran and a launcher bound to the weights, and later calls check only what can
     change between calls:
       - x: a plain contiguous 2-dim tensor with rows, of the weights' dtype, device and width;
-      - the parameters: the same objects, storage (data_ptr) and shapes as when planned
+      - the parameters: the same objects, storage (data_ptr), shapes and dtypes as when planned
         (a replaced parameter, .to()/.half() and .data assignments change one of them; in-place
         updates, as optimizers and load_state_dict do, keep the plan valid);
       - the decision: the module's backend, or for "auto" no override now
@@ -191,13 +191,14 @@ class _InferencePlan:
 
     @staticmethod
     def _ptrs(weights, biases) -> tuple:
-        """The parameters as planned: each one's identity, storage and shape (a replaced
-        parameter, .to()/.half() and a .data assignment change one of them)."""
+        """The parameters as planned: each one's identity, storage, shape and dtype (a replaced
+        parameter, .to()/.half() and a .data assignment change one of them; the dtype too, since
+        a .data assignment can give a parameter another dtype at the address it had)."""
         out: list = []
         for t in weights:
-            out += (id(t), t.data_ptr(), t.shape)
+            out += (id(t), t.data_ptr(), t.shape, t.dtype)
         for b in biases:
-            out += (None,) if b is None else (id(b), b.data_ptr(), b.shape)
+            out += (None,) if b is None else (id(b), b.data_ptr(), b.shape, b.dtype)
         return tuple(out)
 
     @staticmethod
@@ -250,7 +251,8 @@ class _InferencePlan:
         ptrs = cls._ptrs(weights, biases)
         plan = module.__dict__.get("_plan")
         gen = autotune.generation()
-        # (dtype and device follow from ptrs: the full call checked x against these weights)
+        # (dtype and device follow from ptrs, dtypes included: the full call checked x against
+        # these weights)
         if plan is None or plan.ptrs != ptrs or plan.backend != backend or plan.generation != gen:
             plan = _InferencePlan(ptrs, x.dtype, x.device, x.shape[1], backend, gen)
             module.__dict__["_plan"] = plan

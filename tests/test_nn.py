@@ -383,6 +383,16 @@ def test_inference_plan_follows_parameter_changes(monkeypatch):
         m.layers[1].bias.data = torch.randn(8, device=DEVICE)  # new storage, same object
         assert torch.allclose(m(x), m.to_sequential()(x), atol=1e-5, rtol=1e-5)
         assert len(calls) == 3
+        # Another dtype at the same address (a .data assignment of a reinterpreting view): the
+        # dtype check of the full call, never the plan's launcher on reinterpreted bytes.
+        buf = torch.randn(8 * 32, device=DEVICE)
+        m.layers[1].weight.data = buf.view(8, 32)
+        m(x)
+        assert len(calls) == 4
+        m.layers[1].weight.data = buf.view(torch.bfloat16)[: 8 * 32].view(8, 32)
+        with pytest.raises(TypeError, match="dtype"):
+            m(x)
+        m.layers[1].weight.data = buf.view(8, 32)
         m.to(torch.bfloat16)  # new dtype: a float32 x is an error again, never a silent answer
         with pytest.raises(TypeError, match="dtype"):
             m(x)
