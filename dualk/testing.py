@@ -101,23 +101,35 @@ def judge(
     if ref.numel() == 0:
         return Verdict(True, 0.0, 0.0, "empty")
     out64 = out.double()
-    err = (out64 - ref).abs()
+    # NaN, +inf and -inf must stand where the reference rounded to the output dtype has them
+    # (a NaN or -inf for +inf is wrong; a sum past the dtype's range is inf); the error is
+    # measured where both are finite.
+    rounded = ref.to(like.dtype).double()
+    class_bad = (
+        (out64.isnan() != rounded.isnan())
+        | (out64.isposinf() != rounded.isposinf())
+        | (out64.isneginf() != rounded.isneginf())
+    )
+    ref_finite = rounded.isfinite()
+    err = torch.where(ref_finite & out64.isfinite(), (out64 - ref).abs(), 0.0)
     max_err = err.max().item()
-    scale = ref.abs().max().item()
+    scale = ref.abs().masked_fill(~ref_finite, 0.0).max().item()
     rel = max_err / scale if scale > 0 else max_err
-    finite_ok = bool((out64.isfinite() == ref.isfinite()).all())
+    finite_ok = not bool(class_bad.any())
     if spec.judged_by == "elementwise":
         atol, rtol = ELEMENTWISE_TOLERANCE[like.dtype]
-        allowed = atol + rtol * ref.abs()
-        bad = (err > allowed) | ~(out64.isfinite() == ref.isfinite())
+        allowed = atol + rtol * ref.abs().masked_fill(~ref_finite, 0.0)
+        bad = (err > allowed) | class_bad
         if bad.any():
+            excess = (err - allowed).masked_fill(class_bad, float("inf")).masked_fill(~bad, -1)
             return Verdict(False, max_err, rel,
                            f"{int(bad.sum())} of {ref.numel()} elements outside atol={atol}, rtol={rtol}: "
-                           + _worst(out64, ref, (err - allowed).masked_fill(~bad, -1)))  # fmt: skip
+                           + _worst(out64, ref, excess))  # fmt: skip
         return Verdict(True, max_err, rel, "ok")
     # GEMM family: compare with PyTorch's own error in the same dtype.
-    torch_out = _low_precision_reference(spec, sample).to(ref.device)
-    torch_err = (torch_out - ref).abs().max().item()
+    torch_out = _low_precision_reference(spec, sample).to(ref.device).double()
+    both_finite = ref_finite & torch_out.isfinite()
+    torch_err = torch.where(both_finite, (torch_out - ref).abs(), 0.0).max().item()
     # The floor: one ulp of the largest reference value, four for fp32. In fp16/bf16 the final
     # rounding dominates everyone's error, so PyTorch's max error is a stable yardstick. In fp32
     # the summation order dominates, and over a handful of outputs (batch 1, 10 features)
@@ -125,7 +137,11 @@ def judge(
     # kernels at 3-4x it (6.5e-8 vs 1.6e-8 on 0.13-sized outputs). Four fp32 ulps (5e-7
     # relative) still fail any real bug by orders of magnitude.
     budget = gemm_error_budget(like.dtype, torch_err, scale)
-    if not finite_ok or not max_err <= budget:
+    if not finite_ok:
+        return Verdict(False, max_err, rel,
+                       f"{int(class_bad.sum())} of {ref.numel()} elements NaN or infinite where the reference is not (or the other way): "
+                       + _worst(out64, ref, class_bad.double()))  # fmt: skip
+    if not max_err <= budget:
         return Verdict(False, max_err, rel,
                        f"max error {max_err:.3g} exceeds 2 x PyTorch's {torch_err:.3g} + {budget - 2.0 * torch_err:.3g}: "
                        + _worst(out64, ref, err))  # fmt: skip
