@@ -74,6 +74,8 @@ def test_inf_input_stays_out_of_padded_columns(backend, dtype, hidden):
     out = dualk.fused_mlp(x, weights, biases, backend=backend)
     assert torch.isfinite(expected).all()
     assert torch.isfinite(out).all(), f"{backend}/{dtype}: {out}"
+    verdict = judge(OPS["fused_mlp"], Sample((x, weights, biases), {}, "inf"), out)
+    assert verdict.ok, f"{backend}/{dtype}: {verdict.message}"
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
