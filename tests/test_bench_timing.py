@@ -4,6 +4,7 @@ timed as kernel time."""
 
 import contextlib
 import time
+import types
 
 import pytest
 import torch
@@ -108,6 +109,11 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", sleep)
     monkeypatch.setattr(autotune, "_l2_flush_buffer", Flush)
+    # The host clock follows the fake GPU clock: the call counts below follow from the probe's
+    # host time, which a busy CI host's real clock would vary.
+    monkeypatch.setattr(
+        autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0] / 1e3)
+    )
     # The sleep as sized for a fast launch (the real host time of kernel() would vary it)
     monkeypatch.setattr(dualk.timing, "sleep_cycles", lambda host_us, at_least_us=0.0: int(at_least_us * dualk.timing.CYCLES_PER_US))  # fmt: skip
     device_us, host_us = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
