@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +18,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WIDTHS = (24, 32, 32, 8)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _twins(device, dtype):
@@ -46,11 +41,14 @@ def _twins(device, dtype):
 
 
 def _worker(
-    rank: int, world: int, port: int, use_cuda: bool, backend: str, queue, exit_barrier
+    rank: int, world: int, store: str, use_cuda: bool, backend: str, queue, exit_barrier
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
-                      TORCH_SYMM_MEM_DISABLE_MULTICAST="1")  # fmt: skip
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    # A file store (no port to race for) and a timeout well inside the parent's wait.
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", init_method=f"file://{store}", rank=rank,
+        world_size=world, timeout=timedelta(seconds=90),
+    )  # fmt: skip
     try:
         queue.put((rank, _step(rank, use_cuda, backend)))
     except Exception as exc:  # the parent reports it instead of waiting for a result
@@ -89,21 +87,30 @@ def _step(rank: int, use_cuda: bool, backend: str):
     return results
 
 
-def _run(world: int, use_cuda: bool, backend: str):
+def _run(world: int, use_cuda: bool, backend: str, tmp: Path):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     exit_barrier = ctx.Barrier(world)
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, use_cuda, backend, queue, exit_barrier))
+    store = str(tmp / "store")
+    # Daemons, terminated on the way out: a rank stuck in a collective after its peer failed
+    # must not hold pytest at exit.
+    procs = [ctx.Process(target=_worker, args=(r, world, store, use_cuda, backend, queue, exit_barrier),
+                         daemon=True)
              for r in range(world)]  # fmt: skip
-    for p in procs:
-        p.start()
-    out = [queue.get(timeout=120) for _ in procs]
-    errors = [r for _, r in out if isinstance(r, str)]
-    assert not errors, errors[0]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.start()
+        out = [queue.get(timeout=180) for _ in procs]
+        errors = [r for _, r in out if isinstance(r, str)]
+        assert not errors, errors[0]
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
     return out
 
 
@@ -123,8 +130,8 @@ def _check(results) -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_ddp_on_cpu_gloo():
-    _check(_run(2, use_cuda=False, backend="torch"))
+def test_ddp_on_cpu_gloo(tmp_path):
+    _check(_run(2, use_cuda=False, backend="torch", tmp=tmp_path))
 
 
 @pytest.mark.skipif(
@@ -132,5 +139,5 @@ def test_ddp_on_cpu_gloo():
     reason=f"DDP over NCCL needs >= 2 GPUs; this machine has {torch.cuda.device_count()}",
 )
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
-def test_ddp_on_gpus_nccl(backend):
-    _check(_run(torch.cuda.device_count(), use_cuda=True, backend=backend))
+def test_ddp_on_gpus_nccl(backend, tmp_path):
+    _check(_run(torch.cuda.device_count(), use_cuda=True, backend=backend, tmp=tmp_path))
