@@ -1,6 +1,7 @@
 """A regular (non-editable) install carries cuda_src/ and triton_src/ inside the package, so JIT
 builds and Triton imports work from site-packages."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -9,13 +10,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _clean_copy(dest: Path) -> Path:
+    """The project's files without build leftovers: a stale build/ or *.egg-info in the checkout
+    would carry files into the wheel that package-data no longer names."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode == 0 and listed.stdout:
+        for name in listed.stdout.decode().split("\0"):
+            if name and (ROOT / name).is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, dest / name)
+    else:  # not a git checkout (an sdist): everything but build outputs and caches
+        shutil.copytree(ROOT, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            "build", "*.egg-info", ".venv", ".git", "__pycache__", ".hypothesis"))  # fmt: skip
+    return dest
+
+
 def test_wheel_carries_kernel_sources(tmp_path):
+    source = _clean_copy(tmp_path / "src")
+    wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
+         "-w", str(wheels), str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    (wheel,) = tmp_path.glob("dualk-*.whl")
+    (wheel,) = wheels.glob("dualk-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for src in sorted((ROOT / "cuda_src").glob("*")):
         if src.suffix in (".cu", ".cuh", ".h", ".cpp"):
