@@ -9,8 +9,8 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if not HAS_CUDA:  # set, not defaulted: an inherited TRITON_INTERPRET=0 would skip every Triton test
+    os.environ["TRITON_INTERPRET"] = "1"
 os.environ["DUALK_POISON"] = "1"
 
 
