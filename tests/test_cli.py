@@ -375,26 +375,31 @@ def test_report_prints_the_table_and_gates(runner, tmp_path):
 
 
 def test_report_writes_markdown_with_plot_link(runner, tmp_path):
-    pytest.importorskip("matplotlib")
+    """The markdown report (always; CI has no matplotlib), then with --plot its image and link."""
     results = tmp_path / "bench" / "results"
     results.mkdir(parents=True)
     src = save(fake_report(triton_ok=False), results / "h100.json")
     md, png = tmp_path / "BENCHMARKS.md", results / "h100.png"
-    result = invoke(runner, "report", str(src), "--markdown", str(md), "--plot", str(png))
+    result = invoke(runner, "report", str(src), "--markdown", str(md))
     assert result.exit_code == 0, result.output
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = md.read_text()
     assert (
         "do not edit by hand" in text
         and "[`bench/results/h100.json`](bench/results/h100.json)" in text
     )
-    assert "![speedup vs eager PyTorch](bench/results/h100.png)" in text
     assert "NVIDIA H100" in text and "copy 3000 GB/s" in text and "### matmul" in text
     assert (
         "| time (us) | IQR (us) | TFLOP/s | GB/s | roofline % | x eager | rel err | check |" in text
     )
     assert "**dualk:cuda** \\*" in text  # the fastest correct row
     assert "**FAIL**" in text and "## Failures" in text
+    assert "![speedup" not in text  # no plot asked for
+
+    pytest.importorskip("matplotlib")
+    result = invoke(runner, "report", str(src), "--markdown", str(md), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![speedup vs eager PyTorch](bench/results/h100.png)" in md.read_text()
 
 
 def test_plot_without_matplotlib_says_how_to_install(runner, tmp_path, monkeypatch):
