@@ -14,6 +14,7 @@ from conftest import DEVICE, HAS_CUDA
 import dualk
 from dualk.backends import unavailable_reason
 from dualk.registry import DTYPES, OPS, Sample, mlp_parameters, randn
+from dualk.testing import judge
 
 BACKENDS = ("cuda", "triton", "torch")
 
@@ -466,3 +467,91 @@ def test_elementwise_outputs_are_contiguous_on_every_route(backend, grad):
     ):
         assert out.is_contiguous() and out.view(-1).numel() == 30
         torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "auto"])
+def test_fused_mlp_without_biases(backend):
+    """biases=None (README: "biases=None for none at all") is an MLP of bias-free nn.Linears:
+    the same output and the same gradients as that nn.Sequential."""
+    if backend != "auto":
+        _skip_unavailable(backend)
+    torch.manual_seed(11)
+    linears = [torch.nn.Linear(i, o, bias=False, device=DEVICE) for i, o in ((12, 20), (20, 6))]
+    model = torch.nn.Sequential(linears[0], torch.nn.SiLU(), linears[1])
+    x = torch.randn(9, 12, device=DEVICE)
+    weights = [lin.weight for lin in linears]
+    out = dualk.fused_mlp(x, weights, None, activation="silu", backend=backend)
+    verdict = judge(
+        OPS["fused_mlp"], Sample((x, weights, [None, None]), {"activation": "silu"}, "nobias"), out
+    )
+    assert verdict.ok, verdict.message
+    expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    weight = torch.randn(out.shape, device=DEVICE)
+    grads = torch.autograd.grad((out * weight).sum(), weights)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), weights)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass with no behaviour of its own (README: ops take tensor subclasses)."""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tensor_subclass_inputs(backend):
+    """A plain tensor subclass goes through the registered op: the subclass comes back, with the
+    values of the same call on plain tensors."""
+    _skip_unavailable(backend)
+    torch.manual_seed(12)
+    lin = torch.nn.Linear(8, 5, device=DEVICE)
+    x = torch.randn(6, 8, device=DEVICE)
+    tagged = x.as_subclass(_Tagged)
+    calls = {
+        "add": lambda t: dualk.add(t, x, alpha=0.5, backend=backend),
+        "relu_scale": lambda t: dualk.relu_scale(t, 1.5, backend=backend),
+        "matmul": lambda t: dualk.matmul(t, x.t().contiguous(), backend=backend),
+        "linear_gelu": lambda t: dualk.linear_gelu(t, lin.weight, lin.bias, backend=backend),
+        "fused_mlp": lambda t: dualk.fused_mlp(t, [lin.weight], [lin.bias], backend=backend),
+    }
+    assert set(calls) == set(OPS)
+    for op, call in calls.items():
+        out = call(tagged)
+        assert type(out) is _Tagged, op
+        assert torch.equal(out.as_subclass(torch.Tensor), call(x)), op
+
+
+def test_explain_runs_nothing():
+    """dualk.explain answers without running anything (README: "runs nothing"): no tensor op at
+    all, not even an allocation, whatever backend is asked for, and for auto on a class not
+    tuned yet (on a GPU it would otherwise be timed)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 8, device=DEVICE)
+    lin = torch.nn.Linear(8, 5, device=DEVICE)
+    calls = {
+        "add": (x, x),
+        "relu_scale": (x, 2.0),
+        "matmul": (x, x.t()),
+        "linear_gelu": (x, lin.weight, lin.bias),
+        "fused_mlp": (x, [lin.weight], [lin.bias]),
+    }
+    assert set(calls) == set(OPS)
+    with Recorder() as control:
+        dualk.add(x, x, backend="torch")
+    assert control.ops, "the recorder sees the ops a call runs"
+    for op, args in calls.items():
+        for backend in ("auto", *BACKENDS):
+            with Recorder() as recorder:
+                text = str(dualk.explain(op, *args, backend=backend))
+            assert "runs on" in text, (op, backend)
+            assert recorder.ops == [], (op, backend, recorder.ops)
