@@ -51,14 +51,26 @@ def same_pair(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
             )
 
 
+_INT_LIMIT = 2**1023  # ints below it in magnitude convert to a finite float
+
+
 def real_number(op: str, name: str, value: object) -> float:
-    if type(value) is float or type(value) is int:  # the common case, without the ABC check
+    """value as a Python float (the kernels take it as fp32: beyond fp32's range it is inf)."""
+    if type(value) is float:  # the common cases, without the ABC check
+        return value
+    if type(value) is int and -_INT_LIMIT < value < _INT_LIMIT:
         return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidTypeError(
             f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int or Fraction beyond any float
+        raise InvalidArgumentError(
+            f"dualk.{op}: '{name}' must be a real number within float range, got one of "
+            f"{len(str(abs(int(value))))} digits"
+        ) from None
 
 
 def ndim_at_least(op: str, name: str, t: torch.Tensor, n: int) -> None:

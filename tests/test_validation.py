@@ -493,3 +493,21 @@ def test_judge_tells_nan_and_each_infinity_apart():
     assert right[0].isposinf().all() and judge(OPS["matmul"], gemm, right, ref).ok
     for bad in (right.clone().fill_(nan), torch.where(right.isinf(), -inf, right)):
         assert not judge(OPS["matmul"], gemm, bad, ref).ok
+
+
+@pytest.mark.parametrize("op", ["add", "relu_scale"])
+def test_scalar_beyond_any_float_is_an_error_naming_it(op):
+    """An int too large for a float (10^400) is a dualk error naming the scalar, not a bare
+    OverflowError; ints within range are taken as they are."""
+    x = torch.randn(4, device=DEVICE)
+    name = "alpha" if op == "add" else "scale"
+    call = (
+        (lambda s: dualk.add(x, x, alpha=s)) if op == "add" else (lambda s: dualk.relu_scale(x, s))
+    )
+    for huge in (10**400, -(10**400)):
+        with pytest.raises(
+            InvalidArgumentError, match=f"'{name}' must be a real number within float range"
+        ):
+            call(huge)
+    expected = x + 3 * x if op == "add" else torch.relu(x) * 3
+    torch.testing.assert_close(call(3), expected)
