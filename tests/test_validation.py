@@ -112,6 +112,7 @@ from dualk.errors import (  # noqa: E402
     InvalidArgumentError,
     InvalidTypeError,
     ShapeError,
+    UnknownBackendError,
 )
 from dualk.registry import OPS, Sample  # noqa: E402
 from dualk.testing import clone_inputs, float64_reference, inputs_unchanged, judge  # noqa: E402
@@ -511,3 +512,26 @@ def test_scalar_beyond_any_float_is_an_error_naming_it(op):
             call(huge)
     expected = x + 3 * x if op == "add" else torch.relu(x) * 3
     torch.testing.assert_close(call(3), expected)
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass: its calls take the registered op, whose schema check would not name
+    the argument."""
+
+
+def test_subclass_calls_get_the_same_errors():
+    """Tensor-subclass calls with a bad non-tensor argument raise the dualk error a plain call
+    raises, naming the argument (not the custom op's schema message)."""
+    x = torch.randn(3, 4, device=DEVICE).as_subclass(_Subclass)
+    w = torch.randn(5, 4, device=DEVICE)
+    cases = [
+        (lambda: dualk.add(x, 1.0), InvalidTypeError, "'b'"),
+        (lambda: dualk.add(x, x, backend=None), UnknownBackendError, "backend"),
+        (lambda: dualk.relu_scale(x, "2"), InvalidTypeError, "'scale'"),
+        (lambda: dualk.matmul(x, 3), InvalidTypeError, "'b'"),
+        (lambda: dualk.linear_gelu(x, w, 0.5), InvalidTypeError, "'bias'"),
+        (lambda: dualk.fused_mlp(x, [w.as_subclass(_Subclass), None]), InvalidTypeError, r"'weights\[1\]'"),
+    ]  # fmt: skip
+    for call, error, name in cases:
+        with pytest.raises(error, match=name):
+            call()
