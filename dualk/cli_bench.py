@@ -112,6 +112,9 @@ def bench(
     common.check_shapes(ops, shapes)
     backends = backends or ALL_BACKENDS
     old = load(compare_path) if compare_path is not None else None  # a bad file fails now
+    override = _auto_override_note(ops, backends)
+    if override:
+        click.echo(f"note: {override}", err=True)
     if not common.has_gpu():
         _bench_without_gpu(click.get_current_context(), backends)
         return
@@ -150,6 +153,27 @@ def bench(
     if not any(r.kind == "dualk" and r.ok is not None for r in report.rows):
         click.echo("\n!! no dualk backend produced a checked result in this run", err=True)
         sys.exit(1)
+
+
+def _auto_override_note(ops: Sequence[str], backends: Sequence[str]) -> str | None:
+    """What overrides "auto" for the dualk:auto rows (an environment variable, a scope, a
+    default or the config file), said before the run: those rows then time what it names."""
+    if "auto" not in backends:
+        return None
+    from . import dispatch
+    from .errors import DualkError
+
+    forced = []
+    for op in ops:
+        try:
+            name, source = dispatch.requested(OPS[op], "auto")
+        except DualkError as exc:
+            return f"the dualk:auto rows will fail: {exc}"
+        if name != "auto":
+            forced.append(f"{op} -> {name} ({source})")
+    if not forced:
+        return None
+    return "the dualk:auto rows run what an override names, not auto's choice: " + ", ".join(forced)
 
 
 def _bench_without_gpu(ctx: click.Context, backends: Sequence[str]) -> None:

@@ -320,3 +320,17 @@ def test_render_smoke_counts_only_dualk_rows_that_ran():
     assert "2 of 2 dualk checks correct" in text
     assert "1 of 1 PyTorch rows correct" in text
     assert "not run: dualk:auto (1 checks): unavailable: y" in text
+
+
+def test_an_override_of_auto_is_said_before_the_run(runner, monkeypatch):
+    """With DUALK_BACKEND set, the dualk:auto rows time what it names: bench says so up front,
+    naming the variable (and says nothing when no override is set)."""
+    result = invoke(runner, "bench", *FAST, "--backend", "auto")
+    assert "run what an override names" not in result.output
+    monkeypatch.setenv("DUALK_BACKEND", "torch")
+    result = invoke(runner, "bench", *FAST, "--backend", "auto")
+    assert result.exit_code == 0, result.output
+    assert (
+        "note: the dualk:auto rows run what an override names, not auto's choice: add -> torch (DUALK_BACKEND)"
+        in result.output
+    )
