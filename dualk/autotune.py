@@ -69,6 +69,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import threading
 import time
@@ -773,6 +774,13 @@ def cache_dir() -> Path:
     from .backends.cuda import cache_root
 
     return cache_root() / "autotune"
+
+
+# The names cache_file() and the store below give their files: the cache itself, its lock, a
+# file moved aside as corrupt, a write in progress. `dualk cache clear` removes these only.
+CACHE_FILE_NAME = re.compile(
+    r"\.?[a-z0-9.-]+-[0-9a-f]{12}\.json(\.lock|\.corrupt-[0-9-]+|\.\d+\.\d+\.tmp)?"
+)
 
 
 def cache_file(device: torch.device) -> Path:

@@ -148,15 +148,15 @@ def cache_clear(everything: bool) -> None:
     from . import autotune
     from .backends.cuda import cache_root
 
-    removed = []
+    removed, kept = [], []
     directory = autotune.cache_dir()
     if directory.is_dir():
         for path in sorted(directory.iterdir()):
-            if path.is_file() and (
-                path.suffix in (".json", ".lock", ".tmp") or ".corrupt-" in path.name
-            ):
+            if path.is_file() and autotune.CACHE_FILE_NAME.fullmatch(path.name):
                 path.unlink()
                 removed.append(path)
+            else:  # not a name dualk gives its files: someone else's
+                kept.append(path)
     if everything:
         builds = cache_root() / "cuda"
         if builds.is_symlink():  # a link to a shared build cache: the link goes, the builds stay
@@ -168,6 +168,8 @@ def cache_clear(everything: bool) -> None:
     autotune.clear_memory()
     for path in removed:
         click.echo(f"removed {path}")
+    for path in kept:
+        click.echo(f"left {path}: not a dualk cache file")
     if not removed:
         where = directory if not everything else f"{directory} or {cache_root() / 'cuda'}"
         click.echo(f"nothing to remove in {where}")

@@ -881,10 +881,22 @@ def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
 
     builds = tmp_path / "cache" / "cuda" / "0123"
     builds.mkdir(parents=True)
+    # Files whose names dualk does not give its own stay (and are named as left).
+    theirs = [tmp_path / "cache" / "autotune" / n for n in ("other.json", "notes.txt")]
+    for path in theirs:
+        path.write_text("{}")
+    ours = list((tmp_path / "cache" / "autotune").glob("*-*.json"))
+    assert ours and all(autotune.CACHE_FILE_NAME.fullmatch(p.name) for p in ours)
     res = runner.invoke(cli.main, ["cache", "clear"])
     assert res.exit_code == 0, res.output
     assert "removed" in res.output and ".json" in res.output
-    assert cache_files(tmp_path) == [] and builds.is_dir()
+    assert all(
+        path.exists() and f"left {path}: not a dualk cache file" in res.output for path in theirs
+    )
+    assert not any(p.exists() for p in ours) and builds.is_dir()
+    for path in theirs:
+        path.unlink()
+    assert cache_files(tmp_path) == []
     res = runner.invoke(cli.main, ["cache", "clear"])
     assert "nothing to remove" in res.output
     res = runner.invoke(cli.main, ["cache", "clear", "--all"])
