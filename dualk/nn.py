@@ -24,7 +24,7 @@ from torch import nn
 from . import autotune, dispatch, ops
 from .autotune import tf32_allowed as _tf32
 from .dispatch import check_name
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import DtypeError, InvalidArgumentError, InvalidTypeError
 from .registry import OPS
 from .validate import FLOAT_DTYPES
 
@@ -108,6 +108,7 @@ class LinearGELU(nn.Module):
         super().__init__()
         kernel_activation("gelu", approximate)
         _check_bias_flag("LinearGELU", bias)
+        _check_dtype("LinearGELU", dtype)
         # nn.Linear's own constructor: the same init and the same random draws.
         lin = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.in_features, self.out_features = in_features, out_features
@@ -307,6 +308,7 @@ class FusedMLP(nn.Module):
             )
         widths = [int(w) for w in widths]
         _check_bias_flag("FusedMLP", bias)
+        _check_dtype("FusedMLP", dtype)
         self._set_options(activation, approximate, backend, "FusedMLP")
         self.layers = nn.ModuleList(
             nn.Linear(i, o, bias=bias, device=device, dtype=dtype)
@@ -511,6 +513,13 @@ def _check_bias_flag(where: str, bias) -> None:
             f"dualk.nn.{where}: bias must be True or False, got {bias!r} (approximate= is a "
             "keyword argument)"
         )
+
+
+def _check_dtype(where: str, dtype) -> None:
+    # Caught here, not at every forward call: a float64 or integer module could never run.
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        raise DtypeError(f"dualk.nn.{where}: dtype must be None or one of {names}, got {dtype}")
 
 
 def _describe(act: tuple[str, str]) -> str:

@@ -531,3 +531,12 @@ def test_fused_mlp_takes_parameter_lists():
     assert torch.equal(out, dualk.fused_mlp(x, list(ws), list(bs)))
     out.sum().backward()
     assert ws[0].grad is not None and bs[1].grad is not None
+
+
+@pytest.mark.parametrize("cls,args", [(FusedMLP, ((4, 8, 2),)), (LinearGELU, (4, 8))])
+def test_modules_refuse_a_dtype_no_kernel_takes(cls, args):
+    """A float64 or integer module could never run a forward: the constructor says so."""
+    for dtype in (torch.float64, torch.int32):
+        with pytest.raises(dualk.DtypeError, match="dtype must be None or one of float32"):
+            cls(*args, dtype=dtype)
+    assert next(cls(*args, dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
