@@ -158,8 +158,13 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     """What choose() would do for these arguments, and why (runs no kernel)."""
     like = _first_tensor(args)
     name, source = requested(spec, backend)
-    availability = dict(auto_candidates(spec, like.device, like.dtype))
     notes: list[str] = []
+    if name == "auto":
+        availability = dict(auto_candidates(spec, like.device, like.dtype))
+    else:  # a named backend: whether each one could run if named (auto's own rules aside)
+        availability = {b: unavailable_reason(b, like.device) for b in spec.auto_order}
+        if source == "config":
+            notes.append(f"named in the config file {config.loaded_from()}")
     if name == "auto":
         info = autotune.explain(spec, args, tune=False)  # explain runs no kernel
         chosen = info["backend"]
@@ -180,7 +185,6 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
             notes.append(f"rule: {info['rule']}")
     else:
         chosen = name
-        availability[name] = unavailable_reason(name, like.device)
     expl = Explanation(spec.name, chosen, source, availability, notes)
     if availability.get(chosen) is not None:
         expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")

@@ -11,6 +11,7 @@ from conftest import DEVICE, HAS_CUDA
 
 import dualk
 from dualk import dispatch
+from dualk.backends import unavailable_reason
 from dualk.errors import BackendUnavailableError, UnknownBackendError
 from dualk.registry import OPS
 
@@ -50,6 +51,22 @@ def test_config_default_key_applies_to_every_op(monkeypatch, tmp_path):
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
     dualk.config.reload()
     assert dispatch.requested(OPS["add"], "auto") == ("torch", "config")
+
+
+def test_explain_names_the_config_file_and_each_named_backends_availability(monkeypatch, tmp_path):
+    """A backend from the config file: explain names the file. A named backend: the others are
+    listed by whether they could run if named, not by auto's rule against the CPU interpreter."""
+    cfg = tmp_path / "dualk.toml"
+    cfg.write_text('[backend]\ndefault = "torch"\n')
+    monkeypatch.setenv("DUALK_CONFIG", str(cfg))
+    dualk.config.reload()
+    x = torch.randn(4, 4, device=DEVICE)
+    expl = dualk.explain("add", x, x)
+    assert expl.source == "config" and any(str(cfg) in n for n in expl.notes), str(expl)
+    named = dualk.explain("add", x, x, backend="torch")
+    assert named.availability["torch"] is None
+    assert named.availability["triton"] == unavailable_reason("triton", x.device)
+    assert "auto does not use" not in str(named)
 
 
 def test_env_is_read_at_call_time(monkeypatch):
