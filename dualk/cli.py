@@ -161,6 +161,13 @@ def build(verbose: bool) -> None:
 
     from .backends import cuda as cuda_backend
 
+    if not _has_gpu():  # nothing was attempted: the build targets the GPU it finds
+        click.echo(
+            f"nothing built: {cuda_backend.NO_DEVICE} (the CUDA backend is built for the "
+            "architecture of the GPU it runs on)",
+            err=True,
+        )
+        sys.exit(1)
     t0 = time.perf_counter()
     try:
         cuda_backend.extension(verbose=verbose)

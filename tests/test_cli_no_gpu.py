@@ -334,3 +334,12 @@ def test_an_override_of_auto_is_said_before_the_run(runner, monkeypatch):
         "note: the dualk:auto rows run what an override names, not auto's choice: add -> torch (DUALK_BACKEND)"
         in result.output
     )
+
+
+def test_build_without_a_gpu_says_nothing_was_built(runner):
+    """`dualk build` on a machine without a GPU attempts nothing and says so (not "build
+    failed"), exit 1."""
+    result = invoke(runner, "build")
+    assert result.exit_code == 1
+    assert "nothing built: no CUDA device is visible" in result.output
+    assert "build failed" not in result.output
