@@ -130,3 +130,31 @@ def test_wide_fused_mlp_cases_take_the_kernel_they_test(case_name, dtype):
     args = (x, weights, biases, activation)
     chosen, rule = autotune.heuristic(OPS["fused_mlp"], args, ["cuda", "triton", "torch"])
     assert chosen == ("cuda" if wide else "torch"), rule
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton", "torch"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_matches_without_poisoning(op, backend):
+    """Users run with outputs unpoisoned (no NaN fill; on a GPU add/relu_scale then allocate and
+    launch in one C++ call): that path gives the float64 reference's answer too, and for the
+    elementwise ops the poisoned path's, bit for bit."""
+    from dualk import _alloc
+
+    spec = OPS[op]
+    reason = unavailable_reason(backend, DEVICE)
+    if reason is not None:
+        pytest.skip(reason)
+    case = next(c for c in spec.cases if not c.gpu_only)
+    sample = case.make(
+        torch.float32, DEVICE, torch.Generator().manual_seed(zlib.crc32(op.encode()))
+    )
+    poisoned = getattr(dualk, op)(*sample.args, **sample.kwargs, backend=backend)
+    _alloc.set_poison(False)
+    try:
+        plain = getattr(dualk, op)(*sample.args, **sample.kwargs, backend=backend)
+    finally:
+        _alloc.set_poison(True)
+    if spec.judged_by == "elementwise":  # (a GEMM's split-K sums may differ in order)
+        assert torch.equal(plain, poisoned)
+    verdict = judge(spec, sample, plain, float64_reference(spec, sample))
+    assert verdict.ok, f"{op} on {backend} without poisoning: {verdict.message}"
