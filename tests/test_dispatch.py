@@ -259,3 +259,30 @@ def test_every_per_operator_table_covers_exactly_the_registry():
     for name in names:  # a public function, a registered op, a custom-op wrapper each
         assert callable(getattr(ops, name)) and hasattr(torch.ops.dualk, name)
         assert callable(getattr(library, f"run_{name}"))
+
+
+def test_default_config_and_cache_locations(monkeypatch, tmp_path):
+    """Without DUALK_CONFIG / DUALK_CACHE_DIR: $XDG_CONFIG_HOME/dualk/config.toml, else
+    ~/.config/dualk/config.toml, is read, and the caches live under $XDG_CACHE_HOME/dualk, else
+    ~/.cache/dualk (README, "Config file" and "Cache files")."""
+    from dualk.backends.cuda import cache_root
+
+    monkeypatch.delenv("DUALK_CONFIG", raising=False)
+    xdg, home = tmp_path / "xdg", tmp_path / "home"
+    for cfg, value in ((xdg / "dualk" / "config.toml", "torch"),
+                       (home / ".config" / "dualk" / "config.toml", "triton")):  # fmt: skip
+        cfg.parent.mkdir(parents=True)
+        cfg.write_text(f'[backend]\nrelu_scale = "{value}"\n')
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    monkeypatch.setenv("HOME", str(home))
+    dualk.config.reload()
+    assert source() == ("torch", "config")
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    dualk.config.reload()
+    assert source() == ("triton", "config")
+
+    monkeypatch.delenv("DUALK_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    assert cache_root() == tmp_path / "xdg-cache" / "dualk"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_root() == home / ".cache" / "dualk"
