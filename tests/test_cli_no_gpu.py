@@ -343,3 +343,12 @@ def test_build_without_a_gpu_says_nothing_was_built(runner):
     assert result.exit_code == 1
     assert "nothing built: no CUDA device is visible" in result.output
     assert "build failed" not in result.output
+
+
+def test_the_interpreters_bfloat16_rounding_is_said_when_it_matters(runner):
+    """Triton's interpreter truncates fp32 to bfloat16: a note says so when Triton's bf16 rows
+    are checked, and not for a float32-only run."""
+    note = "Triton's CPU interpreter rounds fp32 to bfloat16 by truncation"
+    assert note not in invoke(runner, "bench", *FAST).output
+    result = invoke(runner, "bench", "--op", "add", "--dtype", "bfloat16")
+    assert any(note in n for n in notes_before_the_check(result.output)), result.output
