@@ -133,6 +133,11 @@ def report_command(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--update") from None
         updates.append((path, newer.env.get("date", "?"), groups))
+    if markdown_path is not None and results.is_smoke(report):
+        raise click.UsageError(
+            f"--markdown: {json_file} is a CPU smoke check (correctness only): a benchmarks page "
+            "needs a GPU run's timings"
+        )
     if plot_path is not None:
         if results.is_smoke(report):
             raise click.UsageError(

@@ -244,6 +244,10 @@ def test_report_plot_of_a_smoke_check_is_a_usage_error(tmp_path):
     result = invoke(CliRunner(), "report", str(src), "--plot", str(tmp_path / "p.png"))
     assert result.exit_code == 2, result.output
     assert "is a CPU smoke check (correctness only): no timings to plot" in result.output
+    md = tmp_path / "BENCHMARKS.md"
+    result = invoke(CliRunner(), "report", str(src), "--markdown", str(md))
+    assert result.exit_code == 2 and not md.exists(), result.output
+    assert "a benchmarks page needs a GPU run's timings" in result.output
 
 
 # ---------------------------------------------------------------------------- interpreter warnings
