@@ -535,3 +535,20 @@ def test_subclass_calls_get_the_same_errors():
     for call, error, name in cases:
         with pytest.raises(error, match=name):
             call()
+
+
+def test_judge_takes_either_rounding_at_the_edge_of_the_range():
+    """A reference within the allowed error of the dtype's largest value may come out finite or
+    as an infinity of its sign (fp16 65519.9999: 65504 rounded once, inf through fp32); a NaN,
+    the wrong infinity, or inf well inside the range are wrong."""
+    a = torch.tensor([65504.0, 1.0], dtype=torch.float16)
+    b = torch.tensor([1.0, 1.0], dtype=torch.float16)
+    sample = Sample((a, b), {"alpha": 15.9999}, "edge")
+    ref = float64_reference(OPS["add"], sample)
+    inf = float("inf")
+    for ok in ([65504.0, 17.0], [inf, 17.0]):
+        assert judge(OPS["add"], sample, torch.tensor(ok, dtype=torch.float16), ref).ok, ok
+    for wrong in ([-inf, 17.0], [float("nan"), 17.0], [65504.0, inf]):
+        assert not judge(OPS["add"], sample, torch.tensor(wrong, dtype=torch.float16), ref).ok, (
+            wrong
+        )
