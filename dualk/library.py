@@ -312,11 +312,12 @@ def fused_mlp_backward(
 
 
 def _own(t: torch.Tensor, taken: set[int]) -> torch.Tensor:
-    """t, or a copy where its storage is already taken (views of the fused kernel's one output
-    buffer). By storage, not t._base: views made under a TorchDispatchMode (opcheck's
-    SchemaCheckMode) have no _base."""
-    key = t.untyped_storage().data_ptr()
-    t = t.clone() if key in taken else _fresh(t)
+    """t, or a copy where its storage is taken or larger than t (views of the fused kernel's one
+    output buffer: the first kept as a view would pin the whole buffer). By storage, not t._base:
+    views made under a TorchDispatchMode (opcheck's SchemaCheckMode) have no _base."""
+    storage = t.untyped_storage()
+    shared = storage.data_ptr() in taken or storage.nbytes() != t.numel() * t.element_size()
+    t = t.clone() if shared else _fresh(t)
     taken.add(t.untyped_storage().data_ptr())
     return t
 

@@ -69,7 +69,7 @@ def real_number(op: str, name: str, value: object) -> float:
     except OverflowError:  # an int or Fraction beyond any float
         raise InvalidArgumentError(
             f"dualk.{op}: '{name}' must be a real number within float range, got one of "
-            f"{len(str(abs(int(value))))} digits"
+            f"magnitude 2^{int(value).bit_length() - 1} or more"
         ) from None
 
 

@@ -284,8 +284,11 @@ def test_opcheck_fused_mlp_backward(need_x_grad):
         args = (x, weights, present, mask, "gelu", grad, backend, need_x_grad)
         torch.library.opcheck(torch.ops.dualk.fused_mlp_backward.default, args)
         grad_x, grad_w, grad_b = torch.ops.dualk.fused_mlp_backward(*args)
-        storages = [t.untyped_storage().data_ptr() for t in (*grad_w, *grad_b)]
-        assert len(set(storages)) == len(storages), backend
+        storages = [t.untyped_storage() for t in (*grad_w, *grad_b)]
+        assert len({s.data_ptr() for s in storages}) == len(storages), backend
+        # each its own storage, not a view pinning the kernel's whole output buffer
+        for t, storage in zip((*grad_w, *grad_b), storages):
+            assert storage.nbytes() == t.numel() * t.element_size(), backend
         assert grad_x.shape == (x.shape if need_x_grad else (0,))
 
 
