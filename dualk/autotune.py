@@ -776,8 +776,20 @@ def cache_dir() -> Path:
     return cache_root() / "autotune"
 
 
-# The names cache_file() and the store below give their files: the cache itself, its lock, a
-# file moved aside as corrupt, a write in progress. `dualk cache clear` removes these only.
+# The cache's files: the cache itself (cache_file), its lock, one moved aside as corrupt, a write
+# in progress. `dualk cache show` / `clear` know dualk's own files by CACHE_FILE_NAME.
+def _lock_name(name: str) -> str:
+    return f"{name}.lock"
+
+
+def _aside_name(name: str) -> str:
+    return f"{name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _write_name(name: str) -> str:
+    return f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+
+
 CACHE_FILE_NAME = re.compile(
     r"\.?[a-z0-9.-]+-[0-9a-f]{12}\.json(\.lock|\.corrupt-[0-9-]+|\.\d+\.\d+\.tmp)?"
 )
@@ -839,7 +851,7 @@ class _Store:
 
     @property
     def lock_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".lock")
+        return self.path.with_name(_lock_name(self.path.name))
 
     def _parse(self, raw: bytes) -> tuple[dict | None, str | None]:
         """(entries, None) for a valid file, else (None, what is wrong)."""
@@ -877,9 +889,7 @@ class _Store:
                     return self._read(locked=True)
             except OSError:
                 return {}
-        aside = self.path.with_name(
-            f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        )
+        aside = self.path.with_name(_aside_name(self.path.name))
         try:
             os.replace(self.path, aside)
             where = f"moved it to {aside.name}"
@@ -926,9 +936,7 @@ class _Store:
                 merged[section][key] = value
                 self.entries = {sec: dict(table) for sec, table in merged.items()}
                 data = {"schema": SCHEMA, "fingerprint": self.fingerprint, "entries": merged}
-                tmp = self.path.with_name(
-                    f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-                )
+                tmp = self.path.with_name(_write_name(self.path.name))
                 try:
                     with open(tmp, "w") as f:
                         json.dump(data, f, indent=1, sort_keys=True)

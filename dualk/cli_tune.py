@@ -101,8 +101,10 @@ def cache_show() -> None:
     fp = autotune.fingerprint(device)
     click.echo("  fingerprint: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
     paths = sorted(directory.iterdir()) if directory.is_dir() else []
-    files = [p for p in paths if p.suffix == ".json" and p.is_file()]
-    set_aside = [p for p in paths if ".corrupt-" in p.name]
+    ours = [p for p in paths if p.is_file() and autotune.CACHE_FILE_NAME.fullmatch(p.name)]
+    files = [p for p in ours if p.suffix == ".json"]
+    set_aside = [p for p in ours if ".corrupt-" in p.name]
+    others = [p for p in paths if p not in ours]
     if not files:
         click.echo("no cache files yet")
     for path in files:
@@ -137,6 +139,8 @@ def cache_show() -> None:
                 click.echo("    " + line)
     for path in set_aside:
         click.echo(f"\nset aside (unusable): {path.name}")
+    for path in others:  # `cache clear` leaves these too
+        click.echo(f"\nnot a dualk cache file: {path.name}")
 
 
 @cache.command("clear")

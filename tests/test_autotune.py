@@ -887,6 +887,8 @@ def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
         path.write_text("{}")
     ours = list((tmp_path / "cache" / "autotune").glob("*-*.json"))
     assert ours and all(autotune.CACHE_FILE_NAME.fullmatch(p.name) for p in ours)
+    res = runner.invoke(cli.main, ["cache", "show"])
+    assert all(f"not a dualk cache file: {path.name}" in res.output for path in theirs)
     res = runner.invoke(cli.main, ["cache", "clear"])
     assert res.exit_code == 0, res.output
     assert "removed" in res.output and ".json" in res.output
@@ -957,3 +959,15 @@ def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
         autotune._timing_blocked()  # once per value
     monkeypatch.setenv("DUALK_AUTOTUNE", "off")
     assert autotune._timing_blocked() == "DUALK_AUTOTUNE=0"
+
+
+def test_cache_file_name_matches_every_name_dualk_writes():
+    """`dualk cache clear` removes what CACHE_FILE_NAME matches: every name the store writes, for
+    GPU names as cache_file() spells them, and nothing else."""
+    for label in ("nvidia-h100-80gb-hbm3-cc9.0-132sm", "nvidia-h200-cc9.0-132sm", "cpu"):
+        name = f"{label}-0123456789ab.json"
+        for written in (name, autotune._lock_name(name), autotune._aside_name(name),
+                        autotune._write_name(name)):  # fmt: skip
+            assert autotune.CACHE_FILE_NAME.fullmatch(written), written
+    for other in ("other.json", "notes.txt", "x-0123456789ab.json.bak", "x-0123456789ab.jsonl"):
+        assert not autotune.CACHE_FILE_NAME.fullmatch(other), other
