@@ -26,7 +26,7 @@ from .autotune import tf32_allowed as _tf32
 from .dispatch import check_name
 from .errors import DtypeError, InvalidArgumentError, InvalidTypeError
 from .registry import OPS
-from .validate import DTYPE_NAMES, FLOAT_DTYPES
+from .validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
 
 GELU_APPROXIMATIONS = ("tanh", "none")
 MODULE_ACTIVATIONS = ("relu", "gelu", "silu", "none")
@@ -519,7 +519,7 @@ def _check_dtype(where: str, dtype) -> None:
     # Caught here, not at every forward call: a float64 or integer module could never run.
     # (from_sequential / from_linears take float64 layers: a model may be converted after.)
     if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise DtypeError(f"dualk.nn.{where}: dtype must be None, {DTYPE_NAMES}, got {dtype}")
+        raise DtypeError(f"dualk.nn.{where}: dtype must be None, {FLOAT_DTYPES_TEXT}, got {dtype}")
 
 
 def _describe(act: tuple[str, str]) -> str:

@@ -12,7 +12,7 @@ import torch
 from .errors import DeviceMismatchError, DtypeError, InvalidArgumentError, InvalidTypeError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-DTYPE_NAMES = "float32, float16 or bfloat16"
+FLOAT_DTYPES_TEXT = "float32, float16 or bfloat16"
 
 
 def tensor(op: str, name: str, value: object) -> torch.Tensor:
@@ -22,7 +22,7 @@ def tensor(op: str, name: str, value: object) -> torch.Tensor:
         raise InvalidTypeError(
             f"dualk.{op}: '{name}' must be a torch.Tensor, got {type(value).__name__}"
         )
-    raise DtypeError(f"dualk.{op}: '{name}' has dtype {value.dtype}; expected {DTYPE_NAMES}")
+    raise DtypeError(f"dualk.{op}: '{name}' has dtype {value.dtype}; expected {FLOAT_DTYPES_TEXT}")
 
 
 def same_dtype_and_device(op: str, named: dict[str, torch.Tensor | None]) -> None:
