@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
+from queue import Empty
 
 import pytest
 import torch
@@ -44,12 +46,12 @@ def _worker(
     rank: int, world: int, store: str, use_cuda: bool, backend: str, queue, exit_barrier
 ) -> None:
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    # A file store (no port to race for) and a timeout well inside the parent's wait.
-    dist.init_process_group(
-        "nccl" if use_cuda else "gloo", init_method=f"file://{store}", rank=rank,
-        world_size=world, timeout=timedelta(seconds=90),
-    )  # fmt: skip
     try:
+        # A file store (no port to race for) and a timeout well inside the parent's wait.
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo", init_method=f"file://{store}", rank=rank,
+            world_size=world, timeout=timedelta(seconds=90),
+        )  # fmt: skip
         queue.put((rank, _step(rank, use_cuda, backend)))
     except Exception as exc:  # the parent reports it instead of waiting for a result
         import traceback
@@ -60,7 +62,8 @@ def _worker(
         # (holding the process group and its gloo threads) is left for interpreter shutdown,
         # where destroying it aborted a CI run ("terminate called without an active exception").
         gc.collect()
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         # And no rank exits (closing its sockets) while a peer is still tearing its group down.
         exit_barrier.wait(timeout=60)
 
@@ -100,7 +103,7 @@ def _run(world: int, use_cuda: bool, backend: str, tmp: Path):
     try:
         for p in procs:
             p.start()
-        out = [queue.get(timeout=180) for _ in procs]
+        out = [_next_result(queue, procs) for _ in procs]
         errors = [r for _, r in out if isinstance(r, str)]
         assert not errors, errors[0]
         for p in procs:
@@ -112,6 +115,19 @@ def _run(world: int, use_cuda: bool, backend: str, tmp: Path):
                 p.terminate()
                 p.join(timeout=10)
     return out
+
+
+def _next_result(queue, procs, timeout_s: float = 180.0):
+    """The next worker's result; fails at once, with the exit codes, when a worker died without
+    sending one (a crash), instead of waiting out the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=1.0)
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a worker died without a result (exit codes {dead})"
+    raise AssertionError(f"no result from the workers within {timeout_s:.0f} s")
 
 
 def _check(results) -> None:
