@@ -133,16 +133,14 @@ def report_command(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--update") from None
         updates.append((path, newer.env.get("date", "?"), groups))
-    if markdown_path is not None and results.is_smoke(report):
-        raise click.UsageError(
-            f"--markdown: {json_file} is a CPU smoke check (correctness only): a benchmarks page "
-            "needs a GPU run's timings"
-        )
+    if results.is_smoke(report):
+        for option, path, why in (("--markdown", markdown_path, "a benchmarks page needs a GPU run's timings"),
+                                  ("--plot", plot_path, "no timings to plot")):  # fmt: skip
+            if path is not None:
+                raise click.UsageError(
+                    f"{option}: {json_file} is a CPU smoke check (correctness only): {why}"
+                )
     if plot_path is not None:
-        if results.is_smoke(report):
-            raise click.UsageError(
-                f"--plot: {json_file} is a CPU smoke check (correctness only): no timings to plot"
-            )
         try:
             require_matplotlib()
         except PlotUnavailableError as exc:

@@ -161,11 +161,6 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     notes: list[str] = []
     if name == "auto":
         availability = dict(auto_candidates(spec, like.device, like.dtype))
-    else:  # a named backend: whether each one could run if named (auto's own rules aside)
-        availability = {b: unavailable_reason(b, like.device) for b in spec.auto_order}
-        if source == "config":
-            notes.append(f"named in the config file {config.loaded_from()}")
-    if name == "auto":
         info = autotune.explain(spec, args, tune=False)  # explain runs no kernel
         chosen = info["backend"]
         source = f"auto, {info['source']}"
@@ -183,8 +178,11 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
             notes.append(f"measured: {times}")
         if info.get("rule"):
             notes.append(f"rule: {info['rule']}")
-    else:
+    else:  # a named backend: whether each one could run if named (auto's own rules aside)
         chosen = name
+        availability = {b: unavailable_reason(b, like.device) for b in spec.backends}
+        if source == "config":
+            notes.append(f"named in the config file {config.loaded_from()}")
     expl = Explanation(spec.name, chosen, source, availability, notes)
     if availability.get(chosen) is not None:
         expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")

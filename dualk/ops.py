@@ -89,6 +89,14 @@ def _reference_under_transform(spec, backend):
     return spec.reference
 
 
+def _check_before_op(backend, check, *args) -> None:
+    """Before a registered op (a subclass's route) outside tracing: the direct route's checks and
+    messages, which name the argument (the op's schema check would not)."""
+    if not _is_compiling():
+        check(*args)
+        dispatch.check_name(backend, "the backend= argument")
+
+
 def _recorded(*tensors) -> bool:
     """The call needs autograd and may take the eager autograd.Function route (not tracing,
     plain tensors or parameters only): dualk/eager_autograd.py."""
@@ -169,9 +177,7 @@ def add(
     alpha = validate.real_number("add", "alpha", alpha)
     if _recorded(a, b):
         return eager_autograd.apply("add", a, b, alpha, backend)
-    if not _is_compiling():  # the op's schema check would not name the argument
-        _check_add(a, b, alpha)
-        dispatch.check_name(backend, "the backend= argument")
+    _check_before_op(backend, _check_add, a, b, alpha)
     return _dualk.add(a, b, alpha, backend)
 
 
@@ -237,9 +243,7 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
     scale = validate.real_number("relu_scale", "scale", scale)
     if _recorded(x):
         return eager_autograd.apply("relu_scale", x, scale, backend)
-    if not _is_compiling():  # as in add
-        _check_relu_scale(x, scale)
-        dispatch.check_name(backend, "the backend= argument")
+    _check_before_op(backend, _check_relu_scale, x, scale)
     return _dualk.relu_scale(x, scale, backend)
 
 
@@ -277,9 +281,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
         return _run_matmul(a, b, backend)
     if _recorded(a, b):
         return eager_autograd.apply("matmul", a, b, backend)
-    if not _is_compiling():  # as in add
-        _check_matmul(a, b)
-        dispatch.check_name(backend, "the backend= argument")
+    _check_before_op(backend, _check_matmul, a, b)
     return _dualk.matmul(a, b, backend)
 
 
@@ -360,9 +362,7 @@ def linear_gelu(
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
     if _recorded(x, weight, bias):
         return eager_autograd.apply("linear_gelu", x, weight, bias, approximate, backend)
-    if not _is_compiling():  # as in add
-        _check_linear("linear_gelu", x, weight, bias)
-        dispatch.check_name(backend, "the backend= argument")
+    _check_before_op(backend, _check_linear, "linear_gelu", x, weight, bias)
     return _dualk.linear_gelu(x, weight, bias, approximate, backend)
 
 
@@ -468,9 +468,7 @@ def fused_mlp(
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     if _recorded(x, *weights, *biases):
         return eager_autograd.fused_mlp(x, weights, biases, activation, backend)
-    if not _is_compiling():  # as in add
-        _check_mlp(x, weights, biases, activation)
-        dispatch.check_name(backend, "the backend= argument")
+    _check_before_op(backend, _check_mlp, x, weights, biases, activation)
     present, mask = _library_pack_biases(biases)
     return _dualk.fused_mlp(x, weights, present, mask, activation, backend)
 

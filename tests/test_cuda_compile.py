@@ -52,8 +52,8 @@ def compile_report(path: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def reports():
-    # One nvcc per core: more only stretch each file's time toward its timeout on a small host.
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    # One nvcc per usable core: more only stretch each file's time toward its timeout on a small host.
+    with ThreadPoolExecutor(max_workers=max(1, min(4, len(os.sched_getaffinity(0))))) as pool:
         return dict(zip(KERNEL_FILES, pool.map(compile_report, KERNEL_FILES)))
 
 
