@@ -354,3 +354,44 @@ def test_fp32_3xtf32_split(op):
     assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-4)
     assert out[0, :8].isfinite().all()  # FLT_MAX * b + ..., not inf (gelu: x or 0)
     assert (out[0, :8].abs() > 1e37).all() if op == "matmul" else (out[0, :8].amax() > 1e37)
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
+def test_the_tf32_switch_reaches_the_triton_kernels(op, monkeypatch):
+    """PyTorch's TF32 switch (torch.backends.cuda.matmul.allow_tf32, as set_float32_matmul_precision
+    sets it) decides the fp32 kernels' dot: "tf32" when on, exact fp32 when off; either way the
+    answer stays within TF32's error bound (10-bit mantissas: 2^-10 of sum |a_i b_i| per element,
+    the fp32 sum's own error included) of the float64 reference."""
+    if unavailable_reason("triton", DEVICE) is not None:
+        pytest.skip(unavailable_reason("triton", DEVICE))
+    kinds = []
+    real = mm._gemm_launch
+
+    def spy(*args):
+        kinds.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(mm, "_gemm_launch", spy)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 40, generator=gen).to(DEVICE)
+    w = torch.randn(24, 40, generator=gen).to(DEVICE)
+    bias = torch.randn(24, generator=gen).to(DEVICE)
+    if op == "matmul":
+        call = lambda: dualk.matmul(x, w.t(), backend="triton")  # noqa: E731
+        ref, bound_terms = x.double() @ w.t().double(), x.double().abs() @ w.t().double().abs()
+    else:
+        call = lambda: dualk.linear_gelu(x, w, bias, backend="triton")  # noqa: E731
+        z = x.double() @ w.t().double() + bias.double()
+        ref = torch.nn.functional.gelu(z, approximate="tanh")
+        bound_terms = x.double().abs() @ w.t().double().abs() + bias.double().abs()
+    was = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for allowed, kind in ((True, "tf32"), (False, "fp32")):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            kinds.clear()
+            out = call()
+            assert kinds and set(kinds) == {kind}, (allowed, kinds)  # (a GPU tunes configs first)
+            # gelu's slope is at most ~1.13: the bound carries through it
+            assert ((out.double() - ref).abs() <= 2.0**-10 * 1.2 * bound_terms + 1e-6).all()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
