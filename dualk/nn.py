@@ -150,6 +150,7 @@ class LinearGELU(nn.Module):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
+_is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the trace records
 _any_autocast = ops._any_autocast
 _transforms_active = ops._transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
@@ -354,7 +355,11 @@ class FusedMLP(nn.Module):
         # Inference (no gradient to record, not tracing, no autocast, no torch.func transform):
         # the plan from an earlier full call.
         planned = not (
-            _is_grad_enabled() or _is_compiling() or _any_autocast() or _transforms_active()
+            _is_grad_enabled()
+            or _is_compiling()
+            or _any_autocast()
+            or _transforms_active()
+            or _is_tracing()
         )
         if planned:
             plan = self.__dict__.get("_plan")

@@ -51,6 +51,9 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _F64 = torch.float64
 _is_compiling = torch.compiler.is_compiling
+# torch.jit.trace: a direct call's kernel launch would be missing from the trace (its outputs
+# frozen as constants), so traced calls take the registered op, which the trace records.
+_is_tracing = torch._C._is_tracing
 _is_grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
 _F32 = torch.float32
@@ -100,7 +103,7 @@ def _check_before_op(backend, check, *args) -> None:
 def _recorded(*tensors) -> bool:
     """The call needs autograd and may take the eager autograd.Function route (not tracing,
     plain tensors or parameters only): dualk/eager_autograd.py."""
-    if _is_compiling():
+    if _is_compiling() or _is_tracing():
         return False
     for t in tensors:
         cls = type(t)
@@ -114,7 +117,7 @@ def _direct(*tensors) -> bool:
     torch.Tensor or nn.Parameter (fake tensors and other subclasses go through the custom op),
     and no gradient to record. Non-tensors also take the direct route, whose validation names
     them (the custom op's schema check would not)."""
-    if _is_compiling() or _transforms_active():
+    if _is_compiling() or _transforms_active() or _is_tracing():
         return False
     grad = _is_grad_enabled()
     for t in tensors:
@@ -169,6 +172,7 @@ def add(
         and ((cls := type(b)) is _Tensor or cls is Parameter)
         and not (_is_grad_enabled() and (a.requires_grad or b.requires_grad))
         and not _transforms_active()
+        and not _is_tracing()
     ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
     if not _is_compiling() and _transforms_active():
@@ -235,6 +239,7 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
         and ((cls := type(x)) is _Tensor or cls is Parameter)
         and not (_is_grad_enabled() and x.requires_grad)
         and not _transforms_active()
+        and not _is_tracing()
     ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
     if not _is_compiling() and _transforms_active():

@@ -560,3 +560,29 @@ def test_explain_runs_nothing():
             assert "runs on" in text, (op, backend)
             ran = [f for f in recorder.ops if not f.startswith("aten.empty")]
             assert ran == [], (op, backend, ran)
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_jit_trace_records_the_registered_ops(backend):
+    """torch.jit.trace records dualk's registered ops (a direct call's kernel launch would be
+    missing from the trace, its output frozen as a constant): the traced module gives the
+    module's answer on new inputs."""
+    if backend != "auto":
+        _skip_unavailable(backend)
+    import warnings
+
+    from dualk.nn import FusedMLP
+
+    torch.manual_seed(13)
+    mlp = FusedMLP((16, 32, 8), activation="gelu", backend=backend, device=DEVICE)
+    x, y = torch.randn(4, 16, device=DEVICE), torch.randn(4, 16, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks specialise
+        with torch.no_grad():
+            traced = torch.jit.trace(mlp, x)
+        add = torch.jit.trace(lambda a, b: dualk.add(a, b, alpha=2.0, backend=backend), (x, x))
+    assert any(n.kind() == "dualk::fused_mlp" for n in traced.inlined_graph.nodes())
+    assert any(n.kind() == "dualk::add" for n in add.graph.nodes())
+    with torch.no_grad():
+        torch.testing.assert_close(traced(y), mlp(y))
+    torch.testing.assert_close(add(y, x), dualk.add(y, x, alpha=2.0, backend=backend))
