@@ -152,8 +152,12 @@ def fuse(
         _fuse_untraceable(source, ctx, "")
         result = source
     else:
-        _fuse_graph(gm, ctx, "")
-        result = gm
+        if hooks_of(source):  # a GraphModule would drop them: keep the module, fuse its forward
+            _fuse_in_place(source, gm, ctx, "")
+            result = source
+        else:
+            _fuse_graph(gm, ctx, "")
+            result = gm
     result.dualk_fuse_report = rep
     return (result, rep) if report else result
 
@@ -177,7 +181,25 @@ class _Tracer(fx.Tracer):
 def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
-    return fx.GraphModule(tracer.root, graph, type(root).__name__)
+    gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
+    _keep_unreferenced_state(tracer.root, gm)
+    return gm
+
+
+def _keep_unreferenced_state(root: nn.Module, gm: fx.GraphModule) -> None:
+    """A GraphModule copies only the modules its graph calls: state that nothing in the graph
+    refers to (the Linears of an earlier fuse, which its fused modules hold in a tuple; a module
+    the forward never uses) would leave state_dict. Registered again at its own path."""
+    for name, module in root.named_modules():
+        has_state = next(module.parameters(recurse=False), None) is not None or (
+            next(module.buffers(recurse=False), None) is not None
+        )
+        if not name or not has_state:
+            continue
+        try:
+            gm.get_submodule(name)
+        except AttributeError:
+            gm.add_submodule(name, module)
 
 
 def _first_line(exc: Exception) -> str:

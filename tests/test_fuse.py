@@ -342,6 +342,15 @@ def test_fuse_again_and_models_holding_dualk_modules():
     assert _report(twice).traced and _report(twice).fused == []
     x = torch.randn(3, 100)
     torch.testing.assert_close(twice(x), model(x), rtol=0, atol=0)
+    # The parameters stay registered (the graph calls only the fused module, which holds the
+    # Linears in a tuple), at their keys, as the same tensors; a module the forward never uses
+    # keeps its keys too.
+    assert list(twice.state_dict()) == list(model.state_dict())
+    assert {id(p) for p in twice.parameters()} == {id(p) for p in model.parameters()}
+    wrapper = nn.Module()
+    wrapper.inner, wrapper.unused = once, nn.Linear(3, 3)
+    wrapper.forward = lambda x: wrapper.inner(x)  # noqa: E731 (an instance forward: fx traces it)
+    assert sorted(fuse(wrapper).state_dict()) == sorted(wrapper.state_dict())
     holder = nn.Sequential(FusedMLP((4, 8, 4)), nn.Linear(4, 4), nn.GELU("tanh"))
     rep = _report(fuse(holder))
     assert rep.traced and [c.kind for c in rep.fused] == ["LinearGELU"]
@@ -446,3 +455,17 @@ def test_float64_reference_helper_catches_a_wrong_model():
     x = torch.randn(64, 4)
     with pytest.raises(AssertionError, match="output"):
         assert_close_to_float64("output", wrong(x), seq(x), copy.deepcopy(seq).double()(x.double()))
+
+
+def test_hooks_on_the_model_itself_are_kept():
+    """A forward hook on the model's own module (which a GraphModule would drop): the module is
+    kept, with its hooks, and its forward runs the fused graph."""
+    torch.manual_seed(14)
+    model = DNNModel()
+    calls = []
+    model.register_forward_hook(lambda module, args, out: calls.append(1) or out * 2)
+    fused, rep = fuse(model, report=True)
+    x = torch.randn(3, 100)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2 and [c.kind for c in rep.fused] == ["FusedMLP"]
+    assert list(fused.state_dict()) == list(model.state_dict())
