@@ -31,6 +31,7 @@ other's internals.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -38,6 +39,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.fx import _symbolic_trace
 
 from . import ops
 from .dispatch import check_name
@@ -181,9 +183,45 @@ class _Tracer(fx.Tracer):
 def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
+    _check_none_defaults(root, graph, all_leaves)
     gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
     _keep_unreferenced_state(tracer.root, gm)
     return gm
+
+
+# What a trace with an argument fixed at None calls to check it (not a computation).
+_assert_is_none = getattr(_symbolic_trace, "_assert_is_none", None)
+
+
+def _graph_calls(graph: fx.Graph) -> list[tuple[str, str]]:
+    return [
+        (n.op, str(n.target)) for n in graph.nodes
+        if n.op.startswith("call_") and n.target is not _assert_is_none
+    ]  # fmt: skip
+
+
+def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
+    """Raises where the forward branches on whether an argument that defaults to None was given
+    (`if mask is not None:`): fx traces the argument as given, so the one graph would fail or
+    compute otherwise when it is not. Compared with a trace where those arguments are None."""
+    try:
+        params = inspect.signature(root.forward).parameters.values()
+    except (TypeError, ValueError):
+        return
+    optional = [p.name for p in params if p.default is None and p.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
+    if not optional:
+        return
+    as_none = _Tracer(all_leaves).trace(root, concrete_args=dict.fromkeys(optional))
+    if _graph_calls(as_none) != _graph_calls(graph):
+        raise _BranchesOnNone(
+            f"its forward computes otherwise when {', '.join(optional)} is None, and one traced "
+            "graph cannot hold both"
+        )
+
+
+class _BranchesOnNone(Exception):
+    pass
 
 
 def _keep_unreferenced_state(root: nn.Module, gm: fx.GraphModule) -> None:

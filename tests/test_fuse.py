@@ -469,3 +469,57 @@ def test_hooks_on_the_model_itself_are_kept():
     torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
     assert len(calls) == 2 and [c.kind for c in rep.fused] == ["FusedMLP"]
     assert list(fused.state_dict()) == list(model.state_dict())
+
+
+class _MaskedMLP(nn.Module):
+    """A Hugging Face-style block: an MLP, then a mask applied only when one is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = (
+            nn.Linear(8, 16),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(16, 8),
+        )
+
+    def forward(self, h, attention_mask=None):
+        h = self.fc2(self.act(self.fc1(h)))
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return h
+
+
+class _PassesMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer, self.out = _MaskedMLP(), nn.Linear(8, 2)
+
+    def forward(self, x, mask=None):
+        return self.out(self.layer(x, attention_mask=mask))
+
+
+class _UnusedOption(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x, scale=None):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_forwards_that_branch_on_an_omitted_argument_are_not_traced_as_one_graph():
+    """fx traces an argument as given, so `if mask is not None:` would always take the mask
+    branch and fail (or compute otherwise) when the mask is omitted: such forwards are searched
+    child by child instead, and both calls give the model's answer. An optional argument the
+    forward only ignores does not stop fusion."""
+    torch.manual_seed(15)
+    x, mask = torch.randn(3, 8), torch.rand(3)
+    model = _PassesMask()
+    fused, rep = fuse(model, report=True)
+    assert not rep.traced and any("is None" in n for n in rep.notes), rep.notes
+    torch.testing.assert_close(fused(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(fused(x, mask), model(x, mask), rtol=0, atol=0)
+    plain = _UnusedOption()
+    fused, rep = fuse(plain, report=True)
+    assert rep.traced and [c.kind for c in rep.fused] == ["FusedMLP"]
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-6)
