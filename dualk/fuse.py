@@ -184,6 +184,7 @@ def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
     _check_none_defaults(root, graph, all_leaves)
+    _check_training_mode(root, graph, all_leaves)
     gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
     _keep_unreferenced_state(tracer.root, gm)
     return gm
@@ -193,9 +194,10 @@ def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
 _assert_is_none = getattr(_symbolic_trace, "_assert_is_none", None)
 
 
-def _graph_calls(graph: fx.Graph) -> list[tuple[str, str]]:
+def _graph_calls(graph: fx.Graph, with_args: bool = False) -> list[tuple]:
     return [
-        (n.op, str(n.target)) for n in graph.nodes
+        (n.op, str(n.target), *((repr(n.args), repr(n.kwargs)) if with_args else ()))
+        for n in graph.nodes
         if n.op.startswith("call_") and n.target is not _assert_is_none
     ]  # fmt: skip
 
@@ -214,14 +216,32 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> 
         return
     as_none = _Tracer(all_leaves).trace(root, concrete_args=dict.fromkeys(optional))
     if _graph_calls(as_none) != _graph_calls(graph):
-        raise _BranchesOnNone(
+        raise _TraceCannotHold(
             f"its forward computes otherwise when {', '.join(optional)} is None, and one traced "
             "graph cannot hold both"
         )
 
 
-class _BranchesOnNone(Exception):
-    pass
+def _check_training_mode(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
+    """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
+    self.training:`): fx would freeze the mode the model had when fused. Compared with a trace in
+    the other mode (every module's own flag restored after)."""
+    modes = {m: m.training for m in root.modules()}
+    try:
+        root.train(not root.training)
+        other = _Tracer(all_leaves).trace(root)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    if _graph_calls(other, with_args=True) != _graph_calls(graph, with_args=True):
+        raise _TraceCannotHold(
+            "its forward computes otherwise in train() and eval() (it reads self.training), "
+            "and one traced graph cannot hold both"
+        )
+
+
+class _TraceCannotHold(Exception):
+    """One fx graph cannot stand for the forward (the caller fuses the children instead)."""
 
 
 def _keep_unreferenced_state(root: nn.Module, gm: fx.GraphModule) -> None:

@@ -523,3 +523,35 @@ def test_forwards_that_branch_on_an_omitted_argument_are_not_traced_as_one_graph
     fused, rep = fuse(plain, report=True)
     assert rep.traced and [c.kind for c in rep.fused] == ["FusedMLP"]
     torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-6)
+
+
+class _ReadsTraining(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.gelu(self.fc1(x), approximate="tanh"), 0.5, self.training))
+
+
+@pytest.mark.parametrize("fused_in", ["train", "eval"])
+def test_a_forward_reading_self_training_follows_the_mode(fused_in):
+    """fx would freeze self.training at fuse time (dropout on in eval, or never on in train):
+    such a forward is not traced as one graph, so the fused model follows the mode it is in.
+    Every module's own mode is left as it was."""
+    torch.manual_seed(16)
+    model = _ReadsTraining().train(fused_in == "train")
+    model.fc2.train(fused_in != "train")  # a submodule in the other mode: left so
+    modes = {name: m.training for name, m in model.named_modules()}
+    fused, rep = fuse(model, report=True)
+    assert not rep.traced and any("self.training" in n for n in rep.notes), rep.notes
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    x = torch.randn(4, 16)
+    fused.eval(), model.eval()
+    torch.testing.assert_close(fused(x), model(x), rtol=0, atol=0)
+    fused.train(), model.train()
+    torch.manual_seed(17)
+    dropped = fused(x)
+    torch.manual_seed(17)
+    torch.testing.assert_close(dropped, model(x), rtol=0, atol=0)  # the same dropout mask
+    assert not torch.allclose(dropped, fused.eval()(x))  # dropout is on in train()
