@@ -3,6 +3,7 @@ the autotune cache and, with `clear --all`, the CUDA build cache)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -12,6 +13,11 @@ from . import cli_common as common
 from .cli_common import case_options
 from .registry import OPS
 from .render import align
+
+
+def _by_key(item: tuple[str, object]) -> list:
+    """A cache entry's key in natural order: m<=8 before m<=64 before m<=128."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", item[0])]
 
 
 def _times_text(times: dict) -> str:
@@ -119,7 +125,7 @@ def cache_show() -> None:
         entries = data["entries"]
         body = [
             [key, str(e.get("winner", "?")), _times_text(e.get("times_us", {}))]
-            for key, e in sorted(entries.get(autotune.BACKEND_SECTION, {}).items())
+            for key, e in sorted(entries.get(autotune.BACKEND_SECTION, {}).items(), key=_by_key)
             if isinstance(e, dict)
         ]
         if body:
@@ -130,7 +136,7 @@ def cache_show() -> None:
             if section == autotune.BACKEND_SECTION:
                 continue
             body = []
-            for key, e in sorted(table.items()):
+            for key, e in sorted(table.items(), key=_by_key):
                 best = (e.get("timings_ms") or [[None]])[0][0] if isinstance(e, dict) else None
                 config = e.get("config") if isinstance(e, dict) else e
                 body.append([key, str(config), "-" if best is None else f"{best * 1e3:.1f}"])
