@@ -20,8 +20,9 @@ an nn.Sequential runs its fused chains inside its own forward (still an nn.Seque
 len, state_dict unchanged), another child module traced on its own runs the fused graph as its
 forward, and an untraceable child is searched in turn. The report says so.
 
-As with any torch.fx trace, Python decisions in `forward` (`if self.training:`, shapes read as
-ints) are fixed at trace time.
+As with any torch.fx trace, Python decisions in `forward` (shapes read as ints) are fixed at
+trace time; a forward that reads `self.training` or computes otherwise when an argument that
+defaults to None is omitted is found by a second trace and fused child by child instead.
 
 Why one file of ~550 lines: finding chains, building the replacement modules and the fallback
 for untraceable models share the chain record and the report; split, each part would need the
@@ -33,13 +34,14 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
-from torch.fx import _symbolic_trace
 
 from . import ops
 from .dispatch import check_name
@@ -122,12 +124,14 @@ def fuse(
     """A module computing what `model` computes, whose Linear/activation chains run as dualk
     fused modules (`dualk.nn.FusedMLP`, `dualk.nn.LinearGELU`) on `backend`.
 
-    Returns the rewritten torch.fx GraphModule; for a model fx cannot trace, a copy of the model
-    whose children are fused (see the module docstring). The result shares `model`'s
+    Returns the rewritten torch.fx GraphModule; for a model with hooks of its own, a copy of the
+    model whose forward runs the fused graph (its hooks kept); for a model fx cannot trace as one
+    graph, a copy of the model whose children are fused (see the module docstring). The result
+    shares `model`'s
     parameters and buffers (the same objects: train either one, save either one's state_dict,
     same keys) but not its module objects, so `model` is left as it was; with `inplace=True`
-    the result uses `model`'s own submodules (and an untraceable `model` is modified and
-    returned). The report (`FuseReport`) is the result's `dualk_fuse_report` attribute, and
+    the result uses `model`'s own submodules (and `model` itself is modified and returned where
+    a copy would be). The report (`FuseReport`) is the result's `dualk_fuse_report` attribute, and
     with `report=True` the return value is `(module, report)`.
 
     min_layers: chains of fewer nn.Linear modules are left alone (1: a single Linear + GELU
@@ -183,39 +187,74 @@ class _Tracer(fx.Tracer):
 def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
-    _check_none_defaults(root, graph, all_leaves)
-    _check_training_mode(root, graph, all_leaves)
+    attributes = set(vars(root))
+    try:
+        _check_none_defaults(root, graph, all_leaves)
+        _check_training_mode(root, graph, all_leaves)
+    finally:  # the check traces' tensor constants, set on the root as each trace names them
+        for name in set(vars(root)) - attributes:
+            if name.startswith("_tensor_constant"):
+                delattr(root, name)
     gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
     _keep_unreferenced_state(tracer.root, gm)
+    for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
+        if name.startswith("_tensor_constant"):
+            gm._non_persistent_buffers_set.add(name)
     return gm
 
 
-# What a trace with an argument fixed at None calls to check it (not a computation).
-_assert_is_none = getattr(_symbolic_trace, "_assert_is_none", None)
+def _is_assert_is_none(target) -> bool:
+    """What a trace with an argument fixed at None calls to check it (not a computation)."""
+    return getattr(target, "__name__", "") == "_assert_is_none"
 
 
-def _graph_calls(graph: fx.Graph, with_args: bool = False) -> list[tuple]:
-    return [
-        (n.op, str(n.target), *((repr(n.args), repr(n.kwargs)) if with_args else ()))
-        for n in graph.nodes
-        if n.op.startswith("call_") and n.target is not _assert_is_none
-    ]  # fmt: skip
+def _graph_signature(graph: fx.Graph, as_none: Sequence[str] = ()) -> list[tuple]:
+    """The graph's computation, comparable between two traces of one forward: every call and
+    the output with their arguments; nodes by position, tensor constants by kind (each trace
+    names them anew); the placeholders of the arguments in `as_none` as None, so an optional
+    argument that is only passed on compares equal to a trace where it is None."""
+    tokens: dict[fx.Node, object] = {}
+    signature: list[tuple] = []
+    for n in graph.nodes:
+        if n.op == "call_function" and _is_assert_is_none(n.target):
+            continue
+        if n.op == "placeholder":  # a trace with concrete args names them `mask_1`
+            base = re.sub(r"_\d+$", "", str(n.target))
+            optional = str(n.target) in as_none or base in as_none
+            tokens[n] = None if optional else ("arg", str(n.target))
+            continue
+        if n.op == "get_attr":
+            tokens[n] = ("attr", re.sub(r"_tensor_constant\d+", "_tensor_constant", str(n.target)))
+            continue
+        tokens[n] = ("node", len(signature))
+        args = fx.node.map_arg((n.args, n.kwargs), tokens.__getitem__)
+        target = n.target if n.op != "call_module" else str(n.target)
+        signature.append((n.op, target, repr(args)))
+    return signature
+
+
+def _forward_parameters(root: nn.Module) -> list[inspect.Parameter]:
+    """The parameters of the forward fx traces (the class's, without self)."""
+    try:
+        return list(inspect.signature(type(root).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return []
 
 
 def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
-    """Raises where the forward branches on whether an argument that defaults to None was given
-    (`if mask is not None:`): fx traces the argument as given, so the one graph would fail or
-    compute otherwise when it is not. Compared with a trace where those arguments are None."""
-    try:
-        params = inspect.signature(root.forward).parameters.values()
-    except (TypeError, ValueError):
-        return
-    optional = [p.name for p in params if p.default is None and p.kind in (
+    """Raises where the forward computes otherwise when an argument that defaults to None is
+    omitted (`if mask is not None:`): fx traces the argument as given, so the one graph would
+    fail or compute otherwise without it. Compared with a trace where those arguments are None
+    (a forward that fails that way needs the argument anyway: its graph stands)."""
+    optional = [p.name for p in _forward_parameters(root) if p.default is None and p.kind in (
         inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
     if not optional:
         return
-    as_none = _Tracer(all_leaves).trace(root, concrete_args=dict.fromkeys(optional))
-    if _graph_calls(as_none) != _graph_calls(graph):
+    try:
+        as_none = _Tracer(all_leaves).trace(root, concrete_args=dict.fromkeys(optional))
+    except Exception:
+        return
+    if _graph_signature(as_none, optional) != _graph_signature(graph, optional):
         raise _TraceCannotHold(
             f"its forward computes otherwise when {', '.join(optional)} is None, and one traced "
             "graph cannot hold both"
@@ -224,16 +263,24 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> 
 
 def _check_training_mode(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
     """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
-    self.training:`): fx would freeze the mode the model had when fused. Compared with a trace in
-    the other mode (every module's own flag restored after)."""
+    self.training:`): fx would freeze the mode the model had when fused. Compared with a trace
+    in the other mode: the flags are set directly (a train() override may do more) and every
+    module's own flag is restored after."""
     modes = {m: m.training for m in root.modules()}
+    other_mode = not root.training
     try:
-        root.train(not root.training)
+        for m in modes:
+            m.training = other_mode
         other = _Tracer(all_leaves).trace(root)
+    except Exception as exc:
+        raise _TraceCannotHold(
+            f"its forward cannot be traced in {'train' if other_mode else 'eval'}() mode "
+            f"({_first_line(exc)}), so one traced graph cannot stand for both modes"
+        ) from None
     finally:
         for m, mode in modes.items():
             m.training = mode
-    if _graph_calls(other, with_args=True) != _graph_calls(graph, with_args=True):
+    if _graph_signature(other) != _graph_signature(graph):
         raise _TraceCannotHold(
             "its forward computes otherwise in train() and eval() (it reads self.training), "
             "and one traced graph cannot hold both"
@@ -245,19 +292,33 @@ class _TraceCannotHold(Exception):
 
 
 def _keep_unreferenced_state(root: nn.Module, gm: fx.GraphModule) -> None:
-    """A GraphModule copies only the modules its graph calls: state that nothing in the graph
+    """A GraphModule copies only what its graph refers to: state that nothing in the graph
     refers to (the Linears of an earlier fuse, which its fused modules hold in a tuple; a module
-    the forward never uses) would leave state_dict. Registered again at its own path."""
-    for name, module in root.named_modules():
-        has_state = next(module.parameters(recurse=False), None) is not None or (
-            next(module.buffers(recurse=False), None) is not None
-        )
-        if not name or not has_state:
+    or parameter the forward never uses; a shared module's second name) would leave
+    state_dict. Registered again at its own path: a missing module as it is, a missing parameter
+    or buffer on the stand-in module fx made for a path (which holds only what the graph uses)."""
+    for name, module in root.named_modules(remove_duplicate=False):
+        if not name:
             continue
         try:
-            gm.get_submodule(name)
+            present = gm.get_submodule(name)
         except AttributeError:
-            gm.add_submodule(name, module)
+            if _has_state(module):
+                gm.add_submodule(name, module)
+            continue
+        if present is module:
+            continue
+        for key, param in module.named_parameters(recurse=False):
+            if key not in present._parameters:
+                present.register_parameter(key, param)
+        for key, buf in module.named_buffers(recurse=False):
+            if key not in present._buffers:
+                persistent = key not in module._non_persistent_buffers_set
+                present.register_buffer(key, buf, persistent=persistent)
+
+
+def _has_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
 
 
 def _first_line(exc: Exception) -> str:

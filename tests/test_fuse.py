@@ -334,6 +334,28 @@ def test_what_must_stay_unfused_is_reported():
     assert where == "relu" and "must share one dtype and device" in why
 
 
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(100, 100)
+        self.unused_p = nn.Parameter(torch.ones(2))  # the forward never reads these
+        self.register_buffer("steps", torch.zeros(1))
+        self.register_buffer("scratch", torch.zeros(1), persistent=False)
+
+
+class _Holder(nn.Module):
+    """A fused model inside another, a module that shares its name with a second one, a
+    parameter and buffers the forward never uses, and a tensor the forward makes."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.block, self.unused = inner, _Block(), nn.Linear(3, 3)
+        self.alias = self.block
+
+    def forward(self, x):
+        return self.block.fc(self.inner(x).repeat(1, 10)) + torch.ones(100)
+
+
 def test_fuse_again_and_models_holding_dualk_modules():
     torch.manual_seed(8)
     model = DNNModel()
@@ -343,14 +365,17 @@ def test_fuse_again_and_models_holding_dualk_modules():
     x = torch.randn(3, 100)
     torch.testing.assert_close(twice(x), model(x), rtol=0, atol=0)
     # The parameters stay registered (the graph calls only the fused module, which holds the
-    # Linears in a tuple), at their keys, as the same tensors; a module the forward never uses
-    # keeps its keys too.
+    # Linears in a tuple), at their keys, as the same tensors; so does state the forward never
+    # uses (a module, a parameter and buffers of a module it does use, a second name), and a
+    # tensor the forward makes adds no key.
     assert list(twice.state_dict()) == list(model.state_dict())
     assert {id(p) for p in twice.parameters()} == {id(p) for p in model.parameters()}
-    wrapper = nn.Module()
-    wrapper.inner, wrapper.unused = once, nn.Linear(3, 3)
-    wrapper.forward = lambda x: wrapper.inner(x)  # noqa: E731 (an instance forward: fx traces it)
-    assert sorted(fuse(wrapper).state_dict()) == sorted(wrapper.state_dict())
+    wrapper = _Holder(once)
+    fused = fuse(wrapper)
+    assert _report(fused).traced
+    assert sorted(fused.state_dict()) == sorted(wrapper.state_dict())
+    assert len(list(fused.parameters())) == len(list(wrapper.parameters()))
+    torch.testing.assert_close(fused(x), wrapper(x), rtol=0, atol=0)
     holder = nn.Sequential(FusedMLP((4, 8, 4)), nn.Linear(4, 4), nn.GELU("tanh"))
     rep = _report(fuse(holder))
     assert rep.traced and [c.kind for c in rep.fused] == ["LinearGELU"]
@@ -555,3 +580,53 @@ def test_a_forward_reading_self_training_follows_the_mode(fused_in):
     torch.manual_seed(17)
     torch.testing.assert_close(dropped, model(x), rtol=0, atol=0)  # the same dropout mask
     assert not torch.allclose(dropped, fused.eval()(x))  # dropout is on in train()
+
+
+class _OutputsByMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, scale=None):
+        h = self.fc2(torch.relu(self.fc1(x)))
+        extra = scale if scale is not None else x
+        return (h, extra) if self.training else h
+
+
+class _MakesAndRequiresMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):  # mask is required in practice: no None check
+        return (self.fc2(torch.relu(self.fc1(x))) + torch.ones(8)) * mask.unsqueeze(-1)
+
+
+class _TrainOverride(_MakesAndRequiresMask):
+    def train(self, mode=True):
+        super().train(mode)
+        self.fc1.weight.requires_grad_(mode)  # more than a flag: fuse must not call it
+        return self
+
+
+def test_the_second_traces_compare_outputs_and_ignore_what_each_trace_names_anew():
+    """The checks compare the output too (a forward returning other things by mode, or an
+    omitted argument returned in its place, falls back); a tensor the forward makes (named anew
+    by each trace) or an argument used without a None check does not stop fusion; a train()
+    override is not called."""
+    torch.manual_seed(18)
+    x, mask = torch.randn(3, 8), torch.rand(3)
+    model = _OutputsByMode()
+    fused, rep = fuse(model, report=True)
+    assert not rep.traced, rep.notes
+    for mode in (True, False):
+        fused.train(mode), model.train(mode)
+        torch.testing.assert_close(fused(x), model(x), rtol=0, atol=0)
+    for cls in (_MakesAndRequiresMask, _TrainOverride):
+        model = cls().eval()
+        frozen = model.fc1.weight.requires_grad
+        fused, rep = fuse(model, report=True)
+        assert rep.traced and [c.kind for c in rep.fused] == ["FusedMLP"], (cls, rep.notes)
+        torch.testing.assert_close(fused(x, mask), model(x, mask), rtol=1e-5, atol=1e-6)
+        assert sorted(fused.state_dict()) == sorted(model.state_dict())
+        assert model.fc1.weight.requires_grad == frozen

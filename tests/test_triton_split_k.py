@@ -358,10 +358,11 @@ def test_fp32_3xtf32_split(op):
 
 @pytest.mark.parametrize("op", ["matmul", "linear_gelu"])
 def test_the_tf32_switch_reaches_the_triton_kernels(op, monkeypatch):
-    """PyTorch's TF32 switch (torch.backends.cuda.matmul.allow_tf32, as set_float32_matmul_precision
-    sets it) decides the fp32 kernels' dot: "tf32" when on, exact fp32 when off; either way the
-    answer stays within TF32's error bound (10-bit mantissas: 2^-10 of sum |a_i b_i| per element,
-    the fp32 sum's own error included) of the float64 reference."""
+    """PyTorch's TF32 switch (torch.backends.cuda.matmul.allow_tf32, as
+    set_float32_matmul_precision sets it) decides the fp32 kernels' dot: "tf32" when on, exact
+    fp32 when off; either way the answer stays within TF32's error bound of the float64
+    reference (10-bit mantissas, truncated by Triton on NVIDIA: 2^-9 of sum |a_i b_i| per
+    element, the fp32 sum's own error included)."""
     if unavailable_reason("triton", DEVICE) is not None:
         pytest.skip(unavailable_reason("triton", DEVICE))
     kinds = []
@@ -392,6 +393,6 @@ def test_the_tf32_switch_reaches_the_triton_kernels(op, monkeypatch):
             out = call()
             assert kinds and set(kinds) == {kind}, (allowed, kinds)  # (a GPU tunes configs first)
             # gelu's slope is at most ~1.13: the bound carries through it
-            assert ((out.double() - ref).abs() <= 2.0**-10 * 1.2 * bound_terms + 1e-6).all()
+            assert ((out.double() - ref).abs() <= 2.0**-9 * 1.2 * bound_terms + 1e-6).all()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
