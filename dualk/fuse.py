@@ -164,6 +164,9 @@ def fuse(
         else:
             _fuse_graph(gm, ctx, "")
             result = gm
+    # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
+    fused_nodes = {node for chain in rep.fused for node in chain.nodes}
+    rep.skipped = [s for s in rep.skipped if s.where not in fused_nodes]
     result.dualk_fuse_report = rep
     return (result, rep) if report else result
 

@@ -630,3 +630,24 @@ def test_the_second_traces_compare_outputs_and_ignore_what_each_trace_names_anew
         torch.testing.assert_close(fused(x, mask), model(x, mask), rtol=1e-5, atol=1e-6)
         assert sorted(fused.state_dict()) == sorted(model.state_dict())
         assert model.fc1.weight.requires_grad == frozen
+
+
+class _ReusesItsMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.mlp(torch.relu(self.fc(self.mlp(x))))
+
+
+def test_a_node_where_one_chain_stopped_and_another_began_is_not_reported_unfused():
+    """The chain from mlp.0 stops at fc (another activation), and fc starts a chain of its own:
+    the report lists fc as fused, not as a candidate left unfused."""
+    torch.manual_seed(19)
+    model = _ReusesItsMLP()
+    fused, rep = fuse(model, report=True)
+    assert [c.nodes[0] for c in rep.fused] == ["mlp.0", "fc"] and rep.skipped == [], str(rep)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
