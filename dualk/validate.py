@@ -51,16 +51,16 @@ def same_pair(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
             )
 
 
-_INT_LIMIT = 2**1023  # ints below it in magnitude convert to a finite float
-
-
 def real_number(op: str, name: str, value: object) -> float:
     """value as a Python float (the kernels take it as fp32: beyond fp32's range it is inf)."""
-    if type(value) is float:  # the common cases, without the ABC check
-        return value
-    if type(value) is int and -_INT_LIMIT < value < _INT_LIMIT:
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    cls = type(value)
+    if (
+        cls is not float
+        and cls is not int
+        and (  # the common cases skip the ABC check
+            isinstance(value, bool) or not isinstance(value, numbers.Real)
+        )
+    ):
         raise InvalidTypeError(
             f"dualk.{op}: '{name}' must be a real number, got {type(value).__name__}"
         )
