@@ -100,6 +100,11 @@ def _non_finite_mismatch(out64, ref, allowed, dtype) -> torch.Tensor:
     return torch.where(ref_finite, ~out64.isfinite() & ~may_overflow, ~same_class)
 
 
+def _finite_error(out64: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|out - ref| where both are finite, else 0 (non-finite values are judged by class)."""
+    return torch.where(out64.isfinite() & ref.isfinite(), (out64 - ref).abs(), 0.0)
+
+
 def _non_finite_note(class_bad: torch.Tensor) -> str:
     n = int(class_bad.sum())
     return (
@@ -130,7 +135,7 @@ def judge(
         return Verdict(True, 0.0, 0.0, "empty")
     out64 = out.double()
     ref_finite = ref.isfinite()
-    err = torch.where(ref_finite & out64.isfinite(), (out64 - ref).abs(), 0.0)
+    err = _finite_error(out64, ref)
     max_err = err.max().item()
     ref_abs = ref.abs().masked_fill(~ref_finite, 0.0)
     scale = ref_abs.max().item()
@@ -148,8 +153,7 @@ def judge(
         return Verdict(True, max_err, rel, "ok")
     # GEMM family: compare with PyTorch's own error in the same dtype.
     torch_out = _low_precision_reference(spec, sample).to(ref.device).double()
-    both_finite = ref_finite & torch_out.isfinite()
-    torch_err = torch.where(both_finite, (torch_out - ref).abs(), 0.0).max().item()
+    torch_err = _finite_error(torch_out, ref).max().item()
     # The floor: one ulp of the largest reference value, four for fp32. In fp16/bf16 the final
     # rounding dominates everyone's error, so PyTorch's max error is a stable yardstick. In fp32
     # the summation order dominates, and over a handful of outputs (batch 1, 10 features)
@@ -160,7 +164,7 @@ def judge(
     class_bad = _non_finite_mismatch(out64, ref, budget, like.dtype)
     if class_bad.any():
         return Verdict(False, max_err, rel,
-                       f"{int(class_bad.sum())} of {ref.numel()} elements{_non_finite_note(class_bad)}: "
+                       f"{int(class_bad.sum())} of {ref.numel()} elements NaN or infinite where the reference is not, or the other way: "
                        + _worst(out64, ref, class_bad.double()))  # fmt: skip
     if not max_err <= budget:
         return Verdict(False, max_err, rel,
