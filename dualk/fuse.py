@@ -24,7 +24,7 @@ As with any torch.fx trace, Python decisions in `forward` (shapes read as ints) 
 trace time; a forward that reads `self.training` or computes otherwise when an argument that
 defaults to None is omitted is found by a second trace and fused child by child instead.
 
-Why one file of ~550 lines: finding chains, building the replacement modules and the fallback
+Why one file of ~700 lines: finding chains, building the replacement modules and the fallback
 for untraceable models share the chain record and the report; split, each part would need the
 other's internals.
 """
@@ -125,14 +125,14 @@ def fuse(
     fused modules (`dualk.nn.FusedMLP`, `dualk.nn.LinearGELU`) on `backend`.
 
     Returns the rewritten torch.fx GraphModule; for a model with hooks of its own, a copy of the
-    model whose forward runs the fused graph (its hooks kept); for a model fx cannot trace as one
-    graph, a copy of the model whose children are fused (see the module docstring). The result
-    shares `model`'s
-    parameters and buffers (the same objects: train either one, save either one's state_dict,
-    same keys) but not its module objects, so `model` is left as it was; with `inplace=True`
-    the result uses `model`'s own submodules (and `model` itself is modified and returned where
-    a copy would be). The report (`FuseReport`) is the result's `dualk_fuse_report` attribute, and
-    with `report=True` the return value is `(module, report)`.
+    model whose forward runs the fused graph (its hooks kept); for a model fx cannot trace as
+    one graph, a copy of the model whose children are fused (see the module docstring). The
+    result shares `model`'s parameters and buffers (the same objects: train either one, save
+    either one's state_dict, same keys) but not its module objects, so `model` is left as it
+    was; with `inplace=True` the result uses `model`'s own submodules (and `model` itself is
+    modified and returned where a copy would be). The report (`FuseReport`) is the result's
+    `dualk_fuse_report` attribute, and with `report=True` the return value is `(module,
+    report)`.
 
     min_layers: chains of fewer nn.Linear modules are left alone (1: a single Linear + GELU
     becomes a LinearGELU; 2: only FusedMLPs).

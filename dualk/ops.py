@@ -93,8 +93,9 @@ def _reference_under_transform(spec, backend):
 
 
 def _check_before_op(backend, check, *args) -> None:
-    """Before a registered op (a subclass's route) outside tracing: the direct route's checks and
-    messages, which name the argument (the op's schema check would not)."""
+    """Before a registered op (the route of tensor subclasses and jit traces), unless
+    torch.compile traces: the direct route's checks and messages, which name the argument (the
+    op's schema check would not)."""
     if not _is_compiling():
         check(*args)
         dispatch.check_name(backend, "the backend= argument")
