@@ -331,12 +331,20 @@ def generation() -> int:
 
 
 _generation = 0
+_clears = 0
+
+
+def clears() -> int:
+    """Changes whenever clear_memory() forgets everything (decisions kept elsewhere, such as
+    dualk.module_choice's, are dropped with them)."""
+    return _clears
 
 
 def clear_memory() -> None:
     """Forget every in-memory decision and loaded cache file (tests)."""
-    global _generation
+    global _generation, _clears
     _generation += 1
+    _clears += 1
     with _lock:
         exact_hits.clear()
         _memory.clear()
@@ -962,6 +970,32 @@ def read_cache_file(path: Path) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
         raise ValueError("not a dualk autotune cache file")
     return data
+
+
+class SectionStore:
+    """One named section of the cache file of a device (for decisions other than the operators'
+    backends: dualk.module_choice's "module.<mode>"), under the same lock and merge."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def get(self, section: str, key: str) -> Any:
+        with _lock:
+            return _store_for(self.device).get(section, key)
+
+    def put(self, section: str, key: str, value: Any) -> None:
+        with _lock:
+            _store_for(self.device).put(section, key, value)
+
+
+def store_for(device: torch.device) -> SectionStore:
+    """The cache file of `device`, by section."""
+    return SectionStore(device)
+
+
+def current_timer() -> Timer:
+    """The timer in force (set_timer's, else the CUDA-event timer)."""
+    return _timer or cuda_event_timer
 
 
 # ---------------------------------------------------------------------------- Triton configs

@@ -167,8 +167,36 @@ def fuse(
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
     fused_nodes = {node for chain in rep.fused for node in chain.nodes}
     rep.skipped = [s for s in rep.skipped if s.where not in fused_nodes]
+    _report_every_linear(result, ctx)
     result.dualk_fuse_report = rep
     return (result, rep) if report else result
+
+
+def _report_every_linear(result: nn.Module, ctx: _Context) -> None:
+    """Every nn.Linear of the result is fused or listed in report.skipped with a reason."""
+    rep = ctx.report
+    fused = {name for chain in rep.fused for name in chain.modules}
+    listed = {s.where for s in rep.skipped}
+    already = set()  # Linears an earlier fuse (or the user) put in dualk's modules
+    for m in result.modules():
+        if isinstance(m, FusedMLP):
+            already.update(id(lin) for lin in m.layers)
+        elif isinstance(m, LinearGELU) and isinstance(getattr(m, "_shared", None), tuple):
+            already.update(id(lin) for lin in m._shared)
+    seen: set[int] = set()
+    for name, m in result.named_modules(remove_duplicate=False):
+        if not isinstance(m, nn.Linear) or name in fused or name in listed:
+            continue
+        if id(m) in seen or id(m) in already:
+            continue
+        seen.add(id(m))
+        reason = ctx.lone.get(name)
+        if reason is None:
+            reason = (
+                "not reached by a traced graph (inside a module whose forward torch.fx could "
+                "not trace, or not called by the forward)"
+            )
+        rep.skipped.append(Skipped(name, reason))
 
 
 # -------------------------------------------------------------------------------- tracing
@@ -184,7 +212,11 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if self.all_leaves:
             return True
-        return isinstance(m, (FusedMLP, LinearGELU)) or super().is_leaf_module(m, qualname)
+        return (
+            isinstance(m, (FusedMLP, LinearGELU))
+            or module_activation(m) is not None
+            or super().is_leaf_module(m, qualname)
+        )
 
 
 def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
@@ -334,6 +366,7 @@ class _Context:
     backend: str
     min_layers: int
     report: FuseReport
+    lone: dict[str, str] = field(default_factory=dict)  # a Linear left alone: why
 
     def skip(self, where: str, reason: str) -> None:
         entry = Skipped(where, reason)
@@ -349,6 +382,9 @@ class _Chain:
     linears: list[nn.Linear]
     activation: Activation | None = None  # between the Linears, or the LinearGELU's GELU
     trailing_gelu: bool = False
+    stop: str = ""  # a lone Linear: what its output goes to (the report's reason)
+    # per gap between two Linears: the nn.Dropout / nn.Identity modules after the activation
+    between: list[tuple[nn.Module, ...]] = field(default_factory=list)
 
 
 def _linear_module(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
@@ -411,6 +447,7 @@ def _walk(gm, start: fx.Node, lin0: nn.Linear, consumed, ctx: _Context, prefix) 
             return chain
         nxt = users[0]
         act = _activation_of(gm, nxt, cur)
+        tail = cur if act is None else nxt  # the last node before Dropout / Identity modules
         if act is None:
             after, between = nxt, _NONE  # Linear -> Linear with nothing between
         else:
@@ -419,8 +456,15 @@ def _walk(gm, start: fx.Node, lin0: nn.Linear, consumed, ctx: _Context, prefix) 
             between = act
             if len(after_users) > 1:
                 ctx.skip(_label(nxt, prefix), branch.format(len(after_users)))
+        passes: list[fx.Node] = []
+        while after is not None and _passthrough(gm, after, tail) is not None:
+            passes.append(after)
+            pass_users = list(after.users)
+            if len(pass_users) > 1:
+                ctx.skip(_label(after, prefix), branch.format(len(pass_users)))
+            tail, after = after, (pass_users[0] if len(pass_users) == 1 else None)
         lin = None if after is None or after in consumed else _linear_module(gm, after)
-        if lin is not None and (_call_problem(after, nxt if act else cur) or _linear_reject(lin)):
+        if lin is not None and (_call_problem(after, tail) or _linear_reject(lin)):
             lin = None  # reported when that Linear is visited as the start of a chain
         if lin is not None:
             problem = None
@@ -437,19 +481,57 @@ def _walk(gm, start: fx.Node, lin0: nn.Linear, consumed, ctx: _Context, prefix) 
             if problem is not None:
                 where = _label(after if act is None else nxt, prefix)
                 ctx.skip(where, f"the chain from {_label(start, prefix)} stops: {problem}")
+                chain.stop = f"its chain stops at {where} (see there)"
                 lin = None
         if lin is None:
             if act is not None and act[0] == "gelu" and len(chain.linears) == 1:
                 chain.nodes.append(nxt)
                 chain.activation, chain.trailing_gelu = act, True
+            elif len(chain.linears) == 1 and not chain.stop:
+                chain.stop = _what_follows(gm, nxt, act, after)
             return chain
         if act is not None:
             chain.nodes.append(nxt)
+        chain.nodes.extend(passes)
+        chain.between.append(tuple(gm.get_submodule(p.target) for p in passes))
         chain.linear_at.append(len(chain.nodes))
         chain.nodes.append(after)
         chain.linears.append(lin)
         chain.activation = between
         cur = after
+
+
+def _passthrough(gm: fx.GraphModule, node: fx.Node, src: fx.Node) -> nn.Module | None:
+    """The module when `node` calls an nn.Identity or an nn.Dropout (its own forward, no hooks)
+    on `src` alone: a chain runs through it (the fused module runs PyTorch's ops whenever such a
+    Dropout drops, in training with p > 0)."""
+    if node.op != "call_module":
+        return None
+    m = gm.get_submodule(node.target)
+    if type(m) not in (nn.Identity, nn.Dropout) or hooks_of(m) or _call_problem(node, src):
+        return None
+    return m
+
+
+def _what_follows(gm, nxt: fx.Node, act: Activation | None, after: fx.Node | None) -> str:
+    """Why a Linear stands alone: what its output goes to."""
+    if act is not None:
+        then = "nothing" if after is None else _node_text(gm, after)
+        return (
+            f"followed by {_describe(act)} and then {then}, not another nn.Linear (a single "
+            "Linear is fused only with a GELU after it)"
+        )
+    return f"its output goes to {_node_text(gm, nxt)}, not an activation or an nn.Linear"
+
+
+def _node_text(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"{node.target} ({type(gm.get_submodule(node.target)).__name__})"
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    if node.op == "call_method":
+        return f".{node.target}()"
+    return "the output" if node.op == "output" else node.name
 
 
 def _dtype_device(lin: nn.Linear) -> str:
@@ -479,8 +561,9 @@ def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]
             continue
         chain = _walk(gm, node, lin, consumed, ctx, prefix)
         n = len(chain.linears)
-        if n == 1 and not chain.trailing_gelu:
-            continue  # a lone Linear: nothing to fuse
+        if n == 1 and not chain.trailing_gelu:  # a lone Linear: nothing to fuse
+            ctx.lone.setdefault(_label(node, prefix), chain.stop or "nothing to fuse it with")
+            continue
         if n < ctx.min_layers:
             reason = f"a chain of {n} Linear(s), fewer than min_layers={ctx.min_layers}"
             ctx.skip(_label(node, prefix), reason)
@@ -515,9 +598,9 @@ def _split(chain: _Chain, ctx: _Context, prefix: str) -> list[_Chain]:
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         first, last = chain.linear_at[lo], chain.linear_at[hi - 1]
         at = [i - first for i in chain.linear_at[lo:hi]]
-        pieces.append(
-            _Chain(chain.nodes[first : last + 1], at, chain.linears[lo:hi], chain.activation)
-        )
+        piece = _Chain(chain.nodes[first : last + 1], at, chain.linears[lo:hi], chain.activation)
+        piece.between = chain.between[lo : hi - 1]
+        pieces.append(piece)
     ctx.report.notes.append(
         f"the chain from {_label(chain.nodes[0], prefix)} has {n} Linears, more than one fused "
         f"kernel holds ({MAX_FUSED_LAYERS}): {parts} FusedMLPs, the activation between them "
@@ -541,7 +624,7 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
         module: nn.Module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
     else:
         kind, name = "FusedMLP", _unique_name(gm, "dualk_fused_mlp")
-        module = _SharedFusedMLP(chain.linears, act[0], act[1], ctx.backend)
+        module = _SharedFusedMLP(chain.linears, act[0], act[1], ctx.backend, chain.between)
     linears = [chain.nodes[i] for i in chain.linear_at]
     module.shared_names = [str(n.target) for n in linears]
     gm.add_submodule(name, module)
@@ -568,15 +651,28 @@ class _SharedFusedMLP(FusedMLP):
     """A FusedMLP over Linears that stay registered where the model has them: it holds them in
     a plain tuple, so the fused model's state_dict() keeps exactly the original keys."""
 
-    def __init__(self, linears, activation, approximate, backend):
+    def __init__(self, linears, activation, approximate, backend, between=()):
         nn.Module.__init__(self)
         self._set_options(activation, approximate, backend, "dualk.fuse")
         object.__setattr__(self, "_shared", tuple(linears))
+        # The chain's nn.Dropout / nn.Identity modules, per gap (not registered here either)
+        between = tuple(tuple(gap) for gap in between)
+        object.__setattr__(self, "_between", between if any(between) else ())
+        object.__setattr__(
+            self, "_dropouts", tuple(m for gap in between for m in gap if type(m) is nn.Dropout)
+        )
         self.shared_names = [""] * len(linears)  # set by _replace: the Linears' module names
 
     @property
     def layers(self):  # type: ignore[override]
         return self._shared
+
+    def _between_modules(self) -> tuple:
+        return self._between
+
+    def _between_active(self) -> bool:
+        # A Dropout that drops now (training, p > 0): the fused kernels have no dropout.
+        return any(d.training and d.p > 0 for d in self._dropouts)
 
     def _get_name(self) -> str:
         return "FusedMLP"
@@ -661,7 +757,15 @@ def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
 
 def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: str) -> None:
     prefix = path if not path or path.endswith(".") else f"{path}."
+    before = len(ctx.report.fused)
     if _fuse_graph(gm, ctx, prefix):
+        # The fused modules registered on the module too: modules(), named_modules(), hooks
+        # and .to() see them (they hold no tensors of their own: state_dict() is unchanged).
+        containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)  # their len() and order
+        for chain in ctx.report.fused[before:] if not isinstance(module, containers) else ():
+            local = chain.name[len(prefix) :]
+            if local not in module._modules and not hasattr(module, local):
+                module.add_module(local, gm.get_submodule(local))
         # An instance attribute: nn.Module.__call__ (hooks included) runs it as the forward.
         object.__setattr__(module, "forward", _FusedForward(module, gm))
         ctx.report.notes.append(

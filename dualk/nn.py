@@ -19,10 +19,12 @@ import re
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from . import autotune, dispatch, ops
+from . import autotune, dispatch, module_choice, ops
 from .autotune import tf32_allowed as _tf32
+from .backends.torch_ref import ACTIVATIONS
 from .dispatch import check_name
 from .errors import DtypeError, InvalidArgumentError, InvalidTypeError
 from .registry import OPS
@@ -49,13 +51,42 @@ def kernel_activation(activation: str, approximate: str = "tanh") -> str:
     return activation
 
 
+# Activation classes of other libraries that compute exactly one of dualk's activations, by
+# (module, class name): transformers' ACT2FN entries and timm's layers. Matched by the class
+# itself, so a subclass (another forward) is not taken.
+_LIBRARY_ACTIVATIONS = {
+    ("transformers.activations", "GELUActivation"): ("gelu", "none"),  # F.gelu or its erf form
+    ("transformers.activations", "NewGELUActivation"): ("gelu", "tanh"),  # GPT-2's "gelu_new"
+    ("transformers.activations", "FastGELUActivation"): ("gelu", "tanh"),
+    ("transformers.activations", "PytorchGELUTanh"): ("gelu", "tanh"),
+    ("transformers.activations", "GELUTanh"): ("gelu", "tanh"),
+    ("transformers.activations", "SiLUActivation"): ("silu", "tanh"),
+    ("timm.layers.activations", "GELU"): ("gelu", "none"),
+    ("timm.layers.activations", "GELUTanh"): ("gelu", "tanh"),
+    ("timm.layers.activations", "Swish"): ("silu", "tanh"),
+}
+
+
 def module_activation(m: nn.Module) -> tuple[str, str] | None:
     """(activation, approximate) of an activation module dualk can fuse (nn.ReLU, nn.GELU,
-    nn.SiLU, not a subclass with its own forward), else None."""
+    nn.SiLU, not a subclass with its own forward; transformers' and timm's GELU and SiLU
+    classes), else None."""
     for cls, name in _ACTIVATION_TYPES.items():
         if isinstance(m, cls) and type(m).forward is cls.forward:
             return (name, m.approximate if name == "gelu" else "tanh")
-    return None
+    cls = type(m)
+    act = _LIBRARY_ACTIVATIONS.get((cls.__module__, cls.__qualname__))
+    if act is not None and cls.__qualname__ == "GELUActivation":
+        # transformers' GELUActivation(use_gelu_python=...): F.gelu or its erf formula; any
+        # other function set on it is not a GELU we know
+        fn = getattr(m, "act", None)
+        if (
+            fn is not None
+            and fn is not torch.nn.functional.gelu
+            and "gelu" not in getattr(fn, "__name__", "")
+        ):
+            return None
+    return act
 
 
 def activation_module(activation: str, approximate: str = "tanh") -> nn.Module:
@@ -136,9 +167,13 @@ class LinearGELU(nn.Module):
         nn.Linear.reset_parameters(self)  # type: ignore[arg-type]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear_gelu(
-            x, self.weight, self.bias, approximate=self.approximate, backend=self.backend
-        )
+        weight, bias = self.weight, self.bias
+        if _choose_path(self, "linear_gelu", x, [weight], [bias]) == "original":
+            return F.gelu(F.linear(x, weight, bias), approximate=self.approximate)
+        return ops.linear_gelu(x, weight, bias, approximate=self.approximate, backend=self.backend)
+
+    def _choice_shape(self, weights, biases) -> tuple:
+        return module_choice.shape_of_linear_gelu(weights[0], biases[0], self.approximate)
 
     def extra_repr(self) -> str:
         return (
@@ -150,10 +185,59 @@ class LinearGELU(nn.Module):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 _is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the trace records
 _any_autocast = ops._any_autocast
 _transforms_active = ops._transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
+
+
+def _choose_path(module, op_name: str, x, weights, biases) -> str:
+    """ "fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
+    measured per shape class, device and mode by dualk.module_choice where the module's backend
+    is "auto" and nothing overrides auto; "fused" for any other call (a named backend, autocast,
+    torch.func transforms, torch.jit tracing, and input the operator itself must judge: it
+    raises with its own message)."""
+    if _is_compiling():
+        return _compiled_path(module, x, weights, biases)
+    if module.backend != "auto" or _any_autocast() or _transforms_active() or _is_tracing():
+        return "fused"
+    w0 = weights[0]
+    if not (
+        isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == w0.shape[1]
+        and x.dtype is w0.dtype and x.device == w0.device and x.numel()
+        and dispatch.auto_unforced(OPS[op_name])
+    ):  # fmt: skip
+        return "fused"
+    x_grad = x.requires_grad
+    grad = _is_grad_enabled() and (
+        x_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
+    )
+    return module_choice.choose(
+        "train" if grad else "infer",
+        module._choice_shape(weights, biases),
+        x.numel() // x.shape[-1],
+        grad and x_grad,
+    )
+
+
+def _compiled_path(module, x, weights, biases) -> str:
+    """_choose_path under torch.compile: the answer is a constant of the traced graph."""
+    if module.backend != "auto" or _is_exporting():  # an exported program keeps dualk's ops
+        return "fused"
+    rows = 1
+    for d in x.shape[:-1]:
+        rows = rows * d
+    # The rows' power-of-two bucket, by comparisons: under dynamic shapes each one is a guard on
+    # the size's range, so the traced graph (and its constant answer) holds for one bucket.
+    bucket = 1
+    while bucket < rows:
+        bucket *= 2
+    grad = torch.is_grad_enabled() and (
+        x.requires_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
+    )
+    shape = module._choice_shape(weights, biases)
+    return module_choice.compiled_path(shape, bucket, grad)
 
 
 class _InferencePlan:
@@ -229,9 +313,10 @@ class _InferencePlan:
         return None if runner is None else runner(x)
 
     @classmethod
-    def update(cls, module, x, weights, biases) -> None:
-        """After a successful full call with gradients off: remember the backend that ran for x's
-        slot, when the fast path can reproduce it exactly."""
+    def update(cls, module, x, weights, biases, original: bool = False) -> None:
+        """After a successful full call with gradients off: remember the path (dualk's backend,
+        or with `original` PyTorch's ops) that ran for x's slot, when the fast path can
+        reproduce it exactly."""
         if not (
             type(x) is torch.Tensor and x.dim() == 2 and x.shape[0] > 0 and x.is_contiguous()
             and all(type(t) in (torch.Tensor, nn.Parameter) and t.is_contiguous() and t.numel()
@@ -240,7 +325,9 @@ class _InferencePlan:
             return
         activation, backend = module.kernel_activation, module.backend
         args = (x, weights, biases, activation)
-        if backend == "auto":
+        if original:
+            name = "original"
+        elif backend == "auto":
             if not dispatch.auto_unforced(_FUSED_MLP_SPEC):
                 return
             name = autotune.decided(_FUSED_MLP_SPEC, args)
@@ -248,7 +335,7 @@ class _InferencePlan:
                 return
         else:
             name = backend
-        if name != "torch" and ops.mlp_fallback_reason(name, x, weights) is not None:
+        if name not in ("torch", "original") and ops.mlp_fallback_reason(name, x, weights):
             return  # the per-layer chain: not planned
         ptrs = cls._ptrs(weights, biases)
         plan = module.__dict__.get("_plan")
@@ -258,7 +345,9 @@ class _InferencePlan:
         if plan is None or plan.ptrs != ptrs or plan.backend != backend or plan.generation != gen:
             plan = _InferencePlan(ptrs, x.dtype, x.device, x.shape[1], backend, gen)
             module.__dict__["_plan"] = plan
-        if name == "cuda":
+        if name == "original":
+            runner = module._original_forward
+        elif name == "cuda":
             from .backends import cuda
 
             runner = cuda.fused_mlp_runner(weights, biases, activation)
@@ -352,6 +441,8 @@ class FusedMLP(nn.Module):
         layers = self.layers
         weights = [lin.weight for lin in layers]
         biases = [lin.bias for lin in layers]
+        if self._between_active():  # an absorbed Dropout that drops now: only PyTorch's ops
+            return self._original_forward(x)
         # Inference (no gradient to record, not tracing, no autocast, no torch.func transform):
         # the plan from an earlier full call.
         planned = not (
@@ -367,12 +458,41 @@ class FusedMLP(nn.Module):
                 out = plan.run(self, x, weights, biases)
                 if out is not None:
                     return out
-        out = ops.fused_mlp(
-            x, weights, biases, activation=self.kernel_activation, backend=self.backend
-        )
+        path = _choose_path(self, "fused_mlp", x, weights, biases)
+        if path == "original":
+            out = self._original_forward(x)
+        else:
+            out = ops.fused_mlp(
+                x, weights, biases, activation=self.kernel_activation, backend=self.backend
+            )
         if planned:
-            _InferencePlan.update(self, x, weights, biases)
+            _InferencePlan.update(self, x, weights, biases, original=path == "original")
         return out
+
+    def _choice_shape(self, weights, biases) -> tuple:
+        return module_choice.shape_of_mlp(weights, biases, self.kernel_activation)
+
+    def _between_modules(self) -> tuple:
+        """Modules that run between two layers after the activation on the original path (the
+        nn.Dropout / nn.Identity of a chain dualk.fuse absorbed): one tuple per gap, or ()."""
+        return ()
+
+    def _between_active(self) -> bool:
+        return False
+
+    def _original_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """What the nn.Linear stack computes, with PyTorch's ops (the "original" path)."""
+        act = ACTIVATIONS[self.kernel_activation]
+        between = self._between_modules()
+        layers = self.layers
+        last = len(layers) - 1
+        for i, lin in enumerate(layers):
+            x = F.linear(x, lin.weight, lin.bias)
+            if i < last:
+                x = act(x)
+                for m in between[i] if between else ():
+                    x = m(x)
+        return x
 
     def __getstate__(self):
         state = dict(super().__getstate__())  # a copy: the default returns the live __dict__

@@ -222,8 +222,10 @@ def test_mismatched_activations():
     rep = _report(fused)
     # a -> silu -> b fuses; relu differs, so c stays a plain Linear after it.
     assert [c.nodes for c in rep.fused] == [["a", "silu", "b"]]
-    [(where, why)] = rep.skipped
+    (where, why), (lone, lone_why) = rep.skipped
     assert where == "relu" and "activation relu differs from silu" in why and "from a" in why
+    # every nn.Linear is fused or listed: c, alone after the chain stopped
+    assert lone == "c" and "the output" in lone_why
     assert "not fused: relu:" in str(rep)
     check_against_unfused(fused, model, torch.randn(3, 8))
 
@@ -330,8 +332,11 @@ def test_what_must_stay_unfused_is_reported():
         def forward(self, x):
             return self.b(F.relu(self.a(x)))
 
-    [(where, why)] = _report(fuse(TwoDtypes())).skipped
-    assert where == "relu" and "must share one dtype and device" in why
+    skipped = dict(_report(fuse(TwoDtypes())).skipped)
+    assert "must share one dtype and device" in skipped["relu"]
+    # every nn.Linear is fused or listed with a reason
+    assert "stops at relu" in skipped["a"] and "the output" in skipped["b"]
+    assert set(skipped) == {"relu", "a", "b"}
 
 
 class _Block(nn.Module):

@@ -1,0 +1,270 @@
+"""Fused or original: the path a fused module (`FusedMLP`, `LinearGELU`, and so every chain that
+`dualk.fuse` made) runs, decided by measurement per shape class, device and mode.
+
+A fused module can always compute what it replaced with PyTorch's own ops (`F.linear` and the
+activation, the "original" path). The operators' own "auto" already has PyTorch as a candidate,
+but it sees one call of one operator; a model sees more:
+  - "infer" (no gradient recorded): the whole module call, dualk's Python layer included, against
+    the original ops called directly. In a host-bound forward the launch path decides.
+  - "train" (autograd records the call): forward + backward of each path. A fused forward can win
+    while its backward loses (wide layers), and the step is what a training loop pays.
+  - "compiled" (torch.compile is tracing): dualk's custom op is opaque to Inductor, which would
+    otherwise fuse the bias and activation into its GEMMs; the fused op is kept only where it
+    beats the original GEMMs alone (Inductor's floor) by MARGIN_COMPILED. Decided while Dynamo
+    traces (`assume_constant_result`: a constant in the graph), so the compiled graph holds one
+    path.
+
+The paths are timed on random tensors of the module's shapes (never on the model's own tensors:
+a measurement must not touch what autograd or DDP hooks see), with autotune's timer, in passes
+that alternate the candidates, and scored as autotune scores backends. Nothing is measured off
+the GPU, with DUALK_AUTOTUNE=0, under CUDA-graph capture or under torch.jit tracing: then the
+fused path runs (the operators decide their backend as before). Decisions are remembered in
+memory and in autotune's cache file (section "module.<mode>"), and forgotten with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import autotune, dispatch, ops
+from .backends.torch_ref import ACTIVATIONS
+from .registry import OPS
+
+PATHS = ("fused", "original")
+MODES = ("infer", "train", "compiled")
+# The fused op must beat the original by this much to be kept (a tie keeps the original: it is
+# what the model had, and Inductor and PyTorch improve it without dualk).
+MARGIN = 0.02
+MARGIN_COMPILED = 0.10
+BUDGET_MS = 40.0  # per decision, all passes and both paths
+ROUNDS = 3
+SECTION = "module."  # + mode, in autotune's cache file
+
+_lock = threading.RLock()
+_memory: dict[tuple, str] = {}
+_details: dict[tuple, dict] = {}
+_generation = [autotune.clears()]
+
+
+class Shape:
+    """What a decision depends on, as constants (Dynamo passes them to `compiled_path`):
+    kind ("mlp" | "linear_gelu"), widths (in, ..., out), activation (fused_mlp's name, or
+    linear_gelu's approximate), which layers have a bias, dtype name, device text."""
+
+    __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device")
+
+    def __init__(self, kind, widths, activation, biases, dtype, device):
+        self.kind, self.widths, self.activation = kind, tuple(widths), activation
+        self.biases, self.dtype, self.device = tuple(biases), dtype, device
+
+    def astuple(self) -> tuple:
+        return (self.kind, self.widths, self.activation, self.biases, self.dtype, self.device)
+
+
+def rows_bucket(rows: int | None) -> int:
+    """Rows rounded up to a power of two (as autotune's keys); 0 for unknown (dynamic shapes)."""
+    return 0 if rows is None else max(1, 1 << max(0, (int(rows) - 1).bit_length()))
+
+
+def _key(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> tuple:
+    tf32 = shape[4] == "torch.float32" and autotune.tf32_allowed()
+    return (mode, shape, rows_bucket(rows), bool(x_grad), tf32)
+
+
+def key_text(key: tuple) -> str:
+    mode, (kind, widths, act, biases, dtype, device), rows, x_grad, tf32 = key
+    bias = "".join("b" if b else "-" for b in biases)
+    return (
+        f"{kind} widths={'-'.join(map(str, widths))} act={act} bias={bias} {dtype} {device} "
+        f"rows<={rows or '?'}{' x.grad' if x_grad else ''}{' tf32' if tf32 else ''}"
+    )
+
+
+def _forget_if_stale() -> None:
+    gen = autotune.clears()
+    if gen != _generation[0]:
+        _memory.clear()
+        _details.clear()
+        _generation[0] = gen
+
+
+def measurable(device: torch.device) -> str | None:
+    """Why nothing may be measured now on `device` (None when it may)."""
+    if device.type != "cuda":
+        return "not on a CUDA device"
+    if torch._C._is_tracing():
+        return "torch.jit is tracing"
+    return autotune._timing_blocked()
+
+
+def decided(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> str | None:
+    """The remembered path for this class, or None (nothing is measured)."""
+    _forget_if_stale()
+    return _memory.get(_key(mode, shape, rows, x_grad))
+
+
+def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> str:
+    """ "fused" or "original" for a module of `shape` called on `rows` rows in `mode`."""
+    _forget_if_stale()
+    key = _key(mode, shape, rows, x_grad)
+    path = _memory.get(key)
+    if path is not None:
+        return path
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+        device = torch.device(shape[5])
+        blocked = measurable(device)
+        if blocked is not None:
+            return "fused"  # not remembered: the next call that may measure decides
+        store = autotune.store_for(device)
+        cached = store.get(SECTION + mode, key_text(key))
+        if isinstance(cached, dict) and cached.get("path") in PATHS:
+            _memory[key], _details[key] = cached["path"], dict(cached, source="cache")
+            return cached["path"]
+        details = _measure(mode, Shape(*shape), rows or 4096, x_grad, device)
+        _memory[key], _details[key] = details["path"], dict(details, source="measured")
+        store.put(SECTION + mode, key_text(key), details)
+        return details["path"]
+
+
+@torch._dynamo.assume_constant_result
+def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
+    """choose("compiled", ...), called while Dynamo traces: its answer is a constant of the
+    graph (rows is None where the trace has dynamic shapes: measured at 4096 rows)."""
+    if not auto_allowed("fused_mlp" if shape[0] == "mlp" else "linear_gelu", "auto"):
+        return "fused"
+    return choose("compiled", shape, rows, grad)
+
+
+def details() -> dict[str, dict]:
+    """Every decision this process holds: {key text: {"path", "times_us", "source", ...}}."""
+    _forget_if_stale()
+    return {key_text(k): dict(v) for k, v in _details.items()}
+
+
+def clear() -> None:
+    with _lock:
+        _memory.clear()
+        _details.clear()
+
+
+# ------------------------------------------------------------------------------ measuring
+def _random_parameters(shape: Shape, device, grad: bool):
+    dtype = getattr(torch, shape.dtype.replace("torch.", ""))
+    weights, biases = [], []
+    for (k, n), has_bias in zip(zip(shape.widths[:-1], shape.widths[1:]), shape.biases):
+        bound = 1.0 / math.sqrt(k)
+        w = torch.empty(n, k, device=device, dtype=dtype).uniform_(-bound, bound)
+        b = torch.empty(n, device=device, dtype=dtype).uniform_(-bound, bound) if has_bias else None
+        weights.append(w.requires_grad_(grad))
+        biases.append(None if b is None else b.requires_grad_(grad))
+    return weights, biases
+
+
+def _original_mlp(x, weights, biases, activation: str, gemm_only: bool) -> torch.Tensor:
+    act = ACTIVATIONS[activation]
+    last = len(weights) - 1
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        x = F.linear(x, w, b)
+        if i < last and not gemm_only:
+            x = act(x)
+    return x
+
+
+def _paths(shape: Shape, x, weights, biases, compiled: bool) -> dict[str, Callable]:
+    """The two paths as calls on these tensors. Under "compiled" the original is its GEMMs
+    alone (with bias, as Inductor's addmm), the floor of what Inductor makes of it."""
+    if shape.kind == "mlp":
+        fused = lambda: ops.fused_mlp(x, weights, biases, activation=shape.activation)
+        original = lambda: _original_mlp(x, weights, biases, shape.activation, compiled)
+    else:
+        w, b = weights[0], biases[0]
+        fused = lambda: ops.linear_gelu(x, w, b, approximate=shape.activation)
+        if compiled:
+            original = lambda: F.linear(x, w, b)
+        else:
+            original = lambda: F.gelu(F.linear(x, w, b), approximate=shape.activation)
+    return {"fused": fused, "original": original}
+
+
+def _with_backward(run: Callable, inputs: Sequence[torch.Tensor]) -> Callable:
+    grad_out: list[torch.Tensor] = []
+
+    def step():
+        out = run()
+        if not grad_out:
+            grad_out.append(torch.randn_like(out))
+        return torch.autograd.grad(out, inputs, grad_out[0])
+
+    return step
+
+
+def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
+    train = mode == "train" or (mode == "compiled" and x_grad)
+    dtype = getattr(torch, shape.dtype.replace("torch.", ""))
+    timer = autotune.current_timer()
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard, torch.no_grad() if not train else torch.enable_grad():
+        weights, biases = _random_parameters(shape, device, train)
+        x = torch.randn(rows, shape.widths[0], device=device, dtype=dtype)
+        x.requires_grad_(train and x_grad)
+        runs = _paths(shape, x, weights, biases, compiled=mode == "compiled")
+        if train:
+            inputs = [t for t in (x, *weights, *biases) if t is not None and t.requires_grad]
+            runs = {name: _with_backward(run, inputs) for name, run in runs.items()}
+        errors: dict[str, str] = {}
+        for name, run in list(runs.items()):
+            try:
+                run()  # untimed: the op's own auto decides its backend, kernels compile
+            except Exception as exc:  # a path that fails is not a candidate
+                errors[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                del runs[name]
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+        budget = BUDGET_MS / max(1, len(runs)) / ROUNDS
+        for _ in range(ROUNDS):
+            for name, run in runs.items():
+                measured = timer(run, f"module:{name}", budget)
+                if not isinstance(measured, (tuple, list)):
+                    measured = (measured, measured)
+                samples[name].append((float(measured[0]), float(measured[1])))
+    parts = {
+        name: (sorted(s[0] for s in ss)[len(ss) // 2], min(s[1] for s in ss))
+        for name, ss in samples.items()
+    }
+    scored = autotune.scores(parts)
+    margin = MARGIN_COMPILED if mode == "compiled" else MARGIN
+    if "fused" in scored and "original" in scored:
+        path = "fused" if scored["fused"][0] < (1 - margin) * scored["original"][0] else "original"
+    else:
+        path = "original" if "original" in scored else "fused"
+    return {
+        "path": path,
+        "rows": rows,
+        "times_us": {n: [round(v, 3) for v in t] for n, t in scored.items()},
+        "errors": errors,
+    }
+
+
+def shape_of_mlp(weights, biases, activation: str) -> tuple:
+    w0 = weights[0]
+    widths = (w0.shape[1], *(w.shape[0] for w in weights))
+    return ("mlp", widths, activation, tuple(b is not None for b in biases), str(w0.dtype),
+            str(w0.device))  # fmt: skip
+
+
+def shape_of_linear_gelu(weight, bias, approximate: str) -> tuple:
+    widths = (weight.shape[1], weight.shape[0])
+    return ("linear_gelu", widths, approximate, (bias is not None,), str(weight.dtype),
+            str(weight.device))  # fmt: skip
+
+
+def auto_allowed(spec_name: str, backend: str) -> bool:
+    """Whether the module may choose: its backend is "auto" and nothing overrides auto now."""
+    return backend == "auto" and dispatch.auto_unforced(OPS[spec_name])
