@@ -82,7 +82,7 @@ def key_text(key: tuple) -> str:
     bias = "".join("b" if b else "-" for b in biases)
     return (
         f"{kind} widths={'-'.join(map(str, widths))} act={act} bias={bias} {dtype} {device} "
-        f"rows<={rows or '?'}{' x.grad' if x_grad else ''}{' tf32' if tf32 else ''}"
+        f"rows<={rows or '?'}{' grad' if x_grad else ''}{' tf32' if tf32 else ''}"
     )
 
 
@@ -121,13 +121,15 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
             return _memory[key]
         device = torch.device(shape[5])
         blocked = measurable(device)
-        if blocked is not None:
-            return "fused"  # not remembered: the next call that may measure decides
+        if blocked is not None and device.type != "cuda":
+            return "fused"
         store = autotune.store_for(device)
         cached = store.get(SECTION + mode, key_text(key))
         if isinstance(cached, dict) and cached.get("path") in PATHS:
             _memory[key], _details[key] = cached["path"], dict(cached, source="cache")
             return cached["path"]
+        if blocked is not None:
+            return "fused"  # not remembered: the next call that may measure decides
         details = _measure(mode, Shape(*shape), rows or 4096, x_grad, device)
         _memory[key], _details[key] = details["path"], dict(details, source="measured")
         store.put(SECTION + mode, key_text(key), details)
@@ -146,7 +148,7 @@ def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
 def details() -> dict[str, dict]:
     """Every decision this process holds: {key text: {"path", "times_us", "source", ...}}."""
     _forget_if_stale()
-    return {key_text(k): dict(v) for k, v in _details.items()}
+    return {f"{k[0]} {key_text(k)}": dict(v) for k, v in _details.items()}
 
 
 def clear() -> None:

@@ -1,0 +1,303 @@
+"""dualk.fuse on the patterns real models use (timm's Mlp, torchvision's MLP, transformers'
+activation classes, models fx cannot trace), and the fused modules' measured choice between
+the fused path and the original one (dualk.module_choice)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dualk
+from dualk import autotune, module_choice
+from dualk.fuse import fuse
+from dualk.nn import FusedMLP, LinearGELU
+
+
+def _fused_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (FusedMLP, LinearGELU))]
+
+
+class TimmMlp(nn.Module):
+    """timm.layers.Mlp's structure: fc1, act, drop1, norm, fc2, drop2."""
+
+    def __init__(self, d=8, hidden=16, p=0.0):
+        super().__init__()
+        self.fc1, self.act, self.drop1 = nn.Linear(d, hidden), nn.GELU(), nn.Dropout(p)
+        self.norm, self.fc2, self.drop2 = nn.Identity(), nn.Linear(hidden, d), nn.Dropout(p)
+
+    def forward(self, x):
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+def _torchvision_style_mlp(p=0.0) -> nn.Sequential:
+    """torchvision.ops.MLP(8, [16, 16, 8], dropout=p)'s layers."""
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(16, 16), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(16, 8), nn.Dropout(p),
+    )  # fmt: skip
+
+
+def test_timm_mlp_fuses_through_dropout_and_identity():
+    torch.manual_seed(0)
+    model = TimmMlp().eval()
+    fused, rep = fuse(model, report=True)
+    [chain] = rep.fused
+    assert chain.kind == "FusedMLP" and chain.widths == [8, 16, 8]
+    assert chain.nodes == ["fc1", "act", "drop1", "norm", "fc2"]
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert not rep.skipped  # every Linear is in the chain
+
+
+def test_torchvision_mlp_fuses_and_reports():
+    torch.manual_seed(1)
+    model = _torchvision_style_mlp().eval()
+    fused, rep = fuse(model, report=True)
+    [chain] = rep.fused
+    assert chain.widths == [8, 16, 16, 8] and chain.activation == "relu"
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_active_dropout_runs_the_original_ops():
+    # Dropout with p > 0 in training: the fused module runs PyTorch's ops (the same random
+    # draws as the original model under the same seed), and the fused kernel again in eval.
+    torch.manual_seed(2)
+    model = _torchvision_style_mlp(p=0.5).train()
+    fused = fuse(model)
+    x = torch.randn(6, 8)
+    torch.manual_seed(7)
+    expected = model(x)
+    torch.manual_seed(7)
+    got = fused(x)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert (got == 0).any()  # the dropout did drop
+    [module] = _fused_modules(fused)
+    assert module._between_active()
+    fused.eval()
+    model.eval()
+    assert not module._between_active()
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def _fake_transformers_activations(monkeypatch):
+    """Classes with transformers.activations' names and forwards (transformers is not a test
+    dependency): fuse matches them by module and class name."""
+    mod = types.ModuleType("transformers.activations")
+
+    class NewGELUActivation(nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+
+    class GELUActivation(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = F.gelu
+
+        def forward(self, x):
+            return self.act(x)
+
+    class QuickGELUActivation(nn.Module):  # x * sigmoid(1.702 x): not one of dualk's
+        def forward(self, x):
+            return x * torch.sigmoid(1.702 * x)
+
+    for cls in (NewGELUActivation, GELUActivation, QuickGELUActivation):
+        cls.__module__ = mod.__name__
+        cls.__qualname__ = cls.__name__
+        setattr(mod, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "transformers.activations", mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("NewGELUActivation", "gelu(tanh)"), ("GELUActivation", "gelu(none)"),
+     ("QuickGELUActivation", None)],
+)  # fmt: skip
+def test_transformers_activation_classes(monkeypatch, name, expected):
+    acts = _fake_transformers_activations(monkeypatch)
+
+    class HFBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Linear(8, 32)
+            self.intermediate_act_fn = getattr(acts, name)()
+            self.out = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.out(self.intermediate_act_fn(self.dense(x)))
+
+    torch.manual_seed(3)
+    model = HFBlock()
+    fused, rep = fuse(model, report=True)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-5)
+    if expected is None:
+        assert rep.fused == []
+        skipped = dict(rep.skipped)
+        assert set(skipped) == {"dense", "out"}  # every Linear named, with why
+        assert "2 users" in skipped["dense"]  # x * sigmoid(1.702 x) reads it twice
+    else:
+        [chain] = rep.fused
+        assert chain.activation == expected and chain.nodes == [
+            "dense",
+            "intermediate_act_fn",
+            "out",
+        ]
+
+
+class _Untraceable(nn.Module):
+    """A forward fx cannot trace (data-dependent control flow), holding a traceable block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = TimmMlp()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # fx cannot trace this
+            x = x * 2
+        return self.head(self.block(x))
+
+
+def test_untraceable_models_children_are_registered_and_reported():
+    torch.manual_seed(4)
+    model = _Untraceable().eval()
+    fused, rep = fuse(model, report=True)
+    assert not rep.traced and len(rep.fused) == 1
+    # the fused module is a registered submodule of the block: modules(), hooks, .to() see it
+    names = [n for n, m in fused.named_modules() if isinstance(m, FusedMLP)]
+    assert names == ["block." + rep.fused[0].name.split(".")[-1]]
+    assert list(fused.state_dict()) == list(model.state_dict())
+    calls = []
+    fused.get_submodule(names[0]).register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert calls == [1]
+    skipped = dict(rep.skipped)
+    assert "head" in skipped and "not reached by a traced graph" in skipped["head"]
+
+
+# --------------------------------------------------------------------- the measured choice
+@pytest.fixture
+def measured(monkeypatch):
+    """Measurement allowed on the CPU with a fake timer: "original" costs `costs["original"]`
+    us, "fused" `costs["fused"]`; counts the timed calls per path."""
+    costs = {"fused": 20.0, "original": 10.0}
+    timed = {"fused": 0, "original": 0}
+
+    def timer(run, name, budget_ms):
+        run()
+        path = name.split(":")[1]
+        timed[path] += 1
+        return (costs[path], 1.0)
+
+    monkeypatch.setattr(module_choice, "measurable", lambda device: None)
+    autotune.set_timer(timer)
+    autotune.clear_memory()
+    yield costs, timed
+    autotune.set_timer(None)
+    autotune.clear_memory()
+
+
+def test_choice_runs_the_faster_path_per_mode(measured):
+    costs, timed = measured
+    torch.manual_seed(5)
+    model = FusedMLP((8, 16, 8))
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        y = model(x)  # measured: the original path is faster
+    assert timed["original"] > 0 and timed["fused"] > 0
+    [(key, entry)] = module_choice.details().items()
+    assert key.startswith("infer ") and entry["path"] == "original"
+    assert entry["times_us"]["original"][1] == 10.0
+    torch.testing.assert_close(y, model.to_sequential()(x), rtol=1e-6, atol=1e-6)
+    before = dict(timed)
+    with torch.no_grad():
+        model(x)  # remembered (the inference plan runs the original ops)
+    assert timed == before
+    # training is its own class, timed forward + backward
+    costs["original"] = 30.0
+    out = model(x.requires_grad_())
+    out.sum().backward()
+    paths = {k.split()[0]: v["path"] for k, v in module_choice.details().items()}
+    assert paths == {"infer": "original", "train": "fused"}
+    assert all(lin.weight.grad is not None for lin in model.layers)
+
+
+def test_choice_is_remembered_in_the_cache_file(measured):
+    costs, timed = measured
+    model = FusedMLP((8, 16, 8))
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    autotune.clear_memory()  # a new process: the file answers
+    count = sum(timed.values())
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    assert sum(timed.values()) == count
+    [entry] = module_choice.details().values()
+    assert entry["source"] == "cache" and entry["path"] == "original"
+
+
+def test_choice_respects_named_backends_and_overrides(measured, monkeypatch):
+    costs, timed = measured
+    monkeypatch.setattr(module_choice, "measurable", lambda device: autotune._timing_blocked())
+    x = torch.randn(4, 9)
+    with torch.no_grad():
+        FusedMLP((9, 16, 8), backend="torch")(x)
+        monkeypatch.setenv("DUALK_BACKEND", "torch")
+        FusedMLP((9, 16, 8))(x)
+        monkeypatch.delenv("DUALK_BACKEND")
+        monkeypatch.setenv("DUALK_AUTOTUNE", "0")
+        FusedMLP((9, 16, 8))(x)
+    assert timed == {"fused": 0, "original": 0} and module_choice.details() == {}
+
+
+def test_choice_is_a_constant_of_a_compiled_graph(measured):
+    costs, timed = measured
+    torch.manual_seed(6)
+    model = LinearGELU(8, 16)
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), F.gelu(model.weight.new_tensor(0) + F.linear(
+            x, model.weight, model.bias), approximate="tanh"), rtol=1e-5, atol=1e-6)  # fmt: skip
+    keys = list(module_choice.details())
+    assert len(keys) == 1 and keys[0].startswith("compiled ") and "rows<=8" in keys[0]
+    # compiled: the fused op must beat the original's GEMMs by MARGIN_COMPILED
+    assert module_choice.details()[keys[0]]["path"] == "original"
+
+
+def test_fused_model_choice_keeps_outputs_and_gradients(measured):
+    # A fused model whose modules run the original path gives the original's outputs and
+    # gradients (the same parameters).
+    costs, timed = measured
+    torch.manual_seed(8)
+    model = _torchvision_style_mlp()
+    fused = fuse(model)
+    x = torch.randn(5, 8)
+    out_f = fused(x)
+    out_f.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    out_o = model(x)
+    out_o.square().sum().backward()
+    torch.testing.assert_close(out_f, out_o)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_readme_fuse_on_cpu_runs_dualk_ops():
+    # Off the GPU nothing is measured: the fused modules run dualk's operators (as before).
+    model = _torchvision_style_mlp().eval()
+    fused = fuse(model)
+    with torch.no_grad():
+        fused(torch.randn(3, 8))
+    assert module_choice.details() == {}
+    assert dualk.fuse is fuse
