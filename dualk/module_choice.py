@@ -122,6 +122,7 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
         device = torch.device(shape[5])
         blocked = measurable(device)
         if blocked is not None and device.type != "cuda":
+            _memory[key] = "fused"  # nothing to measure off the GPU: dualk's ops, as before
             return "fused"
         store = autotune.store_for(device)
         cached = store.get(SECTION + mode, key_text(key))
@@ -136,13 +137,17 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
         return details["path"]
 
 
-@torch._dynamo.assume_constant_result
 def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
     """choose("compiled", ...), called while Dynamo traces: its answer is a constant of the
     graph (rows is None where the trace has dynamic shapes: measured at 4096 rows)."""
     if not auto_allowed("fused_mlp" if shape[0] == "mlp" else "linear_gelu", "auto"):
         return "fused"
     return choose("compiled", shape, rows, grad)
+
+
+# What torch._dynamo.assume_constant_result sets (importing torch._dynamo here would import
+# Triton with dualk): Dynamo calls the function while tracing and keeps its answer as a constant.
+compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def details() -> dict[str, dict]:

@@ -193,32 +193,40 @@ _FUSED_MLP_SPEC = OPS["fused_mlp"]
 
 
 def _choose_path(module, op_name: str, x, weights, biases) -> str:
-    """ "fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
+    """"fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
     measured per shape class, device and mode by dualk.module_choice where the module's backend
     is "auto" and nothing overrides auto; "fused" for any other call (a named backend, autocast,
     torch.func transforms, torch.jit tracing, and input the operator itself must judge: it
-    raises with its own message)."""
+    raises with its own message). A call like the module's last one (shape, dtype, device,
+    gradient mode) reuses its answer."""
     if _is_compiling():
         return _compiled_path(module, x, weights, biases)
     if module.backend != "auto" or _any_autocast() or _transforms_active() or _is_tracing():
         return "fused"
     w0 = weights[0]
+    if type(x) is not torch.Tensor and not isinstance(x, torch.Tensor):
+        return "fused"
+    grad_mode = _is_grad_enabled()
+    sig = (x.shape, x.dtype, x.get_device(), x.requires_grad, grad_mode, w0.requires_grad,
+           w0.dtype, w0.get_device(), autotune.clears())  # fmt: skip
+    memo = module.__dict__.get("_choice_memo")
+    if memo is not None and memo[0] == sig and dispatch.auto_unforced(OPS[op_name]):
+        return memo[1]
     if not (
-        isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == w0.shape[1]
-        and x.dtype is w0.dtype and x.device == w0.device and x.numel()
-        and dispatch.auto_unforced(OPS[op_name])
+        x.dim() >= 1 and x.shape[-1] == w0.shape[1] and x.dtype is w0.dtype
+        and x.device == w0.device and x.numel() and dispatch.auto_unforced(OPS[op_name])
     ):  # fmt: skip
         return "fused"
     x_grad = x.requires_grad
-    grad = _is_grad_enabled() and (
+    grad = grad_mode and (
         x_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
     )
-    return module_choice.choose(
-        "train" if grad else "infer",
-        module._choice_shape(weights, biases),
-        x.numel() // x.shape[-1],
-        grad and x_grad,
-    )
+    mode, shape, rows = "train" if grad else "infer", module._choice_shape(weights, biases), None
+    rows = x.numel() // x.shape[-1]
+    path = module_choice.choose(mode, shape, rows, grad and x_grad)
+    if module_choice.decided(mode, shape, rows, grad and x_grad) is not None:
+        module.__dict__["_choice_memo"] = (sig, path)
+    return path
 
 
 def _compiled_path(module, x, weights, biases) -> str:
@@ -497,6 +505,7 @@ class FusedMLP(nn.Module):
     def __getstate__(self):
         state = dict(super().__getstate__())  # a copy: the default returns the live __dict__
         state.pop("_plan", None)  # launch closures: rebuilt on the first call of the copy
+        state.pop("_choice_memo", None)
         return state
 
     @classmethod
