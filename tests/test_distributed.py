@@ -20,6 +20,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WIDTHS = (24, 32, 32, 8)
+# NVLink multicast stays off (NCCL's NVLS, symmetric memory, NVSHMEM): set here, before any
+# process exists, so that the spawned ranks inherit it, and again in each rank before init.
+NO_MULTICAST = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+os.environ.update(NO_MULTICAST)
 
 
 def _twins(device, dtype):
@@ -43,16 +51,16 @@ def _twins(device, dtype):
 
 
 def _worker(
-    rank: int, world: int, store: str, use_cuda: bool, backend: str, queue, exit_barrier
+    rank: int, world: int, store: str, use_cuda: bool, backend: str, mode: str, queue, exit_barrier
 ) -> None:
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    os.environ.update(NO_MULTICAST)
     try:
         # A file store (no port to race for) and a timeout well inside the parent's wait.
         dist.init_process_group(
             "nccl" if use_cuda else "gloo", init_method=f"file://{store}", rank=rank,
             world_size=world, timeout=timedelta(seconds=90),
         )  # fmt: skip
-        queue.put((rank, _step(rank, use_cuda, backend)))
+        queue.put((rank, _step(rank, use_cuda, backend, mode)))
     except Exception as exc:  # the parent reports it instead of waiting for a result
         import traceback
 
@@ -68,12 +76,24 @@ def _worker(
         exit_barrier.wait(timeout=60)
 
 
-def _step(rank: int, use_cuda: bool, backend: str):
+def _step(rank: int, use_cuda: bool, backend: str, mode: str = "module"):
+    """mode "module": a dualk.nn.FusedMLP against the nn.Sequential of the same weights;
+    "fuse": dualk.fuse(copy of the nn.Sequential), as a user would convert a model."""
     device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     fused, plain = _twins(device, torch.float32)
-    fused.backend = backend
+    if mode == "fuse":
+        import copy
+
+        import dualk
+
+        fused = dualk.fuse(copy.deepcopy(plain), backend=backend)
+        assert any(isinstance(m, dualk.nn.FusedMLP) for m in fused.modules()), str(
+            fused.dualk_fuse_report
+        )
+    else:
+        fused.backend = backend
     ddp_fused = torch.nn.parallel.DistributedDataParallel(fused)
     ddp_plain = torch.nn.parallel.DistributedDataParallel(plain)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
@@ -90,14 +110,14 @@ def _step(rank: int, use_cuda: bool, backend: str):
     return results
 
 
-def _run(world: int, use_cuda: bool, backend: str, tmp: Path):
+def _run(world: int, use_cuda: bool, backend: str, tmp: Path, mode: str = "module"):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     exit_barrier = ctx.Barrier(world)
     store = str(tmp / "store")
     # Daemons, terminated on the way out: a rank stuck in a collective after its peer failed
     # must not hold pytest at exit.
-    procs = [ctx.Process(target=_worker, args=(r, world, store, use_cuda, backend, queue, exit_barrier),
+    procs = [ctx.Process(target=_worker, args=(r, world, store, use_cuda, backend, mode, queue, exit_barrier),
                          daemon=True)
              for r in range(world)]  # fmt: skip
     try:
@@ -146,8 +166,9 @@ def _check(results) -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_ddp_on_cpu_gloo(tmp_path):
-    _check(_run(2, use_cuda=False, backend="torch", tmp=tmp_path))
+@pytest.mark.parametrize("mode", ["module", "fuse"])
+def test_ddp_on_cpu_gloo(mode, tmp_path):
+    _check(_run(2, use_cuda=False, backend="torch", tmp=tmp_path, mode=mode))
 
 
 @pytest.mark.skipif(
@@ -157,3 +178,14 @@ def test_ddp_on_cpu_gloo(tmp_path):
 @pytest.mark.parametrize("backend", ["cuda", "triton", "auto"])
 def test_ddp_on_gpus_nccl(backend, tmp_path):
     _check(_run(torch.cuda.device_count(), use_cuda=True, backend=backend, tmp=tmp_path))
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"DDP over NCCL needs >= 2 GPUs; this machine has {torch.cuda.device_count()}",
+)
+def test_ddp_fuse_on_gpus_nccl(tmp_path):
+    """DDP of a dualk.fuse'd nn.Sequential (backend auto) over NCCL: the loss and the averaged
+    gradients of the nn.Linear model."""
+    _check(_run(torch.cuda.device_count(), use_cuda=True, backend="auto", tmp=tmp_path,
+                mode="fuse"))  # fmt: skip
