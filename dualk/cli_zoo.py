@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Sequence
 
 import click
@@ -76,9 +77,18 @@ def run_zoo(ctx: click.Context) -> None:
             err=True,
         )
 
+    start = time.perf_counter()
+    done: list[zoo.Result] = []
+    env = zoo.environment("cuda" if gpu else "cpu")
+
     def progress(i: int, n: int, what: str) -> None:
         if i < n:
-            click.echo(f"[{i + 1}/{n}] {what}", err=True)
+            click.echo(f"[{i + 1}/{n}] {what} (at {time.perf_counter() - start:.0f} s)", err=True)
+
+    def save(result: zoo.Result) -> None:  # after every row: a run cut short keeps its rows
+        done.append(result)
+        if p["json_path"] is not None:
+            p["json_path"].write_text(json.dumps(zoo.to_json(done, env), indent=1) + "\n")
 
     results = zoo.run(
         names,
@@ -87,11 +97,12 @@ def run_zoo(ctx: click.Context) -> None:
         rounds=p["rounds"],
         quick=p["quick"],
         progress=progress,
+        on_result=save,
     )
     for line in render(results):
         click.echo(line)
+    click.echo(f"{len(results)} rows in {time.perf_counter() - start:.0f} s")
     if p["json_path"] is not None:
-        p["json_path"].write_text(json.dumps(zoo.to_json(results), indent=1) + "\n")
         click.echo(f"wrote {p['json_path']}")
     failed = [r for r in results if r.status == "error" or r.ok is False]
     if failed:

@@ -159,13 +159,15 @@ def run(
     target_ms: float | None = None,
     quick: bool = False,
     progress: Progress | None = None,
+    on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
     """Run the zoo: each selected model in each of its selected modes (see `select`), fused
     against the original. `device`: default the GPU if there is one; `size`: "gpu", "cpu" or
     "auto" (the GPU sizes on a GPU). `rounds` and `target_ms` (one burst's length) default to
     5 and 25 ms on a GPU (`quick`: 3 and 12 ms) and 1 round on a CPU. `progress(i, n, what)` is
-    called before each row and once at the end. A model that fails is a row with status
-    "error", and the run goes on."""
+    called before each row and once at the end, `on_result(result)` after each row (the command
+    line saves the JSON there, so a run cut short keeps its rows). A model that fails is a row
+    with status "error", and the run goes on."""
     dev = torch.device(
         device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     )
@@ -187,6 +189,8 @@ def run(
             progress(i, len(pairs), f"{spec.name} {mode}")
         results.append(_run_one(spec, mode, dev, size, rounds, target_ms))
         _release(dev, compiled=mode == "compiled")
+        if on_result is not None:
+            on_result(results[-1])
     if progress is not None:
         progress(len(pairs), len(pairs), "done")
     return results
@@ -389,6 +393,8 @@ def _judge(result: Result, out: torch.Tensor, orig: torch.Tensor, ref: torch.Ten
         f"{'ok' if result.ok else 'FAIL'}: fused {result.fused_ref_err:.3g}, original "
         f"{result.orig_ref_err:.3g} from the reference (budget {result.err_budget:.3g})"
     )
+    if not ref.count_nonzero():
+        result.verdict += "; the reference output is all zeros: the check compares nothing"
 
 
 def _forward_backward(model: nn.Module, named_params: nn.Module, args, kwargs):

@@ -52,9 +52,9 @@ def unavailable(spec: ModelSpec) -> str | None:
         try:
             importlib.import_module(package)
         except Exception as exc:  # ImportError, or a package broken against this torch
-            return (
-                f"{package} not installed ({type(exc).__name__}: {exc}); pip install dualk[models]"
-            )
+            missing = isinstance(exc, ImportError) and exc.name in (package, None)
+            what = "not installed" if missing else "does not import"
+            return f"{package} {what} ({type(exc).__name__}: {exc}); pip install 'dualk[models]'"
     return None
 
 
@@ -133,16 +133,24 @@ def _torchvision_mlp(device, dtype, size) -> Built:
 
 
 # ---------------------------------------------------------------------------- timm
-def _timm(name: str, batch_gpu: int, cpu_overrides: dict):
+def _timm(name: str, batch_gpu: int, cpu_class: str, cpu_args: dict):
+    """timm.create_model(name) on a GPU; on the CPU the same class, built directly (the named
+    models fix their depth and width: create_model refuses them as overrides) 32x32, 1 block.
+    Without a classifier head (num_classes=0): timm zero-initialises Mixer's, and an output of
+    zeros would make the error check compare nothing; the output is the pooled features."""
+
     def build(device, dtype, size) -> Built:
         import timm
 
-        if _gpu(size):
-            kwargs, batch, image = {}, batch_gpu, 224
-        else:
-            kwargs, batch, image = dict(cpu_overrides, img_size=32, num_classes=10), 2, 32
+        module, cls = cpu_class.rsplit(".", 1)
         with device:
-            model = timm.create_model(name, pretrained=False, **kwargs)
+            if _gpu(size):
+                model = timm.create_model(name, pretrained=False, num_classes=0)
+                batch, image = batch_gpu, 224
+            else:
+                small = getattr(importlib.import_module(module), cls)
+                model = small(img_size=32, patch_size=16, num_classes=0, **cpu_args)
+                batch, image = 2, 32
 
         def make() -> Inputs:
             return (torch.randn(batch, 3, image, image, device=device, dtype=dtype),), {}
@@ -335,10 +343,12 @@ _SPECS = [
     ModelSpec("torchvision_mlp", "mlp", "torchvision.ops.MLP(256, [512, 512, 256], dropout=0.0)",
               _torchvision_mlp, BF16, {"gpu": "65536", "cpu": "8"}, requires=("torchvision",)),
     ModelSpec("vit_small", "vision", "timm vit_small_patch16_224, random init",
-              _timm("vit_small_patch16_224", 64, dict(depth=1, embed_dim=64, num_heads=2)), BF16,
+              _timm("vit_small_patch16_224", 64, "timm.models.vision_transformer.VisionTransformer",
+                    dict(depth=1, embed_dim=64, num_heads=2)), BF16,
               {"gpu": "64 images", "cpu": "2 images 32x32"}, requires=("timm",), fullgraph=False),
     ModelSpec("mixer_b16", "vision", "timm mixer_b16_224, random init",
-              _timm("mixer_b16_224", 32, dict(num_blocks=1, embed_dim=64)), BF16,
+              _timm("mixer_b16_224", 32, "timm.models.mlp_mixer.MlpMixer",
+                    dict(num_blocks=1, embed_dim=64)), BF16,
               {"gpu": "32 images", "cpu": "2 images 32x32"}, requires=("timm",), fullgraph=False),
     ModelSpec("bert", "transformer", "transformers BertModel, 4 layers, hidden 768", _bert, BF16,
               _TRANSFORMER_ROWS, requires=("transformers",), fullgraph=False),
