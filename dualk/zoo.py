@@ -43,6 +43,7 @@ import platform
 import socket
 import statistics
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -229,6 +230,12 @@ def _run_one(
         _measure(spec, mode, device, size, rounds, target_ms, result)
     except Exception as exc:  # one broken model must not end the run: the row says what raised
         result.status, result.reason = "error", _first_line(exc)
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:  # where, for a GPU run read from its JSON alone
+            last = frames[-1]
+            result.note = _join(
+                result.note, f"raised at {last.filename}:{last.lineno} ({last.name})"
+            )
     return result
 
 
