@@ -82,6 +82,20 @@ def _list_cases(ops: Sequence[str]) -> None:
 @click.option(
     "--list", "list_cases", is_flag=True, help="List operators and shape cases, then exit."
 )
+@click.option(
+    "--models",
+    multiple=True,
+    metavar="NAMES",
+    help="Run the model zoo instead: model names, comma-separated or repeated, or 'all' "
+    "(`--models all --list` lists them; dualk/cli_zoo.py).",
+)
+@click.option(
+    "--modes", metavar="MODES", help="With --models: eager,compiled,train (default: all three)."
+)
+@click.option("--quick", is_flag=True, help="With --models: fewer rounds and shorter bursts.")
+@click.option(
+    "--rounds", type=click.IntRange(min=1), help="With --models: timing rounds (default 5)."
+)
 def bench(
     ops: tuple[str, ...],
     dtypes: tuple[str, ...],
@@ -99,10 +113,19 @@ def bench(
     fail_if_slower: float | None,
     allow_no_compare: bool,
     list_cases: bool,
+    models: tuple[str, ...],
+    modes: str | None,
+    quick: bool,
+    rounds: int | None,
 ) -> None:
     """Time dualk's backends against PyTorch on this GPU. Without a GPU: a correctness smoke
     check on the CPU (Triton under its interpreter), no timings; options that only mean something
     for timings are named in a note, or refused where the run could not do what they ask."""
+    if models or modes or quick or rounds:
+        from .cli_zoo import run_zoo
+
+        run_zoo(click.get_current_context())
+        return
     ops = ops or tuple(OPS)
     if list_cases:
         _list_cases(ops)
