@@ -770,13 +770,13 @@ def _toolchain_reason() -> str | None:
 
 # ---------------------------------------------------------------------------- background builds
 PROGRESS_LOG = "progress.log"  # a background builder's output (the compiler's, with verbose)
-# The builder's argv for (family, architectures); tests put a stand-in here.
-BUILDER: Callable[[str, list[str]], list[str]] | None = None
+# The builder's argv for (family, architectures, root or None); tests put a stand-in here.
+BUILDER: Callable[[str, list[str], Path | None], list[str]] | None = None
 
 
 def builder_command(family: str, archs: Sequence[str], root: Path | None = None) -> list[str]:
     if BUILDER is not None:
-        return list(BUILDER(family, list(archs)))
+        return list(BUILDER(family, list(archs), root))
     cmd = [sys.executable, "-m", "dualk.backends.cuda_build", family, "--arch", ",".join(archs)]
     return cmd + ([] if root is None else ["--out", str(root)])
 
