@@ -22,7 +22,8 @@ miss does more:
    kernel), and the lowest score wins; scores within 3% (at least 0.25 us) tie, and the tie
    goes to the cheapest launch (`pick`). A candidate that raises is skipped and recorded with
    its reason. Inputs are never modified (each implementation allocates fresh outputs).
-4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
+4. No timing under CUDA-graph capture, torch.compile or torch.jit tracing, or with
+   DUALK_AUTOTUNE=0: the
    heuristic below decides, and its choice is not recorded as tuned (the next call outside
    capture or tracing tunes). Nothing is started in the background then either.
 5. Never waiting for a build (`backend_state`, README "First contact"): on a GPU, a CUDA
@@ -440,6 +441,8 @@ def _timing_blocked() -> str | None:
         )
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
+    if torch.jit.is_tracing():
+        return "torch.jit is tracing"
     try:
         capturing = torch.cuda.is_current_stream_capturing()
     except (RuntimeError, AssertionError):  # a CPU-only build

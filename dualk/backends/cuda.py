@@ -925,15 +925,16 @@ def auto_state(family: str, start: bool = True) -> tuple[str, str | None]:
 def describe_state(family: str) -> str:
     """One line for dualk.explain: ready (where from), building (since when, its log), failed
     (why, with the log), built but not loaded, or not built; and the prebuilt builds passed over.
-    Loads and starts nothing."""
+    Starts nothing (a builder that has finished is taken in: its library loaded)."""
+    if family in _jobs:
+        _poll(family)
     if family in _extensions:
         where = _loaded_from.get(family)
         text = "ready" + (f" (loaded from {where})" if where is not None else "")
     elif family in _errors:
         text = f"failed: {_errors[family]}"
     elif family in _jobs:
-        _poll(family)
-        return describe_state(family)
+        text = _jobs[family].describe()
     elif not torch.cuda.is_available():
         text = f"unavailable: {NO_DEVICE}"
     else:
