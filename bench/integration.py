@@ -180,7 +180,7 @@ def host_breakdown() -> dict:
 
     dev = torch.device("cuda")
     a, b = torch.randn(16, device=dev), torch.randn(16, device=dev)
-    ext = cuda_backend.extension()
+    ext = cuda_backend.extension("elementwise")
     dualk.add(a, b)
     seed = [torch.nn.Linear(100, 128), torch.nn.Linear(128, 64), torch.nn.Linear(64, 10)]
     ws = [m.to(dev).weight.detach() for m in seed]
@@ -265,7 +265,7 @@ def step_profile() -> dict:
     bs = [m.bias.detach() for m in seed]
     xs = torch.randn(32, 100, device=dev)
     o = torch.empty(32, 10, device=dev)
-    ext = cuda_backend.extension()
+    ext = cuda_backend.extension("mlp")
     out["seed ext.fused_mlp launcher us"] = _median_host_us(lambda: ext.fused_mlp(xs, ws, bs, o, 1))
     out["seed backends.cuda.fused_mlp us"] = _median_host_us(
         lambda: cuda_backend.fused_mlp(xs, ws, bs, "relu")
@@ -456,7 +456,7 @@ def fuse_inference() -> dict:
         ws = [m.weight for m in (model.layer1, model.layer2, model.layer3)]
         bs = [m.bias for m in (model.layer1, model.layer2, model.layer3)]
         o = torch.empty(32, 10, device=dev)
-        ext = cuda_backend.extension()
+        ext = cuda_backend.extension("mlp")
         layers = {
             "FusedMLP module": (lambda: inner[0](x)) if inner else None,
             "dualk.fused_mlp auto": lambda: dualk.fused_mlp(x, ws, bs),

@@ -6,6 +6,7 @@ from .dispatch import set_default_backend, use_backend
 from .errors import (
     BackendUnavailableError,
     BackendWarning,
+    BuildNotice,
     ConfigError,
     DeviceMismatchError,
     DtypeError,
@@ -25,6 +26,7 @@ __all__ = [
     "OPS",
     "BackendUnavailableError",
     "BackendWarning",
+    "BuildNotice",
     "ConfigError",
     "DeviceMismatchError",
     "DtypeError",

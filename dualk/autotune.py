@@ -22,9 +22,20 @@ miss does more:
    kernel), and the lowest score wins; scores within 3% (at least 0.25 us) tie, and the tie
    goes to the cheapest launch (`pick`). A candidate that raises is skipped and recorded with
    its reason. Inputs are never modified (each implementation allocates fresh outputs).
-4. No timing under CUDA-graph capture, torch.compile tracing, or with DUALK_AUTOTUNE=0: the
+4. No timing under CUDA-graph capture, torch.compile or torch.jit tracing, or with
+   DUALK_AUTOTUNE=0: the
    heuristic below decides, and its choice is not recorded as tuned (the next call outside
-   capture or tracing tunes).
+   capture or tracing tunes). Nothing is started in the background then either.
+5. Never waiting for a build (`backend_state`, README "First contact"): on a GPU, a CUDA
+   family that is not built is not a candidate; the call that finds it so starts its build in a
+   separate process (dualk/backends/cuda.py `auto_state`) and is decided among the others. Nor
+   does a first decision spend Triton's compile and config search in the user's call: on the
+   first timed decision of a class in a process (no cache file entry), Triton sits out; it joins
+   at the class's next call (which compiles and tunes it). A decision made while a candidate was
+   missing is provisional: kept in memory only (never in the cache file, nor in exact_hits, nor
+   answered by `decided`), and decided again on the class's next call once Triton can join, or
+   once a build has finished (cuda.generation() changed: one waitpid per running builder on
+   those calls). `dualk tune` (explicit) waits for builds and tunes Triton instead.
 
 Heuristic (measured on H100 and H200): torch for add/relu_scale (the CUDA kernels match its
 bandwidth at large n but cost more host time at small n), matmul (cuBLAS wins most shapes) and
@@ -250,6 +261,12 @@ def make_key(spec: OpSpec, args: tuple) -> tuple:
 _memory: dict[tuple, str] = {}  # key -> winner: the hit path
 _details: dict[tuple, dict] = {}  # key -> how the winner was decided (explain)
 _heuristics: dict[tuple, dict] = {}  # key -> the heuristic decision, while timing is blocked
+# key -> {"pending": {backend: why}, "gen": cuda.generation()} for a decision made while a
+# candidate was missing (module docstring, 5.); the hot path tests this dict's truth only.
+_provisional: dict[tuple, dict] = {}
+_triton_deferred: set[tuple] = set()  # keys whose first timed decision Triton sat out
+# Device types on which builds and Triton's first-call deferral apply (tests add "cpu").
+BACKGROUND_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 _lock = threading.RLock()
 _timer: Timer | None = None
 # The first-level table of the hit path: an exact signature of the call (dualk/ops.py builds it
@@ -265,9 +282,25 @@ def choose(spec: OpSpec, args: tuple) -> str:
     """The backend "auto" runs for `spec.implementation(name)(*args)`."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None:
-        name = _decide(spec, args, key, tune=True)["backend"]
+    if name is None or (_provisional and key in _provisional and _stale(key)):
+        name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
     return name
+
+
+def _stale(key: tuple) -> bool:
+    """Whether a provisional decision is due again: Triton sat it out (this is a later call of
+    the class), or a CUDA build finished since (poll_builds: a waitpid per running builder)."""
+    entry = _provisional.get(key)
+    if entry is None:
+        return False
+    pending = entry["pending"]
+    if "triton" in pending:
+        return True
+    if "cuda" in pending:
+        from .backends import cuda
+
+        return cuda.poll_builds() != entry["gen"]
+    return False
 
 
 def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
@@ -280,10 +313,10 @@ def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
     exact_hits themselves and call this on a miss, only when dispatch.auto_unforced(spec)."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None:
-        name = _decide(spec, args, key, tune=True)["backend"]
-    with _lock:  # the decision is still the remembered one (not a heuristic, not replaced)
-        if _memory.get(key) == name:
+    if name is None or (_provisional and key in _provisional and _stale(key)):
+        name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
+    with _lock:  # the decision is still the remembered one (not a heuristic, not provisional)
+        if _memory.get(key) == name and key not in _provisional:
             if len(exact_hits) >= EXACT_HITS_MAX:
                 exact_hits.clear()
             exact_hits[sig] = name
@@ -320,8 +353,10 @@ def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
 
 
 def decided(spec: OpSpec, args: tuple) -> str | None:
-    """The in-memory winner for this call's key, or None (nothing is timed or loaded)."""
-    return _memory.get(KEY_FUNCTIONS[spec.name](args))
+    """The in-memory winner for this call's key, or None (nothing is timed or loaded; a
+    provisional decision, made while a candidate was missing, is None too)."""
+    key = KEY_FUNCTIONS[spec.name](args)
+    return None if key in _provisional else _memory.get(key)
 
 
 def generation() -> int:
@@ -350,6 +385,8 @@ def clear_memory() -> None:
         _memory.clear()
         _details.clear()
         _heuristics.clear()
+        _provisional.clear()
+        _triton_deferred.clear()
         _stores.clear()
         _warned.clear()
 
@@ -373,6 +410,30 @@ def _device_of(args: tuple) -> torch.device:
     return args[0].device
 
 
+def backend_state(
+    name: str, spec: OpSpec, device: torch.device, start: bool
+) -> tuple[str, str | None]:
+    """("ok", None), ("pending", why: a candidate once its build finishes) or ("rejected", why)
+    for a backend that candidate_reason admits. The CUDA backend on a GPU asks its family's
+    state, starting its build in the background when `start` (never waiting for it)."""
+    if name != "cuda" or device.type not in BACKGROUND_DEVICE_TYPES:
+        return "ok", None
+    from .backends import cuda
+
+    state, why = cuda.auto_state(cuda.OP_FAMILY[spec.name], start=start)
+    if state == "ready":
+        return "ok", None
+    if state in ("building", "not built"):
+        return "pending", why
+    return "rejected", why
+
+
+TRITON_DEFERRED = (
+    "not compiled or tuned for this class yet: auto never spends Triton's compile and config "
+    "search in a class's first call; it joins the decision on the class's next call"
+)
+
+
 def _timing_blocked() -> str | None:
     """Why no timing may happen now (None when it may)."""
     flag = os.environ.get("DUALK_AUTOTUNE", "").strip().lower()
@@ -388,6 +449,8 @@ def _timing_blocked() -> str | None:
         )
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
+    if torch.jit.is_tracing():
+        return "torch.jit is tracing"
     try:
         capturing = torch.cuda.is_current_stream_capturing()
     except (RuntimeError, AssertionError):  # a CPU-only build
@@ -444,8 +507,16 @@ def heuristic(spec: OpSpec, args: tuple, available: list[str]) -> tuple[str, str
     )
 
 
-def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool = False) -> dict:
+def _decide(
+    spec, args, key, *, tune: bool, force: bool = False, explicit: bool = False,
+    revisit: bool = False,
+) -> dict:  # fmt: skip
     with _lock:
+        if revisit and key in _provisional:  # a provisional decision is due again
+            exact_hits.clear()
+            _memory.pop(key, None)
+            _details.pop(key, None)
+            _provisional.pop(key, None)
         if not force and key in _memory:
             return dict(_details[key])
         # Timing blocked (DUALK_AUTOTUNE=0 for the whole run): a decided heuristic is cheap.
@@ -455,17 +526,29 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
             if blocked is not None:
                 return {**cached, "reason": f"not timed: {blocked}"}
         device = _device_of(args)
+        blocked = _timing_blocked()
+        if explicit and blocked == "DUALK_AUTOTUNE=0":
+            blocked = None
         rejected: dict[str, str] = {}
+        pending: dict[str, str] = {}  # candidates that will come (a build running, Triton)
         available = []
         for name in spec.backends:
             reason = candidate_reason(name, device)
+            if reason is None and not explicit:  # `dualk tune` waits for builds instead
+                state, why = backend_state(name, spec, device, start=tune and blocked is None)
+                if state == "pending":
+                    pending[name] = why
+                    continue
+                reason = why
             if reason is None:
                 available.append(name)
             else:
                 rejected[name] = reason
         skey = key_string(key)
         base = {"op": spec.name, "key": skey, "device": str(device), "rejected": rejected}
-        if len(available) <= 1:
+        if pending:
+            base["pending_backends"] = dict(pending)
+        if len(available) <= 1 and not pending:
             only = available[0] if available else "torch"
             return _remember(key, {**base, "backend": only, "source": "only candidate"})
 
@@ -483,9 +566,6 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
                 },
             )  # fmt: skip
 
-        blocked = _timing_blocked()
-        if explicit and blocked == "DUALK_AUTOTUNE=0":
-            blocked = None
         if blocked is not None or not tune:
             cached = _heuristics.get(key)
             if cached is None:
@@ -500,6 +580,19 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
                 out["reason"] = f"not tuned yet: the first call times {', '.join(available)}"
             return out
 
+        # Triton's first timed decision of a class in this process sits out (module docstring).
+        if (
+            "triton" in available and not explicit and device.type in BACKGROUND_DEVICE_TYPES
+            and key not in _triton_deferred
+        ):  # fmt: skip
+            _triton_deferred.add(key)
+            available.remove("triton")
+            pending["triton"] = TRITON_DEFERRED
+            base["pending_backends"] = dict(pending)
+        if len(available) <= 1:  # the others are coming: this one serves until then
+            only = available[0] if available else "torch"
+            return _remember(key, {**base, "backend": only, "source": "only candidate"}, pending)
+
         times, errors = _measure(spec, args, device, available)
         rejected = {**rejected, **errors}
         if not times:  # every candidate raised: the call itself will say why
@@ -511,6 +604,13 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
         # What each score was made of (a real timer's device median, least host time): explain.
         parts_us = {name: [round(t[1], 3), round(t[2], 3)] for name, t in times.items()
                     if (t[1], t[2]) != (t[0], t[0])}  # fmt: skip
+        if pending:  # provisional: in memory only, decided again when the others come
+            return _remember(
+                key,
+                {**base, "backend": winner, "source": "tuned", "times_us": times_us,
+                 "device_host_us": parts_us, "rejected": rejected},
+                pending,
+            )  # fmt: skip
         store.put(
             BACKEND_SECTION,
             skey,
@@ -529,10 +629,18 @@ def _decide(spec, args, key, *, tune: bool, force: bool = False, explicit: bool 
         )  # fmt: skip
 
 
-def _remember(key: tuple, details: dict) -> dict:
+def _remember(key: tuple, details: dict, pending: dict | None = None) -> dict:
+    """Remember a decision; with `pending` (candidates still to come) as provisional."""
     global _generation
     _generation += 1  # a new or changed decision: cached ones elsewhere are checked again
     exact_hits.clear()
+    if pending:
+        from .backends import cuda
+
+        details = {**details, "provisional": True, "pending_backends": dict(pending)}
+        _provisional[key] = {"pending": dict(pending), "gen": cuda.generation()}
+    else:
+        _provisional.pop(key, None)
     _details[key] = details
     _memory[key] = details["backend"]
     return dict(details)

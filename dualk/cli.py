@@ -126,22 +126,14 @@ def info() -> None:
         click.echo(f"{key:<{width}}  {value}")
 
     device = torch.device("cuda" if common.has_gpu() else "cpu")
-    build_dir = cuda_backend.build_directory()
-    built = "built" if build_dir.is_dir() and any(build_dir.glob("*.so")) else "not built yet"
-    if device.type == "cuda" and built != "built":
-        click.echo(
-            "\n(checking the cuda backend builds the extension first: this can take minutes)"
-        )
     click.echo(f"\nbackends per operator on {device}:")
     for line in _availability_table(device):
         click.echo("  " + line)
 
     config_file = config.config_path()
     paths = [
-        (
-            "CUDA build cache",
-            f"{cuda_backend.cache_root() / 'cuda'}  (this build: {build_dir.name}, {built})",
-        ),
+        ("CUDA build cache", f"{cuda_backend.cache_root() / 'cuda'}"),
+        *((f"  {family}", cuda_backend.describe_state(family)) for family in cuda_backend.FAMILIES),
         ("Triton cache", f"{_triton_cache_dir()}  (compiled kernels and autotune results)"),
         ("autotune cache", f"{autotune.cache_dir()}  (`dualk cache show`)"),
         ("config file", f"{config_file}" + ("" if config_file.is_file() else "  (absent)")),
@@ -155,26 +147,92 @@ def info() -> None:
 # ---------------------------------------------------------------------------- build
 @main.command()
 @click.option("--verbose", is_flag=True, help="Show the compiler's output.")
-def build(verbose: bool) -> None:
-    """Build the CUDA extension ahead of time and print where it is cached."""
+@click.option(
+    "--arch", default="", help="Architectures, e.g. sm_90a,sm_80 (default: the visible GPUs')."
+)
+@click.option(
+    "--out", default=None, type=click.Path(file_okay=False),
+    help="Build into this directory instead of the cache; point DUALK_PREBUILT_DIR at it.",
+)  # fmt: skip
+@click.option(
+    "--family", "families", multiple=True,
+    help="Only these families (elementwise, gemm, mlp; default: all).",
+)  # fmt: skip
+def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) -> None:
+    """Build the CUDA extension families ahead of time, each in its own builder process, all at
+    once: one line per family as it starts, and as it is done (seconds) or failed (its log)."""
+    import subprocess
     import time
+    from pathlib import Path
 
     from .backends import cuda as cuda_backend
 
-    if not _has_gpu():  # nothing was attempted: the build targets the GPU it finds
+    unknown = [f for f in families if f not in cuda_backend.FAMILIES]
+    if unknown:
         click.echo(
-            f"nothing built: {cuda_backend.NO_DEVICE} (the CUDA backend is built for the "
-            "architecture of the GPU it runs on)",
+            f"unknown family {', '.join(unknown)}; families: {', '.join(cuda_backend.FAMILIES)}",
             err=True,
         )
-        sys.exit(1)
-    t0 = time.perf_counter()
+        sys.exit(2)
     try:
-        cuda_backend.extension(verbose=verbose)
-    except Exception as exc:
-        click.echo(f"build failed: {exc}", err=True)
+        archs = cuda_backend.parse_archs(arch) if arch else None
+    except ValueError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    if archs is None:
+        if not _has_gpu():  # nothing was attempted: the default targets the GPU it finds
+            click.echo(
+                f"nothing built: {cuda_backend.NO_DEVICE} (name the architectures with --arch, "
+                "e.g. --arch sm_90a, to build without a GPU)",
+                err=True,
+            )
+            sys.exit(1)
+        archs = cuda_backend.target_archs()
+    root = None if out is None else Path(out).expanduser().resolve()
+    env = cuda_backend.builder_env()
+    running = {}
+    for family in families or tuple(cuda_backend.FAMILIES):
+        directory = cuda_backend.build_directory(family, archs, root)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            log = directory / cuda_backend.PROGRESS_LOG
+            cmd = cuda_backend.builder_command(family, archs, root)
+            output = None if verbose else open(log, "wb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            click.echo(f"{family}: failed: cannot write {directory} ({exc})")
+            continue
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env
+        )
+        running[family] = (proc, time.perf_counter(), log, output)
+        usual, measured = cuda_backend.usual_seconds(family)
+        click.echo(
+            f"{family}: started for {','.join(archs)} in {directory} (usually ~{usual:.0f} s"
+            + ("" if measured else " on a 16-core host")
+            + ")"
+        )
+    failed = 0
+    while running:
+        time.sleep(0.2)
+        for family, (proc, t0, log, output) in list(running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del running[family]
+            if output is not None:
+                output.close()
+            seconds = time.perf_counter() - t0
+            if rc == 0:
+                click.echo(f"{family}: done in {seconds:.1f} s")
+                continue
+            failed += 1
+            job = cuda_backend._Job(proc, 0.0, log.parent, log)
+            why = job.last_line() if output is not None else f"exit status {rc}"
+            click.echo(f"{family}: failed after {seconds:.1f} s: {why} (log: {log})")
+    if failed:
         sys.exit(1)
-    click.echo(f"built in {time.perf_counter() - t0:.1f} s: {cuda_backend.build_directory()}")
+    if root is not None:
+        click.echo(f"built into {root}; at run time: DUALK_PREBUILT_DIR={root}")
 
 
 for command in (bench, report_command, tune, cache):

@@ -136,7 +136,7 @@ def choose(spec: OpSpec, backend: str, args: tuple) -> str:
         if auto_unforced(spec):  # the common call: no tuple building
             return autotune.choose(spec, args)
     elif backend in BACKENDS:  # the argument wins over every other source: requested()'s answer
-        reason = unavailable_reason(backend, _first_tensor(args).device)
+        reason = unavailable_reason(backend, _first_tensor(args).device, spec.name)
         if reason is None:
             return backend
         raise BackendUnavailableError(
@@ -146,7 +146,7 @@ def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     name, source = requested(spec, backend)
     if name == "auto":
         return autotune.choose(spec, args)
-    reason = unavailable_reason(name, _first_tensor(args).device)
+    reason = unavailable_reason(name, _first_tensor(args).device, spec.name)
     if reason is not None:
         raise BackendUnavailableError(
             f"dualk.{spec.name}: backend {name!r} (requested by {source}) cannot run: {reason}"
@@ -168,6 +168,14 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
             notes.append("this shape class is not tuned yet: the first call times the candidates")
         for cand, reason in info.get("rejected", {}).items():
             availability[cand] = reason
+        for cand, reason in info.get("pending_backends", {}).items():
+            availability[cand] = f"not a candidate yet: {reason}"
+        if info.get("provisional"):
+            notes.append(
+                "provisional decision (made while "
+                + ", ".join(info["pending_backends"])
+                + " could not take part): decided again once they can, never stored on disk"
+            )
         if info.get("times_us"):
             parts = info.get("device_host_us", {})
             times = ", ".join(
@@ -183,6 +191,11 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         availability = {b: unavailable_reason(b, like.device) for b in spec.backends}
         if source == "config":
             notes.append(f"named in the config file {config.loaded_from()}")
+    if "cuda" in spec.backends and like.device.type in autotune.BACKGROUND_DEVICE_TYPES:
+        from .backends import cuda
+
+        family = cuda.OP_FAMILY[spec.name]
+        notes.append(f"cuda backend, {family} family: {cuda.describe_state(family)}")
     expl = Explanation(spec.name, chosen, source, availability, notes)
     if availability.get(chosen) is not None:
         expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")

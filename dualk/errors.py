@@ -61,3 +61,11 @@ def user_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 1
+
+
+class BuildNotice(UserWarning):
+    """A CUDA extension family is being built: in the background for backend="auto" (which runs
+    the other backends meanwhile), or in the call for an explicit backend="cuda". One line naming
+    the family, where it is built, its log and how long such a build usually takes; given once
+    per family and process. Silence it with warnings.filterwarnings("ignore",
+    category=dualk.BuildNotice)."""

@@ -532,7 +532,7 @@ def test_a_new_source_or_device_fingerprint_is_a_new_file(monkeypatch):
     assert autotune.cache_file(CPU).name != name
     assert len(autotune.source_hash()) == 16
     names = {p.name for p in autotune.source_files()}
-    assert {"autotune.py", "matmul.py", "binding.cpp"} <= names
+    assert {"autotune.py", "matmul.py", "binding_gemm.cpp", "cuda_build.py"} <= names
 
 
 # ---------------------------------------------------------------------------- hit path
@@ -559,7 +559,7 @@ def ran(fake_gpu, monkeypatch):
     running the reference; named backends are available too."""
     from dualk import dispatch
 
-    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device: None)
+    monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, op=None: None)
     monkeypatch.setattr("dualk.ops.mlp_fallback_reason", lambda backend, x, weights: None)
     calls: list[str] = []
     for op in OPS:

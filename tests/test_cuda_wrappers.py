@@ -1,5 +1,5 @@
 """The CUDA backend's Python wrappers for the GEMM family (dualk/backends/cuda.py) against a
-stand-in extension that enforces the launcher's contract (cuda_src/binding.cpp: operands 2-dim,
+stand-in extension that enforces the launcher's contract (cuda_src/binding_gemm.cpp: operands 2-dim,
 or 3-dim with batch; A with unit stride along k; B with unit stride along n or along k; an
 nn.Linear weight as it is, read as B = weight^T; a fresh contiguous output of the result's shape)
 and computes with PyTorch. Runs on the CPU: what it checks is what the wrappers hand the
@@ -23,7 +23,7 @@ def _as3(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Launcher:
-    """binding.cpp's matmul and linear_gelu checks, then PyTorch's result written into out."""
+    """binding_gemm.cpp's matmul and linear_gelu checks, then PyTorch's result written into out."""
 
     def __init__(self):
         self.calls: list[str] = []
@@ -56,7 +56,7 @@ class _Launcher:
 @pytest.fixture
 def launcher(monkeypatch):
     fake = _Launcher()
-    monkeypatch.setattr(cuda_backend, "extension", lambda: fake)
+    monkeypatch.setattr(cuda_backend, "extension", lambda family="elementwise", verbose=None: fake)
     torch.manual_seed(0)
     return fake
 

@@ -7,7 +7,9 @@ takes an existing library as up to date) by writing a REAL Python extension modu
 module built once per test session with the host C compiler, `PyInit_<name>` as torch's would
 have), then imports it with the same importlib calls as torch, so a truncated or corrupt library
 fails in dlopen exactly as a real one would. DUALK_CACHE_DIR points at the test's tmp_path and
-the module's remembered `_extension` / `_build_error` are reset for each test.
+the module's remembered extensions and failures (per family: `_extensions`, `_errors`) are reset
+for each test; the elementwise family stands for every family here (tests/test_background_build.py
+covers the background builds).
 
 Faults: no GPU, no nvcc, a failing compile, an unwritable cache directory, a truncated or
 corrupt library in the cache (rebuilt once; a second failure is an error naming the log), a
@@ -112,13 +114,22 @@ class FakeLoad:
         return import_library(name, build_directory)
 
 
+def reset_cuda(monkeypatch) -> None:
+    """A process that has loaded, built, started or noticed nothing yet."""
+    for name in ("_extensions", "_errors", "_ignored", "_jobs", "_loaded_from"):
+        monkeypatch.setattr(cuda, name, {})
+    monkeypatch.setattr(cuda, "_noticed", set())
+    monkeypatch.setattr(cuda, "device_archs", lambda: ["sm_90a"])
+    monkeypatch.delenv("DUALK_PREBUILT_DIR", raising=False)
+    monkeypatch.delenv("DUALK_CUDA_ARCH", raising=False)
+
+
 @pytest.fixture
 def cold(monkeypatch, tmp_path):
     """A process that has not built the extension yet, a GPU and nvcc (simulated), an empty
     cache under tmp_path, and the temporary directory (where logs go when the cache cannot be
     written) under tmp_path too."""
-    monkeypatch.setattr(cuda, "_extension", None)
-    monkeypatch.setattr(cuda, "_build_error", None)
+    reset_cuda(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda, "_nvcc", lambda: "/usr/local/cuda/bin/nvcc")
     monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path / "cache"))
@@ -133,13 +144,23 @@ def fake_load(monkeypatch, tmp_path, fail=None) -> FakeLoad:
     return fake
 
 
+FAMILY = "elementwise"
+
+
 def key_and_dir() -> tuple[str, Path]:
-    key = cuda.build_key(cuda.arch_flags())
-    return key, cuda.cache_root() / "cuda" / key
+    """(the elementwise family's module name, its build directory in the cache)."""
+    return cuda.module_name(
+        FAMILY
+    ), cuda.cache_root() / "cuda" / f"{FAMILY}-{cuda.build_key(FAMILY)}"
 
 
-def library(directory: Path, key: str) -> Path:
-    return directory / f"dualk_cuda_{key}.so"
+def _faults(caught: list) -> list:
+    """The recorded warnings but the BuildNotices (a build saying that it builds)."""
+    return [w for w in caught if not issubclass(w.category, dualk.BuildNotice)]
+
+
+def library(directory: Path, name: str) -> Path:
+    return directory / f"{name}.so"
 
 
 COMPILE_ERROR = RuntimeError(
@@ -150,19 +171,17 @@ COMPILE_ERROR = RuntimeError(
 
 # ---------------------------------------------------------------------------- toolchain
 def test_no_gpu_is_unavailable_without_a_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(cuda, "_extension", None)
-    monkeypatch.setattr(cuda, "_build_error", None)
+    reset_cuda(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a CPU machine is not a fault: no warning
-        reason = cuda.unavailable_reason(torch.device("cuda"))
+        reason = cuda.unavailable_reason(torch.device("cuda"), "add")
     assert reason == "no CUDA device is visible to PyTorch"
 
 
 def test_no_nvcc_explicit_error_and_one_warning(monkeypatch, tmp_path):
     """The real _nvcc finds nothing: no CUDA_HOME, nothing on PATH."""
-    monkeypatch.setattr(cuda, "_extension", None)
-    monkeypatch.setattr(cuda, "_build_error", None)
+    reset_cuda(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
@@ -175,13 +194,13 @@ def test_no_nvcc_explicit_error_and_one_warning(monkeypatch, tmp_path):
     assert cuda._nvcc() is None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = cuda.unavailable_reason(torch.device("cuda"))
-        second = cuda.unavailable_reason(torch.device("cuda"))
+        first = cuda.unavailable_reason(torch.device("cuda"), "add")
+        second = cuda.unavailable_reason(torch.device("cuda"), "add")
         with pytest.raises(BackendUnavailableError, match="nvcc was not found"):
             cuda.extension()
     assert first == second and "nvcc was not found" in first and "CUDA_HOME" in first
-    assert [w.category for w in caught] == [BackendWarning]
-    assert "nvcc was not found" in str(caught[0].message)
+    assert [w.category for w in _faults(caught)] == [BackendWarning]
+    assert "nvcc was not found" in str(_faults(caught)[0].message)
 
 
 # ---------------------------------------------------------------------------- failing build
@@ -195,15 +214,17 @@ def test_failing_build_names_the_log_and_warns_once(cold, monkeypatch):
         # Remembered: later calls neither rebuild nor warn again.
         with pytest.raises(BackendUnavailableError):
             cuda.extension()
-        assert cuda.unavailable_reason(torch.device("cuda")) == str(info.value)
+        assert cuda.unavailable_reason(torch.device("cuda"), "add") == str(info.value)
     log = directory / "build.log"
     message = str(info.value)
     assert f"log: {log}" in message and "failed to build" in message
     assert "RuntimeError: Error building extension" in message
     assert 'identifier "oops" is undefined' in log.read_text()  # the compiler's output
     assert len(fake.calls) == 1, "a failed build is not retried in the same process"
-    assert [w.category for w in caught] == [BackendWarning]
-    assert str(log) in str(caught[0].message) and "backend='auto'" in str(caught[0].message)
+    assert [w.category for w in _faults(caught)] == [BackendWarning]
+    assert str(log) in str(_faults(caught)[0].message) and "backend='auto'" in str(
+        _faults(caught)[0].message
+    )
 
 
 def test_explicit_cuda_request_raises_with_the_log_path(cold, monkeypatch):
@@ -227,7 +248,9 @@ def _stand_in_gpu(monkeypatch):
     monkeypatch.setattr(
         autotune,
         "candidate_reason",
-        lambda b, d: cuda.unavailable_reason(torch.device("cuda", 0)) if b == "cuda" else None,
+        lambda b, d: (
+            cuda.unavailable_reason(torch.device("cuda", 0), "add") if b == "cuda" else None
+        ),
     )
     for spec in OPS.values():
         monkeypatch.setitem(spec._resolved, "triton", spec.reference)
@@ -262,7 +285,9 @@ def test_auto_falls_back_with_one_warning_and_keeps_working(cold, monkeypatch):
     finally:
         autotune.set_timer(None)
         autotune.clear_memory()
-    assert [w.category for w in caught] == [BackendWarning], [str(w.message) for w in caught]
+    assert [w.category for w in _faults(caught)] == [BackendWarning], [
+        str(w.message) for w in caught
+    ]
     assert "cuda" not in timed and "triton" in timed
     assert "build.log" in (expl.availability.get("cuda") or "")
 
@@ -310,16 +335,17 @@ def test_unwritable_cache_directory(cold, monkeypatch):
     key, directory = key_and_dir()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        reason = cuda.unavailable_reason(torch.device("cuda"))
+        reason = cuda.unavailable_reason(torch.device("cuda"), "add")
         with pytest.raises(BackendUnavailableError) as info:
             cuda.extension()
     assert reason == str(info.value)
     assert f"the CUDA build cache {directory} cannot be created or written" in reason
     assert "set DUALK_CACHE_DIR to a writable directory" in reason
-    log = cold / "tmp" / f"dualk-cuda-build-{key}.log"  # the log goes to the temporary directory
+    # the log goes to the temporary directory
+    log = cold / "tmp" / f"dualk-cuda-build-{FAMILY}-{cuda.build_key(FAMILY)}.log"
     assert f"log: {log}" in reason and str(directory) in log.read_text()
     assert fake.calls == []
-    assert [w.category for w in caught] == [BackendWarning]
+    assert [w.category for w in _faults(caught)] == [BackendWarning]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod")
@@ -344,11 +370,12 @@ def test_cold_build_then_warm_load(cold, monkeypatch):
     fake = fake_load(monkeypatch, cold)
     key, directory = key_and_dir()
     module = cuda.extension()
-    assert module.__name__ == f"dualk_cuda_{key}" and fake.builds == [str(directory)]
+    assert module.__name__ == key and fake.builds == [str(directory)]
     assert cuda.extension() is module  # remembered
-    monkeypatch.setattr(cuda, "_extension", None)  # a new process: loads, builds nothing
+    monkeypatch.setattr(cuda, "_extensions", {})  # a new process: loads, builds nothing
     assert cuda.extension().__name__ == module.__name__ and len(fake.builds) == 1
     assert (directory / ".lock").is_file() and not (directory / "build.log").exists()
+    assert cuda.read_manifest(directory)["key"] == cuda.source_key(FAMILY)
 
 
 @needs_cc
@@ -363,10 +390,10 @@ def test_corrupt_library_is_rebuilt_once(cold, monkeypatch, damage):
     experiment.)"""
     fake = fake_load(monkeypatch, cold)
     key, directory = key_and_dir()
-    data = compile_tiny_module(f"dualk_cuda_{key}", cold / "modules").read_bytes()
+    data = compile_tiny_module(key, cold / "modules").read_bytes()
     directory.mkdir(parents=True)
     so = library(directory, key)
-    unresolved = compile_tiny_module(f"dualk_cuda_{key}", cold / "modules", True).read_bytes()
+    unresolved = compile_tiny_module(key, cold / "modules", True).read_bytes()
     so.write_bytes({
         "truncated": data[: len(data) // 3],  # dlopen of this one would die of SIGBUS
         "truncated_tail": data[:-1],
@@ -377,8 +404,9 @@ def test_corrupt_library_is_rebuilt_once(cold, monkeypatch, damage):
     (directory / "stale.o").write_bytes(b"old object")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a repaired cache is not worth a warning
+        warnings.simplefilter("ignore", dualk.BuildNotice)  # but the build says it builds
         module = cuda.extension()
-    assert module.__name__ == f"dualk_cuda_{key}"
+    assert module.__name__ == key
     assert len(fake.builds) == 1 and so.read_bytes() == data
     assert not (directory / "stale.o").exists()  # the artefacts went before the rebuild
     assert (
@@ -393,7 +421,7 @@ def test_library_that_stays_corrupt_is_an_error_naming_the_log(cold, monkeypatch
     library that does not load): one rebuild, then an error naming the log."""
     fake = fake_load(monkeypatch, cold)
     key, directory = key_and_dir()
-    unresolved = compile_tiny_module(f"dualk_cuda_{key}", cold / "modules", unresolved=True)
+    unresolved = compile_tiny_module(key, cold / "modules", unresolved=True)
     directory.mkdir(parents=True)
     shutil.copyfile(unresolved, library(directory, key))
 
@@ -416,7 +444,7 @@ def test_library_that_stays_corrupt_is_an_error_naming_the_log(cold, monkeypatch
     assert len(fake.builds) == 1, "rebuilt exactly once"
     text = log.read_text()
     assert "loading the cached library failed" in text and text.count("ImportError") == 2
-    assert [w.category for w in caught] == [BackendWarning]
+    assert [w.category for w in _faults(caught)] == [BackendWarning]
 
 
 @needs_cc
@@ -425,7 +453,7 @@ def test_truncated_library_rebuilt_then_failing_build_names_the_log(cold, monkey
     the error, and the log keeps both."""
     fake_load(monkeypatch, cold, fail=COMPILE_ERROR)
     key, directory = key_and_dir()
-    data = compile_tiny_module(f"dualk_cuda_{key}", cold / "modules").read_bytes()
+    data = compile_tiny_module(key, cold / "modules").read_bytes()
     directory.mkdir(parents=True)
     library(directory, key).write_bytes(data[:200])
     with warnings.catch_warnings():
@@ -467,6 +495,7 @@ CONCURRENT = textwrap.dedent(
     from test_faults import import_library
     from dualk.backends import cuda
     cuda._nvcc = lambda: "/usr/local/cuda/bin/nvcc"
+    cuda.device_archs = lambda: ["sm_90a"]
     record = Path(os.environ["RECORD"])
 
     def load(name, sources, build_directory, verbose=False, **kwargs):
@@ -498,7 +527,7 @@ def test_two_processes_build_one_cold_cache(cold, monkeypatch):
     """Two processes start on the same cold cache at once: one builds, the other waits on the
     flock and loads the finished library (never a half-written one, never a second build)."""
     key, directory = key_and_dir()
-    tiny = compile_tiny_module(f"dualk_cuda_{key}", cold / "modules")
+    tiny = compile_tiny_module(key, cold / "modules")
     sync = cold / "sync"
     sync.mkdir()
     env = {
@@ -523,7 +552,7 @@ def test_two_processes_build_one_cold_cache(cold, monkeypatch):
     outs = [p.communicate(timeout=180) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        assert f"loaded dualk_cuda_{key}" in out
+        assert f"loaded {key}" in out
     assert len((cold / "record.txt").read_text().splitlines()) == 1, "built twice"
     assert library(directory, key).read_bytes() == tiny.read_bytes()
 
@@ -535,24 +564,39 @@ def _copy_sources(tmp_path: Path) -> Path:
     return src
 
 
-@pytest.mark.parametrize("name", ["add.cu", "gemm_sm90.cuh", "launchers.h", "binding.cpp"])
-def test_changing_one_source_byte_changes_the_build_directory(monkeypatch, tmp_path, name):
+@pytest.mark.parametrize(
+    "name, families",
+    [("add.cu", {"elementwise"}), ("gemm_sm90.cuh", {"gemm"}), ("fused_mlp_wide.cuh", {"mlp"}),
+     ("binding_gemm.cpp", {"gemm"}), ("launchers.h", {"elementwise", "gemm", "mlp"}),
+     ("binding.h", {"elementwise", "gemm", "mlp"})],
+)  # fmt: skip
+def test_changing_one_source_byte_changes_only_its_families_keys(
+    monkeypatch, tmp_path, name, families
+):
+    """A family's key hashes the files it compiles (its sources and the headers they include),
+    so an edit rebuilds only the families that compile the edited file."""
     src = _copy_sources(tmp_path)
     monkeypatch.setattr(cuda, "source_dir", lambda: src)
     monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path / "cache"))
-    arch = ["-gencode=arch=compute_90a,code=sm_90a"]
-    before = cuda.build_key(arch)
-    assert cuda.build_key(arch) == before  # deterministic
+    arch = ["sm_90a"]
+    before = {f: cuda.build_key(f, arch) for f in cuda.FAMILIES}
+    assert {f: cuda.build_key(f, arch) for f in cuda.FAMILIES} == before  # deterministic
     path = src / name
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    assert cuda.build_key(arch) != before
+    changed = {f for f in cuda.FAMILIES if cuda.build_key(f, arch) != before[f]}
+    assert changed == families
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    assert cuda.build_key(arch) == before
-    # The architectures are part of the key too.
-    assert cuda.build_key(["-gencode=arch=compute_80,code=sm_80"]) != before
+    assert {f: cuda.build_key(f, arch) for f in cuda.FAMILIES} == before
+    # The architectures are part of the directory's name, not of the source key.
+    assert cuda.build_key("gemm", ["sm_80"]) != before["gemm"]
+    assert cuda.build_key("gemm", ["sm_80"]).split("-")[0] == before["gemm"].split("-")[0]
+    # No absolute path enters a key: the same sources elsewhere give the same keys.
+    other = _copy_sources(tmp_path / "elsewhere")
+    monkeypatch.setattr(cuda, "source_dir", lambda: other)
+    assert {f: cuda.build_key(f, arch) for f in cuda.FAMILIES} == before
 
 
 @needs_cc
@@ -561,12 +605,12 @@ def test_new_sources_never_load_the_old_library(cold, monkeypatch):
     monkeypatch.setattr(cuda, "source_dir", lambda: src)
     fake = fake_load(monkeypatch, cold)
     old_key, old_dir = key_and_dir()
-    assert cuda.extension().__name__ == f"dualk_cuda_{old_key}"
+    assert cuda.extension().__name__ == old_key
     with (src / "relu_scale.cu").open("a") as f:
         f.write("\n// edited\n")
-    monkeypatch.setattr(cuda, "_extension", None)  # a new process after the edit
+    monkeypatch.setattr(cuda, "_extensions", {})  # a new process after the edit
     new_key, new_dir = key_and_dir()
     assert new_key != old_key and new_dir != old_dir
-    assert cuda.extension().__name__ == f"dualk_cuda_{new_key}"
+    assert cuda.extension().__name__ == new_key
     assert fake.builds == [str(old_dir), str(new_dir)]
     assert fake.calls[-1] == str(new_dir)

@@ -39,11 +39,20 @@ def test_built_hopper_kernels_hold_hgmma():
         pytest.skip("the wgmma kernels are built for sm_90a only")
     from dualk.backends import cuda as cuda_backend
 
-    cuda_backend.extension()
-    libraries = sorted(cuda_backend.build_directory().glob("*.so"))
-    assert libraries, f"no library in {cuda_backend.build_directory()}"
-    found = _sass_functions(libraries[0], set(HOPPER_KERNELS.values()))
+    found: dict[str, list[bool]] = {}
+    names = []
+    for family in ("gemm", "mlp"):  # the families holding wgmma kernels
+        cuda_backend.extension(family)
+        directory = cuda_backend._loaded_from.get(family) or cuda_backend.build_directory(family)
+        libraries = sorted(directory.glob("*.so"))
+        assert libraries, f"no library in {directory}"
+        names.append(libraries[0].name)
+        kernels = {
+            HOPPER_KERNELS[f] for f in HOPPER_KERNELS if f in cuda_backend.FAMILIES[family].kernels
+        }
+        found.update(_sass_functions(libraries[0], kernels))
+    assert set(found) == set(HOPPER_KERNELS.values())
     for kernel, has_hgmma in found.items():
-        assert has_hgmma, f"{kernel}: not in the SASS of {libraries[0].name}"
+        assert has_hgmma, f"{kernel}: not in the SASS of {', '.join(names)}"
         missing = has_hgmma.count(False)
         assert not missing, f"{kernel}: {missing} of {len(has_hgmma)} instantiations without HGMMA"

@@ -14,8 +14,10 @@ BACKENDS = ("cuda", "triton", "torch")
 _modules: dict = {}  # "cuda" / "triton" -> its module, imported on first use
 
 
-def unavailable_reason(backend: str, device: torch.device) -> str | None:
-    """None when `backend` can run on tensors of `device`, else a sentence saying why not."""
+def unavailable_reason(backend: str, device: torch.device, op: str | None = None) -> str | None:
+    """None when `backend` can run on tensors of `device`, else a sentence saying why not. With
+    `op`, the CUDA backend answers for that operator's extension family, building it in this
+    call when it is not built yet (an explicit request may wait; "auto" never asks this way)."""
     if backend in ("torch", "auto"):  # "auto" always has torch to fall back on
         return None
     module = _modules.get(backend)
@@ -23,6 +25,8 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
         if backend not in ("cuda", "triton"):
             raise ValueError(f"unknown backend {backend!r}")
         module = _modules[backend] = importlib.import_module(f"{__name__}.{backend}")
+    if op is not None and backend == "cuda":
+        return module.unavailable_reason(device, op)
     return module.unavailable_reason(device)
 
 

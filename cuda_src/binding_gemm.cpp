@@ -1,0 +1,120 @@
+// The gemm family's extension (dualk/backends/cuda.py FAMILIES["gemm"]): matmul and linear_gelu, one tiled core.
+// Torch-side helpers: binding.h.
+#include "binding.h"
+
+namespace {
+
+using dualk_binding::dtype_code;
+using dualk_binding::check_operand;
+using dualk_binding::check_launch;
+using dualk_binding::unit_stride;
+
+// Sizes and strides of a GEMM operand as (batch, rows, cols): a 2-dim tensor is one batch entry
+// (batch stride 0), so the Python layer passes its tensors without view ops (each costs about a
+// microsecond of host time there, a few hundred nanoseconds less here).
+struct Dims3 {
+  int64_t size[3];
+  int64_t stride[3];
+};
+
+Dims3 dims3(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2 || t.dim() == 3, "dualk.", op, ": '", name,
+              "' must be 2-dim or 3-dim (batch, rows, cols), got ", t.dim(), " dims");
+  if (t.dim() == 2) return {{1, t.size(0), t.size(1)}, {0, t.stride(0), t.stride(1)}};
+  return {{t.size(0), t.size(1), t.size(2)}, {t.size(0) == 1 ? 0 : t.stride(0), t.stride(1), t.stride(2)}};
+}
+
+// An nn.Linear weight (n, k) read as the GEMM's B = weight^T: (1, k, n).
+Dims3 transposed_weight(const char* op, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2, "dualk.", op, ": 'weight' must be 2-dim (out, in), got ", w.dim(), " dims");
+  return {{1, w.size(1), w.size(0)}, {0, w.stride(1), w.stride(0)}};
+}
+
+bool unit_stride(const Dims3& t, int dim) { return t.stride[dim] == 1 || t.size[dim] <= 1; }
+
+// a: (batch, m, k) unit stride along k; b: (batch, k, n) unit stride along n or along k;
+// out: (batch, m, n) contiguous; 2-dim forms are batch 1. Batch strides may be 0.
+dualk::GemmArgs gemm_args(const char* op, const at::Tensor& a_t, const Dims3& a,
+                          const at::Tensor& b_t, const Dims3& b, const at::Tensor& out,
+                          bool allow_tf32) {
+  check_operand(op, "a", a_t, out);
+  check_operand(op, "b", b_t, out);
+  const Dims3 c = dims3(op, "out", out);
+  TORCH_CHECK(a.size[2] == b.size[1] && c.size[1] == a.size[1] && c.size[2] == b.size[2] &&
+                  (a.size[0] == c.size[0] || a.size[0] == 1) &&
+                  (b.size[0] == c.size[0] || b.size[0] == 1),
+              "dualk.", op, ": operand shapes do not chain (batch, m, k) @ (batch, k, n)");
+  TORCH_CHECK(unit_stride(a, 2), "dualk.", op, ": 'a' needs unit stride along k");
+  TORCH_CHECK(out.is_contiguous(), "dualk.", op, ": the output must be contiguous");
+  dualk::GemmArgs args{};
+  args.a = a_t.data_ptr();
+  args.b = b_t.data_ptr();
+  args.c = out.data_ptr();
+  args.batch = c.size[0];
+  args.m = c.size[1];
+  args.n = c.size[2];
+  args.k = a.size[2];
+  args.stride_a_batch = a.size[0] == 1 ? 0 : a.stride[0];
+  args.stride_am = a.stride[1];
+  args.stride_b_batch = b.size[0] == 1 ? 0 : b.stride[0];
+  if (unit_stride(b, 2)) {
+    args.b_k_major = false;
+    args.stride_b_outer = b.stride[1];
+  } else {
+    TORCH_CHECK(unit_stride(b, 1), "dualk.", op, ": 'b' needs unit stride along n or along k");
+    args.b_k_major = true;
+    args.stride_b_outer = b.stride[2];
+  }
+  args.stride_c_batch = out.dim() == 3 ? out.stride(0) : args.m * args.n;  // contiguous C
+  args.stride_cm = c.stride[1];
+  args.dtype = dtype_code(out);
+  args.activation = dualk::Activation::kNone;
+  args.allow_tf32 = allow_tf32;
+  return args;
+}
+
+// Split-K scratch from PyTorch's caching allocator when the GEMM family wants one (freed at the
+// end of the call: the kernels run first on this stream, so the block is reused in order).
+at::Tensor split_k_workspace(dualk::GemmArgs& args, const at::Tensor& out) {
+  const int64_t floats = dualk::gemm_split_k_workspace_floats(args);
+  if (floats == 0) return {};
+  at::Tensor workspace = at::empty({floats}, out.options().dtype(at::kFloat));
+  args.workspace = workspace.data_ptr<float>();
+  args.workspace_floats = floats;
+  return workspace;
+}
+
+// a: (m, k) or (batch, m, k); b: (k, n) or (batch, k, n); out: (m, n) or (batch, m, n).
+void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool allow_tf32) {
+  auto args = gemm_args("matmul", a, dims3("matmul", "a", a), b, dims3("matmul", "b", b), out,
+                        allow_tf32);
+  const c10::cuda::CUDAGuard guard(out.device());
+  const at::Tensor workspace = split_k_workspace(args, out);
+  check_launch("matmul", dualk::launch_matmul(args, at::cuda::getCurrentCUDAStream()));
+}
+
+// x: (m, k); weight: (n, k) as nn.Linear holds it; bias: (n,) or None; out: (m, n).
+void linear_gelu(const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t activation,
+                 bool allow_tf32) {
+  auto args = gemm_args("linear_gelu", x, dims3("linear_gelu", "x", x), weight,
+                        transposed_weight("linear_gelu", weight), out, allow_tf32);
+  if (bias.has_value()) {
+    check_operand("linear_gelu", "bias", *bias, out);
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == args.n,
+                "dualk.linear_gelu: 'bias' must be contiguous with out_features elements");
+    args.bias = bias->data_ptr();
+  }
+  args.activation = static_cast<dualk::Activation>(activation);
+  const c10::cuda::CUDAGuard guard(out.device());
+  const at::Tensor workspace = split_k_workspace(args, out);
+  check_launch("linear_gelu", dualk::launch_linear_gelu(args, at::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "dualk CUDA kernels, GEMM family (see cuda_src/launchers.h)";
+  m.def("matmul", &matmul, "out[b] = a[b] @ b[b]");
+  m.def("linear_gelu", &linear_gelu, "out = gelu(x @ weight_t + bias)");
+}
