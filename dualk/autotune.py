@@ -352,6 +352,11 @@ def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
         return _decide(spec, args, key, tune=True, force=force, explicit=True)
 
 
+def provisional(spec: OpSpec, args: tuple) -> bool:
+    """Whether this call's class holds a provisional decision (a candidate still building)."""
+    return KEY_FUNCTIONS[spec.name](args) in _provisional
+
+
 def decided(spec: OpSpec, args: tuple) -> str | None:
     """The in-memory winner for this call's key, or None (nothing is timed or loaded; a
     provisional decision, made while a candidate was missing, is None too)."""

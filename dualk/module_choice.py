@@ -49,6 +49,7 @@ SECTION = "module."  # + mode, in autotune's cache file
 _lock = threading.RLock()
 _memory: dict[tuple, str] = {}
 _details: dict[tuple, dict] = {}
+_provisional: dict[tuple, int] = {}  # key -> the CUDA build generation it was measured in
 _generation = [autotune.clears()]
 
 
@@ -91,6 +92,7 @@ def _forget_if_stale() -> None:
     if gen != _generation[0]:
         _memory.clear()
         _details.clear()
+        _provisional.clear()
         _generation[0] = gen
 
 
@@ -104,9 +106,11 @@ def measurable(device: torch.device) -> str | None:
 
 
 def decided(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> str | None:
-    """The remembered path for this class, or None (nothing is measured)."""
+    """The remembered path for this class, or None (nothing is measured; a provisional
+    decision, made while a backend was still building, is None too)."""
     _forget_if_stale()
-    return _memory.get(_key(mode, shape, rows, x_grad))
+    key = _key(mode, shape, rows, x_grad)
+    return None if key in _provisional else _memory.get(key)
 
 
 def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> str:
@@ -114,10 +118,10 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
     _forget_if_stale()
     key = _key(mode, shape, rows, x_grad)
     path = _memory.get(key)
-    if path is not None:
+    if path is not None and (not _provisional or not _stale(key)):
         return path
     with _lock:
-        if key in _memory:
+        if key in _memory and not _stale(key):
             return _memory[key]
         device = torch.device(shape[5])
         blocked = measurable(device)
@@ -133,8 +137,29 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
             return "fused"  # not remembered: the next call that may measure decides
         details = _measure(mode, Shape(*shape), rows or 4096, x_grad, device)
         _memory[key], _details[key] = details["path"], dict(details, source="measured")
-        store.put(SECTION + mode, key_text(key), details)
+        if details["provisional"]:
+            # dualk's operator ran without a backend that is still building: measured again
+            # once a build finishes, and not written to the file
+            _provisional[key] = _build_generation()
+        else:
+            _provisional.pop(key, None)
+            store.put(SECTION + mode, key_text(key), details)
         return details["path"]
+
+
+def _build_generation() -> int:
+    from .backends import cuda  # noqa: PLC0415 (the CUDA backend's build state, loaded lazily)
+
+    return cuda.generation()
+
+
+def _stale(key: tuple) -> bool:
+    """A provisional decision whose missing backend may have arrived since (a build ended)."""
+    if key not in _provisional:
+        return False
+    from .backends import cuda  # noqa: PLC0415
+
+    return cuda.poll_builds() != _provisional[key]  # waitpid per running builder
 
 
 def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
@@ -160,6 +185,7 @@ def clear() -> None:
     with _lock:
         _memory.clear()
         _details.clear()
+        _provisional.clear()
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -201,6 +227,15 @@ def _paths(shape: Shape, x, weights, biases, compiled: bool) -> dict[str, Callab
     return {"fused": fused, "original": original}
 
 
+def _op_provisional(shape: Shape, x, weights, biases) -> bool:
+    """Whether the operator's own auto decision for these tensors is provisional."""
+    if not hasattr(autotune, "provisional"):
+        return False
+    if shape.kind == "mlp":
+        return autotune.provisional(OPS["fused_mlp"], (x, weights, biases, shape.activation))
+    return autotune.provisional(OPS["linear_gelu"], (x, weights[0], biases[0], shape.activation))
+
+
 def _with_backward(run: Callable, inputs: Sequence[torch.Tensor]) -> Callable:
     grad_out: list[torch.Tensor] = []
 
@@ -229,10 +264,14 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
         errors: dict[str, str] = {}
         for name, run in list(runs.items()):
             try:
-                run()  # untimed: the op's own auto decides its backend, kernels compile
+                # untimed, twice: the op's own auto decides its backend (Triton sits out a
+                # class's first call and joins on the next), kernels compile
+                run()
+                run()
             except Exception as exc:  # a path that fails is not a candidate
                 errors[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 del runs[name]
+        provisional = _op_provisional(shape, x, weights, biases)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
         budget = BUDGET_MS / max(1, len(runs)) / ROUNDS
         for _ in range(ROUNDS):
@@ -253,6 +292,7 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
         path = "original" if "original" in scored else "fused"
     return {
         "path": path,
+        "provisional": provisional,
         "rows": rows,
         "times_us": {n: [round(v, 3) for v in t] for n, t in scored.items()},
         "errors": errors,

@@ -193,7 +193,7 @@ _FUSED_MLP_SPEC = OPS["fused_mlp"]
 
 
 def _choose_path(module, op_name: str, x, weights, biases) -> str:
-    """"fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
+    """ "fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
     measured per shape class, device and mode by dualk.module_choice where the module's backend
     is "auto" and nothing overrides auto; "fused" for any other call (a named backend, autocast,
     torch.func transforms, torch.jit tracing, and input the operator itself must judge: it
@@ -226,6 +226,8 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     path = module_choice.choose(mode, shape, rows, grad and x_grad)
     if module_choice.decided(mode, shape, rows, grad and x_grad) is not None:
         module.__dict__["_choice_memo"] = (sig, path)
+    else:  # provisional (a backend still building) or not measurable now: asked again
+        module.__dict__.pop("_choice_memo", None)
     return path
 
 
@@ -473,7 +475,8 @@ class FusedMLP(nn.Module):
             out = ops.fused_mlp(
                 x, weights, biases, activation=self.kernel_activation, backend=self.backend
             )
-        if planned:
+        if planned and (path == "fused" or "_choice_memo" in self.__dict__):
+            # (the original path is planned only once its choice is final)
             _InferencePlan.update(self, x, weights, biases, original=path == "original")
         return out
 

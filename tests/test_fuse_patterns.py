@@ -301,3 +301,35 @@ def test_readme_fuse_on_cpu_runs_dualk_ops():
         fused(torch.randn(3, 8))
     assert module_choice.details() == {}
     assert dualk.fuse is fuse
+
+
+def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch):
+    # The operator ran without a backend still building: the choice is not written to the file
+    # and is measured again once a build finishes (the CUDA build generation moves).
+    from dualk.backends import cuda
+
+    costs, timed = measured
+    generation = [0]
+    monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: True)
+    monkeypatch.setattr(cuda, "generation", lambda: generation[0])
+    monkeypatch.setattr(cuda, "poll_builds", lambda: generation[0])
+    model = FusedMLP((8, 12, 8))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        model(x)
+        count = sum(timed.values())
+        model(x)
+        assert sum(timed.values()) == count  # remembered in memory while nothing changed
+        assert "_choice_memo" not in model.__dict__ and "_plan" not in model.__dict__
+        generation[0] += 1  # a build finished
+        monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: False)
+        model(x)
+        assert sum(timed.values()) > count  # measured again, now final
+        assert "_choice_memo" in model.__dict__
+    [entry] = module_choice.details().values()
+    assert entry["provisional"] is False
+    autotune.clear_memory()  # a new process: the final choice is in the file
+    with torch.no_grad():
+        model(x)
+    [entry] = module_choice.details().values()
+    assert entry["source"] == "cache"

@@ -537,6 +537,8 @@ def test_fused_mlp_takes_parameter_lists():
 def test_modules_refuse_a_dtype_no_kernel_takes(cls, args):
     """A float64 or integer module could never run a forward: the constructor says so."""
     for dtype in (torch.float64, torch.int32):
-        with pytest.raises(dualk.DtypeError, match="dtype must be None, float32, float16 or bfloat16"):
+        with pytest.raises(
+            dualk.DtypeError, match="dtype must be None, float32, float16 or bfloat16"
+        ):
             cls(*args, dtype=dtype)
     assert next(cls(*args, dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
