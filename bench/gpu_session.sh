@@ -2,10 +2,11 @@
 # One device call's work for the model-level issues (zoo, first contact, small-batch latency,
 # DDP), in stages that each fit one 10-minute call; logs and JSON land flat in OUT_DIR.
 #
-#   bench/gpu_session.sh OUT_DIR first   # fresh caches: first contact, build, GPU tests of the
-#                                        # model layer, small-batch latency vs tiny-cuda-nn;
-#                                        # writes OUT_DIR/cuda-cache.tar.xz for the next call
-#   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), DDP step, NCCL tests
+#   bench/gpu_session.sh OUT_DIR first   # fresh caches: first contact (which builds every family
+#                                        # ahead: OUT_DIR/prebuilt.tar.xz, carried next as
+#                                        # build/prebuilt.tar.xz), small-batch latency vs tcnn
+#   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
+#   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
 #
 # A carried build/cuda-cache.tar.xz seeds the CUDA build cache (as bench/gpu_check.sh).
@@ -42,54 +43,63 @@ build() {
   say "dualk build: rc=$? in $(( $(date +%s) - t0 )) s"
 }
 
+prebuilt_from() {  # a prebuilt folder (dualk build --out) for this call's CUDA families
+  if [ -n "${1:-}" ] && [ -d "$1" ]; then export DUALK_PREBUILT_DIR=$1; say "DUALK_PREBUILT_DIR=$1"; fi
+}
+
 case "$STAGE" in
 first)
-  if [ -f bench/first_contact.py ]; then
-    t0=$(date +%s)
-    # Empty caches: the first calls must answer at once while the CUDA backend builds.
-    DUALK_CACHE_DIR=/tmp/fc-cache TRITON_CACHE_DIR=/tmp/fc-triton timeout 330 \
-      $PY bench/first_contact.py --json "$OUT/first_contact.json" > "$OUT/first_contact.log" 2>&1
-    say "first_contact: rc=$? in $(( $(date +%s) - t0 )) s"
-    tail -n 25 "$OUT/first_contact.log"
-    # what it built is this call's cache too
-    [ -d /tmp/fc-cache/cuda ] && mkdir -p "$DUALK_CACHE_DIR" && cp -r /tmp/fc-cache/cuda "$DUALK_CACHE_DIR/" 2>/dev/null
-  fi
-  seed_cache
-  build
-  XZ_OPT=-6 tar cJf "$OUT/cuda-cache.tar.xz" -C "$(dirname "$DUALK_CACHE_DIR")" "$(basename "$DUALK_CACHE_DIR")/cuda" 2>> "$LOG"
-  ls -la "$OUT/cuda-cache.tar.xz" | tee -a "$LOG"
+  # Empty caches: the first calls must answer at once while the CUDA backend builds; part 2
+  # builds every family ahead (dualk build --out), which the rest of this call and the next use.
   t0=$(date +%s)
-  timeout 200 $PY -m pytest -q -x -p no:cacheprovider tests/test_fuse_patterns.py tests/test_fuse.py \
-    tests/test_nn.py $(ls tests/test_zoo.py 2>/dev/null) > "$OUT/pytest-model-layer.log" 2>&1
-  say "pytest (model layer): rc=$? in $(( $(date +%s) - t0 )) s"
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest-model-layer.log" | head -20; tail -n 2 "$OUT/pytest-model-layer.log"
+  mkdir -p /tmp/fc
+  TMPDIR=/tmp/fc timeout 400 $PY bench/first_contact.py --keep --json "$OUT/first_contact.json" \
+    > "$OUT/first_contact.log" 2>&1
+  say "first_contact: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 30 "$OUT/first_contact.log"
+  pre=$(ls -d /tmp/fc/dualk-first-contact-*/prebuilt 2>/dev/null | head -1)
+  if [ -n "$pre" ]; then
+    prebuilt_from "$pre"
+    XZ_OPT=-6 tar cJf "$OUT/prebuilt.tar.xz" -C "$(dirname "$pre")" prebuilt && ls -la "$OUT/prebuilt.tar.xz"
+  else
+    seed_cache; build
+  fi
   t0=$(date +%s)
   tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
-  timeout 200 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
+  timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
   say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
-  tail -n 40 "$OUT/small_batch_latency.log"
+  tail -n 45 "$OUT/small_batch_latency.log"
   ;;
 models)
+  [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
   seed_cache
   build
   t0=$(date +%s)
-  timeout ${ZOO_TIMEOUT:-330} $PY -m dualk bench --models all --modes eager,compiled,train ${ZOO_ARGS:-} \
+  timeout ${ZOO_TIMEOUT:-360} $PY -m dualk bench --models all --modes eager,compiled,train ${ZOO_ARGS:-} \
     --json "$OUT/zoo.json" > "$OUT/zoo.log" 2>&1
   say "zoo: rc=$? in $(( $(date +%s) - t0 )) s"
-  tail -n 45 "$OUT/zoo.log"
-  ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
-  if [ "$ngpu" -ge 2 ]; then
-    t0=$(date +%s)
-    timeout 150 $PY bench/ddp_step.py --json "$OUT/ddp_step.json" > "$OUT/ddp_step.log" 2>&1
-    say "ddp_step: rc=$? in $(( $(date +%s) - t0 )) s"
-    tail -n 12 "$OUT/ddp_step.log"
-    t0=$(date +%s)
-    timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_distributed.py >> "$OUT/ddp_step.log" 2>&1
-    say "test_distributed: rc=$? in $(( $(date +%s) - t0 )) s"
-    tail -n 3 "$OUT/ddp_step.log"
-  fi
+  tail -n 60 "$OUT/zoo.log"
+  t0=$(date +%s)
+  timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -x -p no:cacheprovider tests/test_fuse_patterns.py tests/test_fuse.py \
+    tests/test_nn.py tests/test_zoo.py > "$OUT/pytest-model-layer.log" 2>&1
+  say "pytest (model layer): rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest-model-layer.log" | head -20; tail -n 2 "$OUT/pytest-model-layer.log"
+  ;;
+ddp)
+  [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
+  seed_cache
+  build
+  t0=$(date +%s)
+  timeout 200 $PY bench/ddp_step.py --json "$OUT/ddp_step.json" > "$OUT/ddp_step.log" 2>&1
+  say "ddp_step: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 20 "$OUT/ddp_step.log"
+  t0=$(date +%s)
+  timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_distributed.py > "$OUT/pytest-distributed.log" 2>&1
+  say "test_distributed: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 5 "$OUT/pytest-distributed.log"
   ;;
 suite)
+  [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
   seed_cache
   build
   FUZZ_BUDGET=${FUZZ_BUDGET:-0} bash bench/gpu_check.sh "$OUT" tests
