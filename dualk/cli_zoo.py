@@ -189,6 +189,12 @@ def render(results: Sequence[zoo.Result]) -> list[str]:
             notes.append(
                 f"    {len(f.unreported)} nn.Linear not fused and not in the report: {shown}"
             )
+    for r in results:  # the fused modules' measured choices (dualk.module_choice)
+        for key, c in r.choices.items():
+            times = ", ".join(
+                f"{p} {t[1]:.1f}/{t[2]:.1f}" for p, t in c.get("times_us", {}).items()
+            )
+            notes.append(f"choice {r.model} {r.mode}: {key}: {c['path']} (device/host us: {times})")
     if any(r.timed_on == "cpu" for r in results):
         notes.append("(cpu): CPU times of the CPU sizes, saying nothing about a GPU")
     notes.append(

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from . import timing
+from . import module_choice, timing
 from .fuse import fuse
 from .testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
@@ -125,6 +125,9 @@ class Result:
     grad_ok: bool | None = None
     verdict: str = ""
     fuse: FuseSummary | None = None
+    # the fused modules' measured choices made during this row (dualk.module_choice): key ->
+    # {"path", "times_us": {path: [score, device, host]}}
+    choices: dict[str, dict] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- selection
@@ -226,8 +229,14 @@ def _run_one(
     if why is not None:
         result.status, result.reason = "skipped", why
         return result
+    before = set(module_choice.details())
     try:
         _measure(spec, mode, device, size, rounds, target_ms, result)
+        result.choices = {
+            k: {"path": v["path"], "times_us": v.get("times_us", {})}
+            for k, v in module_choice.details().items()
+            if k not in before
+        }
     except Exception as exc:  # one broken model must not end the run: the row says what raised
         result.status, result.reason = "error", _first_line(exc)
         frames = traceback.extract_tb(exc.__traceback__)
