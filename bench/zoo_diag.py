@@ -41,8 +41,10 @@ def main(names):
             for _ in range(5):
                 model(*args, **kwargs)
                 fused(*args, **kwargs)
-            print(f"== {name} eager: original {_wall(lambda: model(*args, **kwargs)):.3f} ms, "
-                  f"fused {_wall(lambda: fused(*args, **kwargs)):.3f} ms")
+            print(
+                f"== {name} eager: original {_wall(lambda: model(*args, **kwargs)):.3f} ms, "
+                f"fused {_wall(lambda: fused(*args, **kwargs)):.3f} ms"
+            )
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(10):
@@ -70,8 +72,10 @@ def main(names):
         with torch.no_grad():
             for _ in range(6):
                 compiled(*args, **kwargs)
-            print(f"  compiled fused {_wall(lambda: compiled(*args, **kwargs)):.3f} ms; "
-                  f"counters: { {k: dict(v) for k, v in counters.items() if v} }"[:1500])
+            print(
+                f"  compiled fused {_wall(lambda: compiled(*args, **kwargs)):.3f} ms; "
+                f"counters: { {k: dict(v) for k, v in counters.items() if v} }"[:1500]
+            )
         torch._dynamo.reset()
 
 

@@ -158,7 +158,20 @@ def fuse(
         _fuse_untraceable(source, ctx, "")
         result = source
     else:
-        if hooks_of(source):  # a GraphModule would drop them: keep the module, fuse its forward
+        owners = _chain_owners(source, gm, ctx)
+        if owners:
+            # Every chain lies inside a submodule (timm's Mlp, a transformer block's MLP):
+            # those are fused in place and the model keeps its own class, forward and Python
+            # cost (a whole-model GraphModule called its ~800 submodules through nested
+            # getattr: ViT-S/16 eager 6.5 against 5.5 ms per forward on an H100 host).
+            for owner in owners:
+                _fuse_child(source.get_submodule(owner), ctx, owner)
+            rep.notes.append(
+                f"fused inside {len(owners)} submodule(s) ({', '.join(owners[:3])}"
+                f"{', ...' if len(owners) > 3 else ''}); the model keeps its class and forward"
+            )
+            result = source
+        elif hooks_of(source):  # a GraphModule would drop them: keep the module, fuse its forward
             _fuse_in_place(source, gm, ctx, "")
             result = source
         else:
@@ -170,6 +183,44 @@ def fuse(
     _report_every_linear(result, ctx)
     result.dualk_fuse_report = rep
     return (result, rep) if report else result
+
+
+def _chain_owners(source: nn.Module, gm: fx.GraphModule, ctx: _Context) -> list[str] | None:
+    """The submodules that hold the whole-model trace's chains, when every chain lies inside a
+    submodule (not the model itself) and each such submodule, traced alone, finds the same
+    chains; else None (the whole model is rewritten as one graph)."""
+    probe = _Context(ctx.backend, ctx.min_layers, FuseReport())
+    chains = _find_chains(gm, probe, "")
+    if not chains:
+        return None
+    owners: set[str] = set()
+    for chain in chains:
+        paths = [str(n.target).split(".")[:-1] for n in chain.nodes if n.op == "call_module"]
+        common = paths[0]
+        for p in paths[1:]:
+            k = 0
+            while k < min(len(common), len(p)) and common[k] == p[k]:
+                k += 1
+            common = common[:k]
+        if not common:
+            return None
+        owners.add(".".join(common))
+    ordered = sorted(owners)
+    ordered = [o for o in ordered if not any(o.startswith(f"{p}.") for p in ordered if p != o)]
+    expected = {str(n.target) for c in chains for n in (c.nodes[i] for i in c.linear_at)}
+    found: set[str] = set()
+    for owner in ordered:
+        child = source.get_submodule(owner)
+        if type(child).forward is nn.Sequential.forward or hooks_of(child):
+            return None
+        try:
+            child_gm = _trace(child)
+        except Exception:
+            return None
+        child_probe = _Context(ctx.backend, ctx.min_layers, FuseReport())
+        for c in _find_chains(child_gm, child_probe, f"{owner}."):
+            found.update(f"{owner}.{c.nodes[i].target}" for i in c.linear_at)
+    return ordered if found == expected else None
 
 
 def _report_every_linear(result: nn.Module, ctx: _Context) -> None:

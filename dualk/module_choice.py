@@ -58,14 +58,12 @@ class Shape:
     kind ("mlp" | "linear_gelu"), widths (in, ..., out), activation (fused_mlp's name, or
     linear_gelu's approximate), which layers have a bias, dtype name, device text."""
 
-    __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device")
+    __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device", "strided")
 
-    def __init__(self, kind, widths, activation, biases, dtype, device):
+    def __init__(self, kind, widths, activation, biases, dtype, device, layout=""):
         self.kind, self.widths, self.activation = kind, tuple(widths), activation
         self.biases, self.dtype, self.device = tuple(biases), dtype, device
-
-    def astuple(self) -> tuple:
-        return (self.kind, self.widths, self.activation, self.biases, self.dtype, self.device)
+        self.strided = layout == "strided"  # x's rows not contiguous (a transposed input)
 
 
 def rows_bucket(rows: int | None) -> int:
@@ -79,10 +77,11 @@ def _key(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> tuple:
 
 
 def key_text(key: tuple) -> str:
-    mode, (kind, widths, act, biases, dtype, device), rows, x_grad, tf32 = key
+    mode, (kind, widths, act, biases, dtype, device, *layout), rows, x_grad, tf32 = key
     bias = "".join("b" if b else "-" for b in biases)
     return (
         f"{kind} widths={'-'.join(map(str, widths))} act={act} bias={bias} {dtype} {device} "
+        f"{'strided ' if layout else ''}"
         f"rows<={rows or '?'}{' grad' if x_grad else ''}{' tf32' if tf32 else ''}"
     )
 
@@ -255,7 +254,10 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard, torch.no_grad() if not train else torch.enable_grad():
         weights, biases = _random_parameters(shape, device, train)
-        x = torch.randn(rows, shape.widths[0], device=device, dtype=dtype)
+        if shape.strided:
+            x = torch.randn(shape.widths[0], rows, device=device, dtype=dtype).t()
+        else:
+            x = torch.randn(rows, shape.widths[0], device=device, dtype=dtype)
         x.requires_grad_(train and x_grad)
         runs = _paths(shape, x, weights, biases, compiled=mode == "compiled")
         if train:

@@ -333,3 +333,37 @@ def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch
         model(x)
     [entry] = module_choice.details().values()
     assert entry["source"] == "cache"
+
+
+class _Blocks(nn.Module):
+    """Chains inside submodules (a transformer's MLPs): fused in place, the model keeps its
+    class, forward and attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.mlps = nn.ModuleList(TimmMlp() for _ in range(2))
+        self.scale = 2.0
+
+    def forward(self, x):
+        for mlp in self.mlps:
+            x = x + mlp(self.norm(x))
+        return x * self.scale
+
+
+def test_chains_inside_submodules_are_fused_in_place():
+    torch.manual_seed(9)
+    model = _Blocks().eval()
+    fused, rep = fuse(model, report=True)
+    assert type(fused) is _Blocks and fused.scale == 2.0  # not a GraphModule
+    assert [c.name for c in rep.fused] == ["mlps.0.dualk_fused_mlp_0", "mlps.1.dualk_fused_mlp_0"]
+    assert [n for n, m in fused.named_modules() if isinstance(m, FusedMLP)] == [
+        "mlps.0.dualk_fused_mlp_0",
+        "mlps.1.dualk_fused_mlp_0",
+    ]
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert fused.mlps[0].fc1.weight is model.mlps[0].fc1.weight
+    assert model.mlps[0].forward.__func__ is TimmMlp.forward  # the model itself is untouched
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert not rep.skipped
