@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import ops
+from . import autotune, ops
 from .dispatch import check_name
 from .errors import InvalidArgumentError, InvalidTypeError
 from .nn import (
@@ -193,6 +193,8 @@ def _chain_owners(source: nn.Module, gm: fx.GraphModule, ctx: _Context) -> list[
     chains = _find_chains(gm, probe, "")
     if not chains:
         return None
+    for where, why in probe.lone.items():  # Linears outside the owners: why, from this trace
+        ctx.lone.setdefault(where, why)
     owners: set[str] = set()
     for chain in chains:
         paths = [str(n.target).split(".")[:-1] for n in chain.nodes if n.op == "call_module"]
@@ -761,23 +763,61 @@ class _SharedLinearGELU(LinearGELU):
 
 # ------------------------------------------------------------------------ untraceable models
 class _FusedForward:
-    """The forward of a module whose body runs as a fused GraphModule (the fallback for
-    untraceable models: the module object, its attributes, hooks and state_dict stay as they
-    are). If the module's children change afterwards (append, replace), the class's own
-    forward runs instead. A plain object, not a function, so deepcopy and pickle follow it."""
+    """The forward of a module whose body runs as a fused GraphModule (chains inside
+    submodules, untraceable models: the module object, its attributes, hooks and state_dict
+    stay as they are). If the module's children change afterwards (append, replace), the
+    class's own forward runs instead, and so it does for a call like one where every fused
+    module in the graph ran the original PyTorch ops (dualk.module_choice measured them
+    faster): the model's own code then costs no dualk layer at all. A plain object, not a
+    function, so deepcopy and pickle follow it."""
+
+    MAX_SIGNATURES = 64
 
     def __init__(self, owner: nn.Module, graph: fx.GraphModule):
         self.owner, self.graph = owner, graph
         self.children = tuple(owner._modules.values())
+        self.fused = tuple(m for m in graph.modules() if isinstance(m, (FusedMLP, LinearGELU)))
+        self.original_calls: set = set()  # call signatures whose fused modules all ran original
 
     def __call__(self, *args, **kwargs):
         owner = self.owner
         current = tuple(owner._modules.values())
-        if len(current) == len(self.children) and all(
-            a is b for a, b in zip(current, self.children)
+        if not (
+            len(current) == len(self.children)
+            and all(a is b for a, b in zip(current, self.children))
         ):
-            return self.graph(*args, **kwargs)
-        return type(owner).forward(owner, *args, **kwargs)
+            return type(owner).forward(owner, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return self.graph.forward(*args, **kwargs)
+        sig = _call_signature(args, kwargs)
+        if sig in self.original_calls:
+            return type(owner).forward(owner, *args, **kwargs)
+        for m in self.fused:
+            m.__dict__["_last_path"] = None
+        # (the GraphModule's forward itself: it has no hooks of its own to run)
+        out = self.graph.forward(*args, **kwargs)
+        if self.fused and all(m.__dict__.get("_last_path") == "original" for m in self.fused):
+            if len(self.original_calls) >= self.MAX_SIGNATURES:
+                self.original_calls.clear()
+            self.original_calls.add(sig)
+        return out
+
+
+def _call_signature(args, kwargs) -> tuple:
+    """What a fused module's choice depends on, for every tensor argument (shape, dtype,
+    device, layout, requires_grad), with the grad mode and autotune's reset count."""
+
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return (a.shape, a.dtype, a.get_device(), a.is_contiguous(), a.requires_grad)
+        return type(a)
+
+    return (
+        torch.is_grad_enabled(),
+        autotune.clears(),
+        tuple(one(a) for a in args),
+        tuple((k, one(v)) for k, v in kwargs.items()),
+    )
 
 
 def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:

@@ -168,7 +168,9 @@ class LinearGELU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
-        if _choose_path(self, "linear_gelu", x, [weight], [bias]) == "original":
+        path = _choose_path(self, "linear_gelu", x, [weight], [bias])
+        self.__dict__["_last_path"] = path
+        if path == "original":
             return F.gelu(F.linear(x, weight, bias), approximate=self.approximate)
         return ops.linear_gelu(x, weight, bias, approximate=self.approximate, backend=self.backend)
 
@@ -186,6 +188,19 @@ class LinearGELU(nn.Module):
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
+# torch 2.11: every compiled fused module kept dualk's op); there, export of a fused module on
+# the GPU is measured like a compile.
+_EXPORTING_IS_ACCURATE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
+
+
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
+
+
+def _exporting() -> bool:
+    return _EXPORTING_IS_ACCURATE and _is_exporting()
+
+
 _is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the trace records
 _any_autocast = ops._any_autocast
 _transforms_active = ops._transforms_active
@@ -235,8 +250,8 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
 
 def _compiled_path(module, x, weights, biases) -> str:
     """_choose_path under torch.compile: the answer is a constant of the traced graph."""
-    if module.backend != "auto" or _is_exporting():  # an exported program keeps dualk's ops
-        return "fused"
+    if module.backend != "auto" or not _is_dynamo_compiling() or _exporting():
+        return "fused"  # an exported program (traced without Dynamo) keeps dualk's ops
     if not x.is_contiguous():
         # dualk's op would copy it first; Inductor folds the layout into its own GEMM (timm
         # Mixer's token MLP on a transposed input: 0.33x with dualk's op on an H200)
@@ -325,8 +340,11 @@ class _InferencePlan:
             and self._ptrs(weights, biases) == self.ptrs
         ):  # fmt: skip
             return None
-        runner = self.runners.get(self._slot(x, self.dtype))
-        return None if runner is None else runner(x)
+        entry = self.runners.get(self._slot(x, self.dtype))
+        if entry is None:
+            return None
+        module.__dict__["_last_path"] = entry[1]
+        return entry[0](x)
 
     @classmethod
     def update(cls, module, x, weights, biases, original: bool = False) -> None:
@@ -374,7 +392,10 @@ class _InferencePlan:
             def runner(x, impl=impl, ws=ws, bs=bs, activation=activation):
                 return impl(x, ws, bs, activation)
 
-        plan.runners[cls._slot(x, x.dtype)] = runner
+        plan.runners[cls._slot(x, x.dtype)] = (
+            runner,
+            "original" if name == "original" else "fused",
+        )
 
 
 class FusedMLP(nn.Module):
@@ -475,6 +496,7 @@ class FusedMLP(nn.Module):
                 if out is not None:
                     return out
         path = _choose_path(self, "fused_mlp", x, weights, biases)
+        self.__dict__["_last_path"] = path
         if path == "original":
             out = self._original_forward(x)
         else:
