@@ -192,6 +192,11 @@ def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) 
     env = cuda_backend.builder_env()
     running = {}
     for family in families or tuple(cuda_backend.FAMILIES):
+        if root is None:  # into the cache: a matching build found at run time needs none
+            found, _ = cuda_backend.locate(family, archs)
+            if found is not None:
+                click.echo(f"{family}: already built for {','.join(archs)} in {found}; not rebuilt")
+                continue
         directory = cuda_backend.build_directory(family, archs, root)
         try:
             directory.mkdir(parents=True, exist_ok=True)

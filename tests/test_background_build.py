@@ -524,3 +524,7 @@ def test_dualk_build_progress_arch_and_out(gpu, monkeypatch, tmp_path):
     assert f"DUALK_PREBUILT_DIR={out.resolve()}" in ok.output
     bad = CliRunner().invoke(main, ["build", "--arch", "sm_9x"])
     assert bad.exit_code == 2 and "not a CUDA architecture" in bad.output
+    # Into the cache (no --out), a family found prebuilt is not built again.
+    again = CliRunner().invoke(main, ["build", "--arch", "sm_90a", "--family", "gemm"])
+    assert again.exit_code == 0, again.output
+    assert "gemm: already built for sm_90a in" in again.output and "started" not in again.output
