@@ -124,9 +124,11 @@ def fuse(
     """A module computing what `model` computes, whose Linear/activation chains run as dualk
     fused modules (`dualk.nn.FusedMLP`, `dualk.nn.LinearGELU`) on `backend`.
 
-    Returns the rewritten torch.fx GraphModule; for a model with hooks of its own, a copy of the
-    model whose forward runs the fused graph (its hooks kept); for a model fx cannot trace as
-    one graph, a copy of the model whose children are fused (see the module docstring). The
+    Returns, where every chain lies inside a submodule, a copy of the model whose submodules
+    are fused in place (its class and forward kept); else the rewritten torch.fx GraphModule;
+    for a model with hooks of its own, a copy of the model whose forward runs the fused graph
+    (its hooks kept); for a model fx cannot trace as one graph, a copy of the model whose
+    children are fused (see the module docstring). The
     result shares `model`'s parameters and buffers (the same objects: train either one, save
     either one's state_dict, same keys) but not its module objects, so `model` is left as it
     was; with `inplace=True` the result uses `model`'s own submodules (and `model` itself is
