@@ -193,10 +193,10 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     else:  # a named backend: whether each one could run if named (auto's own rules aside)
         chosen = name
         availability = {b: unavailable_reason(b, like.device) for b in spec.backends}
-    for missing, why in spec.missing.items():  # backends without this operator
-        availability.setdefault(missing, why)
         if source == "config":
             notes.append(f"named in the config file {config.loaded_from()}")
+    for missing, why in spec.missing.items():  # backends without this operator
+        availability.setdefault(missing, why)
     if "cuda" in spec.backends and like.device.type in autotune.BACKGROUND_DEVICE_TYPES:
         from .backends import cuda
 

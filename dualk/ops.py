@@ -532,12 +532,14 @@ def _check_linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation,
                 "packed too: pass [gate; up] as 'bias_gate' (2N,) and leave 'bias_up' None"
             )
         return dtype, index, x_shape, rows // 2
+    if not (isinstance(weight_up, torch.Tensor) and weight_up.shape == wg_shape):
+        _check_linear(op, x, weight_up, None, "weight_up")  # a tensor, dtype, device, features
+        if weight_up.shape != wg_shape:
+            raise ShapeError(
+                f"dualk.linear_glu: 'weight_up' must have the shape of 'weight_gate' "
+                f"{tuple(wg_shape)}, got {tuple(weight_up.shape)}"
+            )
     _check_linear(op, x, weight_up, bias_up, "weight_up", "bias_up")
-    if weight_up.shape != wg_shape:
-        raise ShapeError(
-            f"dualk.linear_glu: 'weight_up' must have the shape of 'weight_gate' "
-            f"{tuple(wg_shape)}, got {tuple(weight_up.shape)}"
-        )
     return dtype, index, x_shape, wg_shape[0]
 
 
