@@ -269,7 +269,14 @@ class _Tracer(fx.Tracer):
     public ops recorded as calls when a forward calls them by a global name."""
 
     def __init__(self, all_leaves: bool = False):
-        funcs = (ops.add, ops.relu_scale, ops.matmul, ops.linear_gelu, ops.fused_mlp, ops.linear_glu)
+        funcs = (
+            ops.add,
+            ops.relu_scale,
+            ops.matmul,
+            ops.linear_gelu,
+            ops.fused_mlp,
+            ops.linear_glu,
+        )
         super().__init__(autowrap_functions=funcs)
         self.all_leaves = all_leaves
 

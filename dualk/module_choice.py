@@ -342,7 +342,11 @@ def shape_of_linear_gelu(weight, bias, approximate: str) -> tuple:
 def shape_of_linear_glu(weight_gate, weight_up, bias_gate, bias_up, activation: str,
                         approximate: str) -> tuple:  # fmt: skip
     """linear_glu's Shape (separate gate and up weights, (N, K) each)."""
-    name = ("gelu_tanh" if approximate == "tanh" else "gelu_erf") if activation == "gelu" else activation
+    name = (
+        ("gelu_tanh" if approximate == "tanh" else "gelu_erf")
+        if activation == "gelu"
+        else activation
+    )
     widths = (weight_gate.shape[1], weight_gate.shape[0])
     return ("linear_glu", widths, name, (bias_gate is not None, bias_up is not None),
             str(weight_gate.dtype), str(weight_gate.device))  # fmt: skip
