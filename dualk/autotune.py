@@ -554,7 +554,7 @@ def _decide(
         blocked = _timing_blocked()
         if explicit and blocked == "DUALK_AUTOTUNE=0":
             blocked = None
-        rejected: dict[str, str] = {}
+        rejected: dict[str, str] = dict(spec.missing)  # backends without this operator
         pending: dict[str, str] = {}  # candidates that will come (a build running, Triton)
         available = []
         for name in spec.backends:
