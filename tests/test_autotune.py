@@ -636,7 +636,7 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
     call = lambda: run("auto")  # noqa: E731
 
     def ran_cuda(call):
-        """"cuda" when the op has a CUDA kernel; else the override must still win: it raises
+        """ "cuda" when the op has a CUDA kernel; else the override must still win: it raises
         (linear_glu has none yet) rather than take the table's answer."""
         if "cuda" in OPS[op].backends:
             return last_backend(ran, call)
