@@ -17,7 +17,7 @@ from .errors import (
     UnknownBackendError,
 )
 from .fuse import FuseReport, fuse
-from .ops import add, explain, fused_mlp, linear_gelu, matmul, relu_scale
+from .ops import add, explain, fused_mlp, linear_gelu, linear_glu, matmul, relu_scale
 from .registry import OPS
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "FuseReport",
     "fused_mlp",
     "linear_gelu",
+    "linear_glu",
     "matmul",
     "library",
     "nn",

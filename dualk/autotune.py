@@ -57,6 +57,9 @@ matrix ops) are always part of it:
     `approximate`; the layouts of x and weight.
   - fused_mlp: M rounded up to a power of two; every width exact; which layers have a bias;
     the activation; the layout of x.
+  - linear_glu: M rounded up to a power of two; K and N exact; which of the gate and up
+    projections have a bias; the activation (with GELU's approximation); the layouts of x and
+    both weights ("p" for the up half of a packed weight).
 Layouts: "c" contiguous, "r" unit stride along the last dim (sliced or padded rows), "s" other
 strides (transposed). Scalars (alpha, scale) are not part of the key: they do not change the cost.
 
@@ -202,12 +205,27 @@ def _key_fused_mlp(args) -> tuple:
     )  # fmt: skip
 
 
+def _key_linear_glu(args) -> tuple:
+    x, wg, wu, bg, bu, activation, approximate = args
+    m = _rows(x)
+    dtype = x.dtype
+    packed = wu is None
+    return (
+        "linear_glu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
+        (m - 1).bit_length() if m else -1, x.shape[-1],
+        wg.shape[0] // 2 if packed else wg.shape[0], (bg is not None, bu is not None),
+        f"gelu({approximate})" if activation == "gelu" else activation,
+        _layout(x) + _layout(wg) + ("p" if packed else _layout(wu)),
+    )  # fmt: skip
+
+
 KEY_FUNCTIONS: dict[str, Callable[[tuple], tuple]] = {
     "add": _key_add,
     "relu_scale": _key_relu_scale,
     "matmul": _key_matmul,
     "linear_gelu": _key_linear_gelu,
     "fused_mlp": _key_fused_mlp,
+    "linear_glu": _key_linear_glu,
 }
 FIELDS = {
     "add": ("n", "broadcast", "layout"),
@@ -215,6 +233,7 @@ FIELDS = {
     "matmul": ("dims", "batch", "m", "k", "n_exact", "layout"),
     "linear_gelu": ("m", "k", "n_exact", "bias", "approximate", "layout"),
     "fused_mlp": ("m", "widths", "biases", "activation", "layout"),
+    "linear_glu": ("m", "k", "n_exact", "biases", "activation", "layout"),
 }
 
 
@@ -504,6 +523,7 @@ def heuristic(spec: OpSpec, args: tuple, available: list[str]) -> tuple[str, str
         "matmul": "matmul: cuBLAS (torch) wins most shapes on H100/H200",
         "linear_gelu": "linear_gelu: cuBLASLt (torch) wins small M and square shapes on H100/H200",
         "fused_mlp": "fused_mlp without the CUDA backend: torch",
+        "linear_glu": "linear_glu: not measured on a GPU yet: PyTorch's GEMMs (torch)",
     }
     return "torch", rules.get(
         spec.name,
@@ -534,7 +554,7 @@ def _decide(
         blocked = _timing_blocked()
         if explicit and blocked == "DUALK_AUTOTUNE=0":
             blocked = None
-        rejected: dict[str, str] = {}
+        rejected: dict[str, str] = dict(spec.missing)  # backends without this operator
         pending: dict[str, str] = {}  # candidates that will come (a build running, Triton)
         available = []
         for name in spec.backends:

@@ -232,6 +232,7 @@ TORCH_BACKEND_PEER = {
     "matmul": "cuBLAS (torch.matmul)",
     "linear_gelu": "torch eager gelu(linear)",
     "fused_mlp": "torch eager nn.Sequential",
+    "linear_glu": "torch eager act(linear)*linear",
 }
 
 
@@ -270,6 +271,9 @@ def peers(
             out["cuBLASLt addmm+gelu"] = lambda: torch._addmm_activation(
                 bias, x, w.t(), use_gelu=True
             )
+    elif spec.name == "linear_glu":
+        # The eager gated MLP (issue 35's baseline): two GEMMs, the activation and the product.
+        out["torch eager act(linear)*linear"] = lambda: spec.reference(*args, **kwargs)
     elif spec.name == "fused_mlp":
         x, weights, biases = args
         out["torch eager nn.Sequential"] = lambda: spec.reference(*args, **kwargs)

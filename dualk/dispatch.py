@@ -136,7 +136,9 @@ def choose(spec: OpSpec, backend: str, args: tuple) -> str:
         if auto_unforced(spec):  # the common call: no tuple building
             return autotune.choose(spec, args)
     elif backend in BACKENDS:  # the argument wins over every other source: requested()'s answer
-        reason = unavailable_reason(backend, _first_tensor(args).device, spec.name)
+        reason = spec.missing_reason(backend) or unavailable_reason(
+            backend, _first_tensor(args).device, spec.name
+        )
         if reason is None:
             return backend
         raise BackendUnavailableError(
@@ -146,7 +148,9 @@ def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     name, source = requested(spec, backend)
     if name == "auto":
         return autotune.choose(spec, args)
-    reason = unavailable_reason(name, _first_tensor(args).device, spec.name)
+    reason = spec.missing_reason(name) or unavailable_reason(
+        name, _first_tensor(args).device, spec.name
+    )
     if reason is not None:
         raise BackendUnavailableError(
             f"dualk.{spec.name}: backend {name!r} (requested by {source}) cannot run: {reason}"
@@ -191,6 +195,8 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         availability = {b: unavailable_reason(b, like.device) for b in spec.backends}
         if source == "config":
             notes.append(f"named in the config file {config.loaded_from()}")
+    for missing, why in spec.missing.items():  # backends without this operator
+        availability.setdefault(missing, why)
     if "cuda" in spec.backends and like.device.type in autotune.BACKGROUND_DEVICE_TYPES:
         from .backends import cuda
 

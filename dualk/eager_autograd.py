@@ -22,6 +22,7 @@ _OPS = {
     "matmul": (library.run_matmul, library._matmul_setup, library._matmul_backward),
     "linear_gelu": (library.run_linear_gelu, library._linear_gelu_setup, library._linear_gelu_backward),
     "fused_mlp": (library.run_fused_mlp, library._fused_mlp_setup, library._fused_mlp_backward),
+    "linear_glu": (library.run_linear_glu, library._linear_glu_setup, library._linear_glu_backward),
 }  # fmt: skip
 
 

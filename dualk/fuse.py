@@ -7,8 +7,12 @@ branch, ends the chain there), every activation is the same (nn.ReLU / nn.GELU /
 or torch.relu, F.relu, F.gelu(approximate=...), F.silu, Tensor.relu calls; or none at all), and
 the Linears share one dtype (float32, float16 or bfloat16) and device. A chain of >= 2 Linears
 becomes a `dualk.nn.FusedMLP` (split into pieces of at most 8 layers, what one fused kernel
-holds), a single Linear followed by GELU a `dualk.nn.LinearGELU`. Linears and activations that
-are subclasses with their own forward, or have hooks, are not fused.
+holds), a single Linear followed by GELU a `dualk.nn.LinearGELU`. A gated MLP (LLaMA's
+`down(act(gate(x)) * up(x))`: two Linears of one shape on the same input, a SiLU / GELU / ReLU
+on the gate's output alone, their product going into a Linear) has its gated part (gate, act,
+up, mul) run as one `dualk.linear_glu` (report kind "LinearGLU"); `down` stays in the graph.
+Linears and activations that are subclasses with their own forward, or have hooks, are not
+fused.
 
 The fused modules use the model's own nn.Linear modules (the same nn.Parameter objects), and
 every original submodule stays registered where it was: optimizers over `model.parameters()`,
@@ -34,6 +38,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,7 +53,9 @@ from .dispatch import check_name
 from .errors import InvalidArgumentError, InvalidTypeError
 from .nn import (
     FusedMLP,
+    GatedMLP,
     LinearGELU,
+    _GatedBase,
     hooks_of,
     kernel_activation,
     linear_problem,
@@ -68,7 +75,7 @@ class FusedChain:
     """One fused chain: the new module, what it replaced and what it computes."""
 
     name: str  # the new module's name (in the fused GraphModule, or in a child's fused graph)
-    kind: str  # "FusedMLP" or "LinearGELU"
+    kind: str  # "FusedMLP", "LinearGELU" or "LinearGLU"
     nodes: list[str]  # what it replaced, in order: module names, or the fx node names of calls
     modules: list[str]  # the qualified names of its nn.Linear modules
     widths: list[int]
@@ -236,8 +243,12 @@ def _report_every_linear(result: nn.Module, ctx: _Context) -> None:
     for m in result.modules():
         if isinstance(m, FusedMLP):
             already.update(id(lin) for lin in m.layers)
-        elif isinstance(m, LinearGELU) and isinstance(getattr(m, "_shared", None), tuple):
+        elif isinstance(m, (LinearGELU, _GatedBase)) and isinstance(
+            getattr(m, "_shared", None), tuple
+        ):
             already.update(id(lin) for lin in m._shared)
+        elif isinstance(m, GatedMLP):
+            already.update(id(lin) for lin in (m.gate_proj, m.up_proj, m.down_proj))
     seen: set[int] = set()
     for name, m in result.named_modules(remove_duplicate=False):
         if not isinstance(m, nn.Linear) or name in fused or name in listed:
@@ -260,7 +271,14 @@ class _Tracer(fx.Tracer):
     public ops recorded as calls when a forward calls them by a global name."""
 
     def __init__(self, all_leaves: bool = False):
-        funcs = (ops.add, ops.relu_scale, ops.matmul, ops.linear_gelu, ops.fused_mlp)
+        funcs = (
+            ops.add,
+            ops.relu_scale,
+            ops.matmul,
+            ops.linear_gelu,
+            ops.fused_mlp,
+            ops.linear_glu,
+        )
         super().__init__(autowrap_functions=funcs)
         self.all_leaves = all_leaves
 
@@ -268,7 +286,7 @@ class _Tracer(fx.Tracer):
         if self.all_leaves:
             return True
         return (
-            isinstance(m, (FusedMLP, LinearGELU))
+            isinstance(m, _FUSED_TYPES)
             or module_activation(m) is not None
             or super().is_leaf_module(m, qualname)
         )
@@ -440,6 +458,7 @@ class _Chain:
     stop: str = ""  # a lone Linear: what its output goes to (the report's reason)
     # per gap between two Linears: the nn.Dropout / nn.Identity modules after the activation
     between: list[tuple[nn.Module, ...]] = field(default_factory=list)
+    glu: bool = False  # a gated part: nodes (gate, act, up, mul), linears (gate, up)
 
 
 def _linear_module(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
@@ -601,9 +620,70 @@ def _linear_reject(lin: nn.Linear) -> str | None:
     return problem
 
 
+_MULS = (operator.mul, torch.mul)
+
+
+def _single_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _glu_at(gm: fx.GraphModule, gate_node: fx.Node, gate: nn.Linear) -> _Chain | None:
+    """The gated part `act(gate(x)) * up(x)` (followed by a Linear) starting at the Linear call
+    `gate_node`, or None: the activation applies to the gate's output alone, `up` is an
+    nn.Linear of the gate's shape, bias presence, dtype and device called on the same input,
+    each value has one user, and the product goes into an nn.Linear (the down projection)."""
+    act_node = _single_user(gate_node)
+    if act_node is None or _call_problem(gate_node, None):
+        return None
+    act = _activation_of(gm, act_node, gate_node)
+    mul = _single_user(act_node) if act is not None else None
+    if mul is None or mul.kwargs or len(mul.args) != 2 or act_node not in mul.args:
+        return None
+    if not (
+        (mul.op == "call_function" and mul.target in _MULS)
+        or (mul.op == "call_method" and mul.target == "mul" and mul.args[0] is act_node)
+    ):
+        return None
+    up_node = mul.args[1] if mul.args[0] is act_node else mul.args[0]
+    if not isinstance(up_node, fx.Node) or up_node is act_node:
+        return None
+    up = _linear_module(gm, up_node)
+    if (
+        up is None
+        or up is gate
+        or _call_problem(up_node, None)
+        or up_node.args[0] is not gate_node.args[0]
+        or _single_user(up_node) is not mul
+        or _linear_reject(up)
+        or up.weight.shape != gate.weight.shape
+        or (up.bias is None) != (gate.bias is None)
+        or _dtype_device(up) != _dtype_device(gate)
+    ):
+        return None
+    down_node = _single_user(mul)
+    down = None if down_node is None else _linear_module(gm, down_node)
+    if down is None or _call_problem(down_node, mul):
+        return None
+    return _Chain([gate_node, act_node, up_node, mul], [0, 2], [gate, up], act, glu=True)
+
+
+def _find_glus(gm: fx.GraphModule, consumed: set[fx.Node]) -> list[_Chain]:
+    chains = []
+    for node in gm.graph.nodes:
+        lin = _linear_module(gm, node)
+        if lin is None or node in consumed or _linear_reject(lin):
+            continue
+        chain = _glu_at(gm, node, lin)
+        if chain is not None and not consumed.intersection(chain.nodes):
+            consumed.update(chain.nodes)
+            chains.append(chain)
+    return chains
+
+
 def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]:
     consumed: set[fx.Node] = set()
-    chains = []
+    chains = _find_glus(gm, consumed)  # gated MLPs first: their Linears are no chain's start
     for node in gm.graph.nodes:
         if node in consumed:
             continue
@@ -674,9 +754,12 @@ def _unique_name(gm: nn.Module, base: str) -> str:
 def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> None:
     first, last = chain.nodes[0], chain.nodes[-1]
     act = chain.activation or _NONE
-    if len(chain.linears) == 1:
+    if chain.glu:
+        kind, name = "LinearGLU", _unique_name(gm, "dualk_linear_glu")
+        module: nn.Module = _SharedLinearGLU(*chain.linears, act, ctx.backend)
+    elif len(chain.linears) == 1:
         kind, name = "LinearGELU", _unique_name(gm, "dualk_linear_gelu")
-        module: nn.Module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
+        module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
     else:
         kind, name = "FusedMLP", _unique_name(gm, "dualk_fused_mlp")
         module = _SharedFusedMLP(chain.linears, act[0], act[1], ctx.backend, chain.between)
@@ -689,6 +772,8 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
     for node in reversed(chain.nodes):
         gm.graph.erase_node(node)
     widths = [chain.linears[0].in_features, *(lin.out_features for lin in chain.linears)]
+    if chain.glu:
+        widths = [chain.linears[0].in_features, chain.linears[0].out_features]
     ctx.report.fused.append(
         FusedChain(
             prefix + name,
@@ -763,6 +848,39 @@ class _SharedLinearGELU(LinearGELU):
         return f"{super().extra_repr()}, linear={self.shared_names[0]} (shared)"
 
 
+class _SharedLinearGLU(_GatedBase):
+    """The gated part `act(gate(x)) * up(x)` of a model's gated MLP over its own gate and up
+    Linears, which stay registered where the model has them (held in a tuple, as
+    _SharedLinearGELU: state_dict() keeps the original keys)."""
+
+    def __init__(self, gate: nn.Linear, up: nn.Linear, act: Activation, backend: str):
+        nn.Module.__init__(self)
+        self.activation, self.approximate = act
+        self.backend = check_name(backend, "dualk.fuse(backend=)")
+        object.__setattr__(self, "_shared", (gate, up))
+        self.shared_names = ["", ""]
+
+    def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        return self._shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._glu(x)
+
+    def _get_name(self) -> str:
+        return "LinearGLU"
+
+    def extra_repr(self) -> str:
+        act = _describe((self.activation, self.approximate))
+        return (
+            f"activation={act}, backend={self.backend!r}, gate={self.shared_names[0]}, "
+            f"up={self.shared_names[1]} (shared)"
+        )
+
+
+# Modules fuse() keeps as leaves and counts as fused.
+_FUSED_TYPES = (FusedMLP, LinearGELU, _GatedBase, GatedMLP)
+
+
 # ------------------------------------------------------------------------ untraceable models
 class _FusedForward:
     """The forward of a module whose body runs as a fused GraphModule (chains inside
@@ -778,7 +896,7 @@ class _FusedForward:
     def __init__(self, owner: nn.Module, graph: fx.GraphModule):
         self.owner, self.graph = owner, graph
         self.children = tuple(owner._modules.values())
-        self.fused = tuple(m for m in graph.modules() if isinstance(m, (FusedMLP, LinearGELU)))
+        self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         self.original_calls: set = set()  # call signatures whose fused modules all ran original
 
     def __call__(self, *args, **kwargs):
@@ -828,7 +946,7 @@ def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:
         # A Sequential's data flow is its order: trace it with every child as a leaf.
         _fuse_in_place(module, _trace(module, all_leaves=True), ctx, path)
     for name, child in module.named_children():
-        if isinstance(child, (nn.Linear, FusedMLP, LinearGELU)) or module_activation(child):
+        if isinstance(child, (nn.Linear, *_FUSED_TYPES)) or module_activation(child):
             continue
         _fuse_child(child, ctx, f"{path}{name}")
 

@@ -329,3 +329,93 @@ def _(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
 
 
 fused_mlp.register_autograd(_fused_mlp_backward, setup_context=_fused_mlp_setup)
+
+
+# ---------------------------------------------------------------------------------- linear_glu
+def run_linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
+    return _fresh(
+        ops._run_linear_glu(
+            x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+        )
+    )
+
+
+@torch.library.custom_op(f"{LIB}::linear_glu", mutates_args=())
+def linear_glu(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: Optional[torch.Tensor],  # noqa: UP045 (schema inference on torch 2.11)
+    bias_gate: Optional[torch.Tensor],  # noqa: UP045
+    bias_up: Optional[torch.Tensor],  # noqa: UP045
+    activation: str,
+    approximate: str,
+    backend: str,
+) -> torch.Tensor:
+    return run_linear_glu(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+    )
+
+
+@linear_glu.register_fake
+def _(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
+    _, _, _, n = ops._check_linear_glu(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
+    )
+    return x.new_empty((*x.shape[:-1], n))
+
+
+def _linear_glu_setup(ctx, inputs, output):
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend = inputs
+    ctx.save_for_backward(x, weight_gate, weight_up, bias_gate, bias_up)
+    ctx.activation, ctx.approximate, ctx.backend = activation, approximate, backend
+
+
+def _glu_act_backward(grad, pre, activation: str, approximate: str):
+    """grad * act'(pre), by PyTorch's own backward functions (its rounding)."""
+    if activation == "silu":
+        return _aten.silu_backward(grad, pre)
+    if activation == "gelu":
+        return _aten.gelu_backward(grad, pre, approximate=approximate)
+    return _aten.threshold_backward(grad, pre, 0)
+
+
+def _linear_glu_backward(ctx, grad):
+    from .backends.torch_ref import glu_activation, split_glu_parameters
+
+    x, weight_gate, weight_up, bias_gate, bias_up = ctx.saved_tensors
+    packed = weight_up is None
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    mm = _matmul_with(ctx.backend)
+    x2d = as_rows(x)
+    # Recompute both pre-activations (two GEMMs) rather than keep them: the forward is one
+    # fused kernel that never writes them, and inference calls must not pay for training.
+    pre_g = mm(x2d, wg.t())
+    pre_u = mm(x2d, wu.t())
+    if bg is not None:
+        pre_g = pre_g + bg
+    if bu is not None:
+        pre_u = pre_u + bu
+    g = as_rows(grad)
+    d_gate = _glu_act_backward(g * pre_u, pre_g, ctx.activation, ctx.approximate)
+    d_up = g * glu_activation(pre_g, ctx.activation, ctx.approximate)
+    need = ctx.needs_input_grad
+    grad_x = None
+    if need[0]:
+        grad_x = (mm(d_gate, wg) + mm(d_up, wu)).reshape(x.shape)
+    grad_wg = grad_wu = grad_bg = grad_bu = None
+    if need[1] or (not packed and need[2]):
+        dwg = mm(d_gate.t(), x2d) if need[1] or packed else None
+        dwu = mm(d_up.t(), x2d) if packed or need[2] else None
+        if packed:
+            grad_wg = torch.cat((dwg, dwu))
+        else:
+            grad_wg, grad_wu = (dwg if need[1] else None), (dwu if need[2] else None)
+    if bias_gate is not None and need[3]:
+        dbg = d_gate.sum(0)
+        grad_bg = torch.cat((dbg, d_up.sum(0))) if packed else dbg
+    if bias_up is not None and need[4]:
+        grad_bu = d_up.sum(0)
+    return grad_x, grad_wg, grad_wu, grad_bg, grad_bu, None, None, None
+
+
+linear_glu.register_autograd(_linear_glu_backward, setup_context=_linear_glu_setup)

@@ -55,8 +55,10 @@ _generation = [autotune.clears()]
 
 class Shape:
     """What a decision depends on, as constants (Dynamo passes them to `compiled_path`):
-    kind ("mlp" | "linear_gelu"), widths (in, ..., out), activation (fused_mlp's name, or
-    linear_gelu's approximate), which layers have a bias, dtype name, device text."""
+    kind ("mlp" | "linear_gelu" | "linear_glu"), widths (in, ..., out; linear_glu: in and N),
+    activation (fused_mlp's name, linear_gelu's approximate, or linear_glu's as fused_mlp
+    names it: "silu", "relu", "gelu_tanh", "gelu_erf"), which layers have a bias (linear_glu:
+    gate and up), dtype name, device text."""
 
     __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device", "strided")
 
@@ -164,9 +166,14 @@ def _stale(key: tuple) -> bool:
 def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
     """choose("compiled", ...), called while Dynamo traces: its answer is a constant of the
     graph (rows is None where the trace has dynamic shapes: measured at 4096 rows)."""
-    if not auto_allowed("fused_mlp" if shape[0] == "mlp" else "linear_gelu", "auto"):
+    if not auto_allowed(_OP_OF_KIND[shape[0]], "auto"):
         return "fused"
     return choose("compiled", shape, rows, grad)
+
+
+_OP_OF_KIND = {"mlp": "fused_mlp", "linear_gelu": "linear_gelu", "linear_glu": "linear_glu"}
+_GLU_ACTIVATION = {"silu": ("silu", "tanh"), "relu": ("relu", "tanh"),
+                   "gelu_tanh": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}  # fmt: skip
 
 
 # What torch._dynamo.assume_constant_result sets (importing torch._dynamo here would import
@@ -191,7 +198,10 @@ def clear() -> None:
 def _random_parameters(shape: Shape, device, grad: bool):
     dtype = getattr(torch, shape.dtype.replace("torch.", ""))
     weights, biases = [], []
-    for (k, n), has_bias in zip(zip(shape.widths[:-1], shape.widths[1:]), shape.biases):
+    pairs = zip(shape.widths[:-1], shape.widths[1:])
+    if shape.kind == "linear_glu":  # the gate and the up projection, both (N, K)
+        pairs = [(shape.widths[0], shape.widths[1])] * 2
+    for (k, n), has_bias in zip(pairs, shape.biases):
         bound = 1.0 / math.sqrt(k)
         w = torch.empty(n, k, device=device, dtype=dtype).uniform_(-bound, bound)
         b = torch.empty(n, device=device, dtype=dtype).uniform_(-bound, bound) if has_bias else None
@@ -216,6 +226,14 @@ def _paths(shape: Shape, x, weights, biases, compiled: bool) -> dict[str, Callab
     if shape.kind == "mlp":
         fused = lambda: ops.fused_mlp(x, weights, biases, activation=shape.activation)
         original = lambda: _original_mlp(x, weights, biases, shape.activation, compiled)
+    elif shape.kind == "linear_glu":
+        (wg, wu), (bg, bu) = weights, biases
+        act, approximate = _GLU_ACTIVATION[shape.activation]
+        fused = lambda: ops.linear_glu(x, wg, wu, bg, bu, activation=act, approximate=approximate)
+        if compiled:  # Inductor fuses the gate and the product into its GEMMs' epilogues
+            original = lambda: (F.linear(x, wg, bg), F.linear(x, wu, bu))
+        else:
+            original = lambda: original_glu(x, wg, wu, bg, bu, act, approximate)
     else:
         w, b = weights[0], biases[0]
         fused = lambda: ops.linear_gelu(x, w, b, approximate=shape.activation)
@@ -232,6 +250,10 @@ def _op_provisional(shape: Shape, x, weights, biases) -> bool:
         return False
     if shape.kind == "mlp":
         return autotune.provisional(OPS["fused_mlp"], (x, weights, biases, shape.activation))
+    if shape.kind == "linear_glu":
+        act, approximate = _GLU_ACTIVATION[shape.activation]
+        args = (x, *weights, *biases, act, approximate)
+        return autotune.provisional(OPS["linear_glu"], args)
     return autotune.provisional(OPS["linear_gelu"], (x, weights[0], biases[0], shape.activation))
 
 
@@ -240,9 +262,10 @@ def _with_backward(run: Callable, inputs: Sequence[torch.Tensor]) -> Callable:
 
     def step():
         out = run()
+        outs = out if isinstance(out, tuple) else (out,)  # linear_glu's floor: two GEMMs
         if not grad_out:
-            grad_out.append(torch.randn_like(out))
-        return torch.autograd.grad(out, inputs, grad_out[0])
+            grad_out.extend(torch.randn_like(o) for o in outs)
+        return torch.autograd.grad(outs, inputs, grad_out)
 
     return step
 
@@ -314,6 +337,29 @@ def shape_of_linear_gelu(weight, bias, approximate: str) -> tuple:
     widths = (weight.shape[1], weight.shape[0])
     return ("linear_gelu", widths, approximate, (bias is not None,), str(weight.dtype),
             str(weight.device))  # fmt: skip
+
+
+def shape_of_linear_glu(weight_gate, weight_up, bias_gate, bias_up, activation: str,
+                        approximate: str) -> tuple:  # fmt: skip
+    """linear_glu's Shape (separate gate and up weights, (N, K) each)."""
+    name = (
+        ("gelu_tanh" if approximate == "tanh" else "gelu_erf")
+        if activation == "gelu"
+        else activation
+    )
+    widths = (weight_gate.shape[1], weight_gate.shape[0])
+    return ("linear_glu", widths, name, (bias_gate is not None, bias_up is not None),
+            str(weight_gate.dtype), str(weight_gate.device))  # fmt: skip
+
+
+def original_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate):
+    """linear_glu by PyTorch's own ops: act(F.linear(x, Wg, bg)) * F.linear(x, Wu, bu)."""
+    gate = F.linear(x, weight_gate, bias_gate)
+    if activation == "gelu":
+        gate = F.gelu(gate, approximate=approximate)
+    else:
+        gate = F.silu(gate) if activation == "silu" else F.relu(gate)
+    return gate * F.linear(x, weight_up, bias_up)
 
 
 def auto_allowed(spec_name: str, backend: str) -> bool:

@@ -9,7 +9,12 @@
   `FusedMLP.load_sequential_state_dict` (explicitly: `load_state_dict` itself takes only this
   module's own keys); `to_sequential().state_dict()` writes one.
 
-Both keep autograd (the ops' registered backward) and take `backend=` like every dualk op.
+- `GatedMLP`: the LLaMA-style feed-forward block `down_proj(act(gate_proj(x)) * up_proj(x))`
+  with the gated part in one kernel (`dualk.linear_glu`); `gate_proj`, `up_proj` and
+  `down_proj` are plain nn.Linear modules, so LLaMA / Mistral / Qwen checkpoints load as they
+  are.
+
+All keep autograd (the ops' registered backward) and take `backend=` like every dualk op.
 """
 
 from __future__ import annotations
@@ -183,6 +188,122 @@ class LinearGELU(nn.Module):
             f"bias={self.bias is not None}, approximate={self.approximate!r}, "
             f"backend={self.backend!r}"
         )
+
+
+GLU_ACTIVATIONS = ("silu", "gelu", "relu")
+
+
+def _check_glu_activation(where: str, activation, approximate) -> None:
+    if activation not in GLU_ACTIVATIONS:
+        raise InvalidArgumentError(
+            f"dualk.nn.{where}: activation must be one of {GLU_ACTIVATIONS}, got {activation!r}"
+        )
+    if approximate not in GELU_APPROXIMATIONS:
+        raise InvalidArgumentError(
+            f"dualk.nn.{where}: approximate must be 'tanh' or 'none' (as nn.GELU), got "
+            f"{approximate!r}"
+        )
+
+
+class _GatedBase(nn.Module):
+    """The gated part `act(x @ Wg.T + bg) * (x @ Wu.T + bu)` of a gated MLP, fused
+    (`dualk.linear_glu`) or by PyTorch's ops, chosen by dualk.module_choice (kind
+    "linear_glu"). Subclasses provide `_gate_up()` -> (gate Linear, up Linear) and set
+    `activation`, `approximate` and `backend`."""
+
+    def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        raise NotImplementedError
+
+    def _glu(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self._gate_up()
+        wg, wu, bg, bu = gate.weight, up.weight, gate.bias, up.bias
+        path = _choose_path(self, "linear_glu", x, [wg, wu], [bg, bu])
+        self.__dict__["_last_path"] = path
+        if path == "original":
+            return module_choice.original_glu(x, wg, wu, bg, bu, self.activation, self.approximate)
+        return ops.linear_glu(
+            x, wg, wu, bg, bu, activation=self.activation, approximate=self.approximate,
+            backend=self.backend,
+        )  # fmt: skip
+
+    def _choice_shape(self, weights, biases) -> tuple:
+        return module_choice.shape_of_linear_glu(
+            *weights, *biases, self.activation, self.approximate
+        )
+
+
+class GatedMLP(_GatedBase):
+    """`down_proj(act(gate_proj(x)) * up_proj(x))` (LLaMA's MLP; SwiGLU with "silu", GeGLU with
+    "gelu", ReGLU with "relu"), the gated part in one kernel (`dualk.linear_glu`). x (...,
+    in_features) -> (..., out_features, default in_features); float32, float16 or bfloat16.
+    `gate_proj` and `up_proj` (in -> hidden) and `down_proj` (hidden -> out) are nn.Linear
+    modules, initialised and named as in transformers' LlamaMLP, so its state_dict keys load
+    as they are. `approximate` as nn.GELU, for "gelu"."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        out_features: int | None = None,
+        activation: str = "silu",
+        bias: bool = False,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+        *,
+        approximate: str = "tanh",
+    ):
+        super().__init__()
+        _check_glu_activation("GatedMLP", activation, approximate)
+        _check_bias_flag("GatedMLP", bias)
+        _check_dtype("GatedMLP", dtype)
+        out_features = in_features if out_features is None else out_features
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.up_proj = nn.Linear(in_features, hidden_features, **kw)
+        self.down_proj = nn.Linear(hidden_features, out_features, **kw)
+        self.activation, self.approximate = activation, approximate
+        self.backend = check_name(backend, "GatedMLP(backend=)")
+
+    @classmethod
+    def from_linears(
+        cls,
+        gate: nn.Linear,
+        up: nn.Linear,
+        down: nn.Linear,
+        activation: str = "silu",
+        *,
+        approximate: str = "tanh",
+        backend: str = "auto",
+    ) -> GatedMLP:
+        """A GatedMLP over these modules (the same objects, not copies): its output is
+        `down(act(gate(x)) * up(x))`."""
+        # each projection into down (widths chain, one dtype and device)
+        _check_linears("GatedMLP.from_linears", [gate, down])
+        _check_linears("GatedMLP.from_linears", [up, down])
+        _check_glu_activation("GatedMLP.from_linears", activation, approximate)
+        if gate.weight.shape != up.weight.shape or (gate.bias is None) != (up.bias is None):
+            raise InvalidArgumentError(
+                "dualk.nn.GatedMLP.from_linears: 'gate' and 'up' must have the same shape and "
+                f"both or neither a bias; got {tuple(gate.weight.shape)} and "
+                f"{tuple(up.weight.shape)}"
+            )
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.gate_proj, module.up_proj, module.down_proj = gate, up, down
+        module.activation, module.approximate = activation, approximate
+        module.backend = check_name(backend, "GatedMLP.from_linears(backend=)")
+        return module
+
+    def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        return self.gate_proj, self.up_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self._glu(x))
+
+    def extra_repr(self) -> str:
+        act = f"gelu({self.approximate})" if self.activation == "gelu" else self.activation
+        return f"activation={act!r}, backend={self.backend!r}"
 
 
 _is_grad_enabled = torch.is_grad_enabled

@@ -34,12 +34,13 @@ from .errors import InvalidArgumentError, InvalidTypeError, ShapeError
 from .layout import as_rows
 from .registry import OPS
 
-_ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP = (
-    OPS[n] for n in ("add", "relu_scale", "matmul", "linear_gelu", "fused_mlp")
+_ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP, _LINEAR_GLU = (
+    OPS[n] for n in ("add", "relu_scale", "matmul", "linear_gelu", "fused_mlp", "linear_glu")
 )
 # "gelu" is the tanh approximation (as the CUDA seed's kernel); "gelu_erf" is nn.GELU()'s default.
 MLP_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_erf", "silu", "none")
 GELU_APPROXIMATIONS = ("tanh", "none")
+GLU_ACTIVATIONS = ("silu", "gelu", "relu")
 
 _FLOAT_DTYPES = frozenset(validate.FLOAT_DTYPES)
 # torch.autocast: one C call when it is off (the common case); Dynamo traces the per-device
@@ -445,6 +446,103 @@ def _check_linear(op, x, weight, bias, wname="weight", bname="bias") -> tuple:
     return x.dtype, weight.shape, x.get_device(), x.shape
 
 
+# ---------------------------------------------------------------------------------- linear_glu
+def linear_glu(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    *,
+    activation: str = "silu",
+    approximate: str = "tanh",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """The gated feed-forward projection of LLaMA-style MLPs (SwiGLU, GeGLU, ReGLU):
+    `act(x @ weight_gate.T + bias_gate) * (x @ weight_up.T + bias_up)` in one kernel.
+
+    x (..., K); weight_gate and weight_up (N, K) in nn.Linear layout, biases (N,) or None ->
+    (..., N). A packed weight (fused gate_up projections): `weight_up=None` and weight_gate
+    `[gate; up]` (2N, K), its bias likewise packed in `bias_gate` (2N,) (bias_up None).
+    activation: "silu", "gelu" (`approximate` "tanh" or "none", as nn.GELU) or "relu";
+    float32, float16 or bfloat16. Under torch.autocast the inputs are cast to its dtype first,
+    as for F.linear. No CUDA kernel yet: backend="cuda" raises, "auto" never picks it."""
+    if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
+        x, weight_gate, weight_up, bias_gate, bias_up = (
+            _autocast(dtype, t) for t in (x, weight_gate, weight_up, bias_gate, bias_up)
+        )
+    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
+    if not _is_compiling() and _transforms_active():
+        _check_linear_glu(*args)
+        return _reference_under_transform(_LINEAR_GLU, backend)(*args)
+    if _direct(x, weight_gate, weight_up, bias_gate, bias_up):
+        return _run_linear_glu(*args, backend)
+    _check_glu_options(activation, approximate)
+    if _recorded(x, weight_gate, weight_up, bias_gate, bias_up):
+        return eager_autograd.apply("linear_glu", *args, backend)
+    _check_before_op(backend, _check_linear_glu, *args)
+    return _dualk.linear_glu(*args, backend)
+
+
+def _run_linear_glu(
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend: str
+) -> torch.Tensor:
+    dtype, index, x_shape, n = _check_linear_glu(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
+    )
+    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
+    if backend == "auto" and _auto_unforced(_LINEAR_GLU):  # as in _run_linear_gelu
+        sig = (
+            "linear_glu", x_shape, x.is_contiguous() or x.stride(), weight_gate.shape,
+            weight_gate.is_contiguous() or weight_gate.stride(),
+            weight_up is None or weight_up.is_contiguous() or weight_up.stride(), dtype, index,
+            bias_gate is None, bias_up is None, activation, approximate,
+            dtype is _F32 and _tf32(),
+        )  # fmt: skip
+        name = _EXACT_HITS.get(sig) or _choose_exact(_LINEAR_GLU, args, sig)
+        return _LINEAR_GLU.implementation(name)(*args)
+    return _LINEAR_GLU.implementation(dispatch.choose(_LINEAR_GLU, backend, args))(*args)
+
+
+def _check_glu_options(activation, approximate) -> None:
+    if activation not in GLU_ACTIVATIONS:
+        validate.choice("linear_glu", "activation", activation, GLU_ACTIVATIONS)
+    if approximate not in GELU_APPROXIMATIONS:
+        validate.choice("linear_glu", "approximate", approximate, GELU_APPROXIMATIONS)
+
+
+def _check_linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate):
+    """Raises unless the call is one valid linear_glu; returns (x's dtype, x's get_device(),
+    x's shape, N) for the caller's dispatch."""
+    _check_glu_options(activation, approximate)
+    op = "linear_glu"
+    dtype, wg_shape, index, x_shape = _check_linear(
+        op, x, weight_gate, bias_gate, "weight_gate", "bias_gate"
+    )
+    if weight_up is None:
+        rows = wg_shape[0]
+        if rows % 2:
+            raise ShapeError(
+                f"dualk.linear_glu: a packed 'weight_gate' ([gate; up], weight_up=None) must have "
+                f"an even number of rows (2N, K), got shape {tuple(wg_shape)}"
+            )
+        if bias_up is not None:
+            raise InvalidArgumentError(
+                "dualk.linear_glu: with a packed 'weight_gate' (weight_up=None) the biases are "
+                "packed too: pass [gate; up] as 'bias_gate' (2N,) and leave 'bias_up' None"
+            )
+        return dtype, index, x_shape, rows // 2
+    if not (isinstance(weight_up, torch.Tensor) and weight_up.shape == wg_shape):
+        _check_linear(op, x, weight_up, None, "weight_up")  # a tensor, dtype, device, features
+        if weight_up.shape != wg_shape:
+            raise ShapeError(
+                f"dualk.linear_glu: 'weight_up' must have the shape of 'weight_gate' "
+                f"{tuple(wg_shape)}, got {tuple(weight_up.shape)}"
+            )
+    _check_linear(op, x, weight_up, bias_up, "weight_up", "bias_up")
+    return dtype, index, x_shape, wg_shape[0]
+
+
 # ----------------------------------------------------------------------------------- fused_mlp
 def fused_mlp(
     x: torch.Tensor,
@@ -645,7 +743,8 @@ def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------- explain
 _PUBLIC = {"add": add, "relu_scale": relu_scale, "matmul": matmul,
-           "linear_gelu": linear_gelu, "fused_mlp": fused_mlp}  # fmt: skip
+           "linear_gelu": linear_gelu, "fused_mlp": fused_mlp,
+           "linear_glu": linear_glu}  # fmt: skip
 
 
 def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
@@ -674,6 +773,11 @@ def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
         _check_linear("linear_gelu", a["x"], a["weight"], a["bias"])
         validate.choice("linear_gelu", "approximate", a["approximate"], GELU_APPROXIMATIONS)
         return (a["x"], a["weight"], a["bias"], a["approximate"]), backend
+    if op_name == "linear_glu":
+        glu = tuple(a[k] for k in ("x", "weight_gate", "weight_up", "bias_gate", "bias_up",
+                                   "activation", "approximate"))  # fmt: skip
+        _check_linear_glu(*glu)
+        return glu, backend
     if op_name == "fused_mlp":
         weights, biases = _mlp_lists(a["weights"], a["biases"])
         _check_mlp(a["x"], weights, biases, a["activation"])

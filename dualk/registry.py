@@ -81,6 +81,8 @@ class OpSpec:
     judged_by: Literal["elementwise", "gemm"]
     # ... unless this dtype has its own order (measured winners differ by dtype)
     auto_order_by_dtype: Mapping[torch.dtype, tuple[str, ...]] = field(default_factory=dict)
+    # backends that have no implementation of this op yet -> why (dispatch reports it)
+    missing: Mapping[str, str] = field(default_factory=dict)
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
@@ -95,6 +97,12 @@ class OpSpec:
     @property
     def backends(self) -> tuple[str, ...]:
         return tuple(self.implementations)
+
+    def missing_reason(self, backend: str) -> str | None:
+        """Why `backend` has no implementation of this operator (None when it has one)."""
+        if backend in self.implementations:
+            return None
+        return self.missing.get(backend, f"the {backend} backend has no {self.name} kernel")
 
     def implementation(self, backend: str) -> Callable[..., Any]:
         fn = self._resolved.get(backend)
@@ -415,6 +423,62 @@ def _mlp_cost(s: Sample) -> Cost:
     return Cost(flops, nbytes)
 
 
+# ---- linear_glu
+def _glu_cases() -> tuple[ShapeCase, ...]:
+    def glu(batch_shape, k, n, label, activation="silu", approximate="tanh", bias=False,
+            packed=False, w_view=None, x_view=None, **flags):  # fmt: skip
+        def make(dt, dev, g):
+            x = randn((*batch_shape, k), dt, dev, g) if x_view is None else x_view(dt, dev, g)
+            scale = 1.0 / math.sqrt(max(k, 1))
+            if w_view is not None:
+                wg, wu = w_view(dt, dev, g), w_view(dt, dev, g)
+            elif packed:
+                wg, wu = randn((2 * n, k), dt, dev, g, scale), None
+            else:
+                wg, wu = randn((n, k), dt, dev, g, scale), randn((n, k), dt, dev, g, scale)
+            bg = bu = None
+            if bias:
+                bg = randn(2 * n if packed else n, dt, dev, g, 0.5)
+                bu = None if packed else randn(n, dt, dev, g, 0.5)
+            kwargs = {"activation": activation, "approximate": approximate}
+            return Sample((x, wg, wu, bg, bu), kwargs, label)
+
+        return _case(label, make, **flags)
+
+    llama = {"gpu_only": True, "bench": True, "bench_dtypes": BF16}
+    return (
+        glu((1,), 1, 1, "tiny"),
+        glu((17,), 33, 20, "odd"),
+        glu((2, 5), 24, 16, "batched_x"),
+        glu((9,), 40, 24, "bias", bias=True),
+        glu((9,), 40, 24, "gelu_tanh", activation="gelu", bias=True),
+        glu((9,), 40, 24, "gelu_erf", activation="gelu", approximate="none"),
+        glu((9,), 40, 24, "relu", activation="relu", bias=True),
+        glu((11,), 24, 18, "packed", packed=True),
+        glu((11,), 24, 18, "packed_bias", packed=True, bias=True, activation="gelu"),
+        glu((12,), 30, 20, "weight_view", w_view=lambda dt, dev, g: randn((30, 20), dt, dev, g, 0.2).t()),
+        glu((12,), 24, 20, "noncontig_x", x_view=lambda dt, dev, g: randn((12, 48), dt, dev, g)[:, ::2]),
+        glu((0,), 16, 8, "empty"),
+        glu((5,), 0, 8, "k0", bias=True),
+        glu((64,), 64, 64, "square"),
+        # LLaMA-7B and LLaMA-3-8B feed-forward projections (issue 35's targets)
+        glu((8192,), 4096, 11008, "B8192_4096_11008", **llama),
+        glu((512,), 4096, 11008, "B512_4096_11008", **llama),
+        glu((16,), 4096, 11008, "B16_4096_11008", **llama),
+        glu((8192,), 4096, 14336, "B8192_4096_14336", **llama),
+    )  # fmt: skip
+
+
+def _glu_cost(s: Sample) -> Cost:
+    x, wg, wu, bg, bu = s.args
+    m = x.numel() // max(x.shape[-1], 1)
+    k = x.shape[-1]
+    n = wg.shape[0] if wu is not None else wg.shape[0] // 2
+    params = wg.numel() + (wu.numel() if wu is not None else 0)
+    params += sum(b.numel() for b in (bg, bu) if b is not None)
+    return Cost(4.0 * m * n * k + 10.0 * m * n, (x.numel() + params + m * n) * x.element_size())
+
+
 def _impls(function: str) -> dict[str, str]:
     """Each backend module (dualk/backends/<module>.py) names the operator's function alike."""
     return {
@@ -451,6 +515,12 @@ OPS: Mapping[str, OpSpec] = {
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
+        # linear_glu: no CUDA kernel yet (issue 35), and nothing measured on a GPU: "auto" times
+        # Triton against PyTorch's two GEMMs and gate.
+        OpSpec("linear_glu", torch_ref.linear_glu,
+               {"triton": "triton:linear_glu", "torch": "torch_ref:linear_glu"},
+               ("triton", "torch"), _glu_cases(), _glu_cost, "gemm",
+               missing={"cuda": "no CUDA kernel for linear_glu yet"}),
     )
 }  # fmt: skip
 

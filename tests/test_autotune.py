@@ -621,6 +621,7 @@ def _one_call(op):
         "matmul": lambda be: dk.matmul(x, m, backend=be),
         "linear_gelu": lambda be: dk.linear_gelu(x, w, bias, backend=be),
         "fused_mlp": lambda be: dk.fused_mlp(*mlp[:3], backend=be),
+        "linear_glu": lambda be: dk.linear_glu(x, w, w, bias, None, backend=be),
     }[op]
 
 
@@ -633,6 +634,16 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
 
     run = _one_call(op)
     call = lambda: run("auto")  # noqa: E731
+
+    def ran_cuda(call):
+        """ "cuda" when the op has a CUDA kernel; else the override must still win: it raises
+        (linear_glu has none yet) rather than take the table's answer."""
+        if "cuda" in OPS[op].backends:
+            return last_backend(ran, call)
+        with pytest.raises(dualk.BackendUnavailableError, match="no CUDA kernel"):
+            call()
+        return "cuda"
+
     assert last_backend(ran, call) == "triton"
     assert last_backend(ran, call) == "triton"  # from the table
     assert autotune.exact_hits
@@ -640,13 +651,13 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
     assert last_backend(ran, call) == "torch"
     monkeypatch.delenv(f"DUALK_BACKEND_{op.upper()}")
     monkeypatch.setenv("DUALK_BACKEND", "cuda")
-    assert last_backend(ran, call) == "cuda"
+    assert ran_cuda(call) == "cuda"
     monkeypatch.delenv("DUALK_BACKEND")
     with dualk.use_backend("torch"):
         assert last_backend(ran, call) == "torch"
     dualk.set_default_backend("cuda")
     try:
-        assert last_backend(ran, call) == "cuda"
+        assert ran_cuda(call) == "cuda"
     finally:
         dualk.set_default_backend(None)
     config = tmp_path / "dualk.toml"
@@ -659,7 +670,7 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
         monkeypatch.delenv("DUALK_CONFIG")
         dualk.config.reload()
     assert last_backend(ran, call) == "triton"  # and the table's answer stands again
-    assert last_backend(ran, lambda: run("cuda")) == "cuda"
+    assert ran_cuda(lambda: run("cuda")) == "cuda"
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,10 @@ from dualk.testing import judge
 BACKENDS = ("cuda", "triton", "torch")
 
 
-def _skip_unavailable(backend):
+def _skip_unavailable(backend, op=None):
+    missing = OPS[op].missing_reason(backend) if op is not None else None
+    if missing is not None:  # linear_glu has no CUDA kernel yet
+        pytest.skip(missing)
     reason = unavailable_reason(backend, DEVICE)
     if reason is not None:
         pytest.skip(reason)
@@ -70,6 +73,9 @@ def _samples(op: str, dtype: torch.dtype) -> list[Sample]:
         return out
     if op == "linear_gelu":
         return [spec.case(n).make(dtype, DEVICE, g) for n in ("odd", "batched_x", "no_bias", "erf")]
+    if op == "linear_glu":
+        names = ("bias", "packed_bias", "batched_x", "gelu_erf", "relu")
+        return [spec.case(n).make(dtype, DEVICE, g) for n in names]
     return [
         _mlp_sample((27, 50, 16), "relu", dtype, g),
         _mlp_sample((16, 32, 24, 8), "gelu", dtype, g, bias_pattern=(True, False, True)),
@@ -114,7 +120,7 @@ def _run(op, backend):
 def test_gradients_match_float64_autograd(op, backend, dtype):
     """Gradients of every input within 2x PyTorch's own same-dtype gradient error against
     float64 autograd, plus a few ulps of the largest gradient (the rule of dualk/testing.py)."""
-    _skip_unavailable(backend)
+    _skip_unavailable(backend, op)
     spec = OPS[op]
     for sample in _samples(op, dtype):
         ours_args = _as_parameters(sample.args)
@@ -202,7 +208,7 @@ def test_second_derivatives_match_float64_autograd(op, backend):
 def test_parameters_accepted_and_no_grad_saves_nothing(op, backend):
     """nn.Parameters work as inputs on every op; under no_grad / inference_mode the output has
     no autograd history, and it equals the grad-mode output bit for bit."""
-    _skip_unavailable(backend)
+    _skip_unavailable(backend, op)
     sample = _samples(op, torch.float32)[0]
     args = _as_parameters(sample.args)
     fn = _run(op, backend)
@@ -222,7 +228,7 @@ def test_parameters_accepted_and_no_grad_saves_nothing(op, backend):
 def test_registered_op_equals_direct_route(op, backend):
     """torch.ops.dualk.<op> (what autograd and torch.compile call) gives exactly what the eager
     direct route gives, and a contiguous output."""
-    _skip_unavailable(backend)
+    _skip_unavailable(backend, op)
     sample = _samples(op, torch.float32)[-1]
     direct = getattr(dualk, op)(*sample.args, **sample.kwargs, backend=backend)
     registered = getattr(torch.ops.dualk, op)(*_op_args(op, sample), backend)
@@ -240,6 +246,8 @@ def _op_args(op, sample) -> tuple:
         return a
     if op == "linear_gelu":
         return (*a, k.get("approximate", "tanh"))
+    if op == "linear_glu":
+        return (*a, k.get("activation", "silu"), k.get("approximate", "tanh"))
     x, weights, biases = a
     present, mask = dualk.library.pack_biases(biases)
     return (x, weights, present, mask, k.get("activation", "relu"))
@@ -415,7 +423,7 @@ def test_readme_examples_run():
 def test_eager_autograd_route_equals_registered_op(op, backend):
     """Calls that autograd records take dualk/eager_autograd.py in eager mode (cheaper than the
     registered op's autograd wrapper): same output and same gradients, bit for bit."""
-    _skip_unavailable(backend)
+    _skip_unavailable(backend, op)
     sample = _samples(op, torch.float32)[0]
     eager_args = _as_parameters(sample.args)
     op_args = _as_parameters(sample.args)
@@ -516,9 +524,14 @@ def test_tensor_subclass_inputs(backend):
         "matmul": lambda t: dualk.matmul(t, x.t().contiguous(), backend=backend),
         "linear_gelu": lambda t: dualk.linear_gelu(t, lin.weight, lin.bias, backend=backend),
         "fused_mlp": lambda t: dualk.fused_mlp(t, [lin.weight], [lin.bias], backend=backend),
+        "linear_glu": lambda t: dualk.linear_glu(
+            t, lin.weight, lin.weight * 0.5, lin.bias, None, backend=backend
+        ),
     }
     assert set(calls) == set(OPS)
     for op, call in calls.items():
+        if OPS[op].missing_reason(backend) is not None:
+            continue  # linear_glu on cuda: no kernel yet
         out = call(tagged)
         assert type(out) is _Tagged, op
         assert torch.equal(out.as_subclass(torch.Tensor), call(x)), op
@@ -548,6 +561,7 @@ def test_explain_runs_nothing():
         "matmul": (x, x.t()),
         "linear_gelu": (x, lin.weight, lin.bias),
         "fused_mlp": (x, [lin.weight], [lin.bias]),
+        "linear_glu": (x, lin.weight, lin.weight, lin.bias),
     }
     assert set(calls) == set(OPS)
     with Recorder() as control:

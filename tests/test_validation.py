@@ -139,6 +139,7 @@ def good(op, dtype=torch.float32):
         "matmul": ((x(4, 3), x(3, 5)), {}),
         "linear_gelu": ((x(4, 3), x(5, 3), x(5)), {}),
         "fused_mlp": ((x(4, 3), [x(6, 3), x(5, 6)], [x(6), x(5)]), {}),
+        "linear_glu": ((x(4, 3), x(5, 3), x(5, 3), x(5), x(5)), {}),
     }[op]
 
 
@@ -181,7 +182,8 @@ if HAS_CUDA:
                 DeviceMismatchError, r"'weights\[0\]' is on cpu but 'x' is on cuda:0"))  # fmt: skip
 
 # unsupported dtypes, first operand and a later one
-FIRST = {"add": "a", "relu_scale": "x", "matmul": "a", "linear_gelu": "x", "fused_mlp": "x"}
+FIRST = {"add": "a", "relu_scale": "x", "matmul": "a", "linear_gelu": "x", "fused_mlp": "x",
+         "linear_glu": "x"}  # fmt: skip
 for dt in (torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.float64):
     for op in OPS:
 

@@ -113,3 +113,39 @@ def fused_mlp(
         if i != last:
             h = act(h)
     return h
+
+
+GLU_ACTIVATIONS = ("silu", "gelu", "relu")
+
+
+def glu_activation(h: torch.Tensor, activation: str, approximate: str = "tanh") -> torch.Tensor:
+    """linear_glu's gate activation ("silu", "gelu" with `approximate`, "relu"); float64-safe."""
+    if activation == "gelu":
+        return gelu(h, approximate)
+    return F.silu(h) if activation == "silu" else torch.relu(h)
+
+
+def split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up) -> tuple:
+    """(weight_gate, weight_up, bias_gate, bias_up) as separate tensors: a packed `weight_gate`
+    ([gate; up], 2N x K, `weight_up` None) and its packed `bias_gate` (2N,) split into views."""
+    if weight_up is not None:
+        return weight_gate, weight_up, bias_gate, bias_up
+    n = weight_gate.shape[0] // 2
+    if bias_gate is not None:
+        bias_gate, bias_up = bias_gate[:n], bias_gate[n:]
+    return weight_gate[:n], weight_gate[n:], bias_gate, bias_up
+
+
+def linear_glu(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> torch.Tensor:
+    """act(x @ weight_gate.T + bias_gate) * (x @ weight_up.T + bias_up) (packed weights split
+    first, see split_glu_parameters)."""
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    return glu_activation(F.linear(x, wg, bg), activation, approximate) * F.linear(x, wu, bu)

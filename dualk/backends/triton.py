@@ -122,3 +122,24 @@ def fused_mlp(
     with _device_guard(x):
         out = _module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
     return out.reshape(*x.shape[:-1], weights[-1].shape[0])
+
+
+def linear_glu(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> torch.Tensor:
+    from .torch_ref import split_glu_parameters
+
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    x2d = as_rows(x)
+    with _device_guard(x):
+        out = _module("linear_glu").linear_glu(
+            x2d, wg, wu, bg, bu, activation=activation, approximate=approximate,
+            allow_tf32=allow_tf32(x.dtype),
+        )  # fmt: skip
+    return out.reshape(*x.shape[:-1], wg.shape[0])

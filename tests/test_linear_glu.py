@@ -1,0 +1,418 @@
+"""dualk.linear_glu (issue 35): the gated projection act(x @ Wg.T + bg) * (x @ Wu.T + bu) on the
+torch and Triton backends (CUDA: reported missing), its autograd formula, the registered op,
+dualk.nn.GatedMLP and dualk.fuse's gated-MLP pattern. The registry-driven suites (test_parity,
+test_library, test_validation) cover its sample cases too; this file covers what is specific:
+every activation x dtype x layout class, packed weights, fuse on LLaMA-style blocks."""
+
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE
+from torch import nn
+
+import dualk
+from dualk.errors import (
+    BackendUnavailableError,
+    DeviceMismatchError,
+    DtypeError,
+    InvalidArgumentError,
+    ShapeError,
+)
+from dualk.registry import DTYPES, OPS, Sample, randn
+from dualk.testing import clone_inputs, float64_reference, inputs_unchanged, judge
+
+SPEC = OPS["linear_glu"]
+BACKENDS = ("torch", "triton")
+ACTIVATIONS = [("silu", "tanh"), ("gelu", "tanh"), ("gelu", "none"), ("relu", "tanh")]
+LAYOUTS = ("contiguous", "packed", "transposed_weights", "strided_x", "batched_x")
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32("/".join(map(str, key)).encode()))
+
+
+def _sample(layout, activation, approximate, dtype, bias=True, m=13, k=24, n=20) -> Sample:
+    g = _gen(layout, activation, approximate, dtype, bias)
+    s = 1.0 / math.sqrt(k)
+    x = randn((m, k), dtype, DEVICE, g)
+    wg, wu = randn((n, k), dtype, DEVICE, g, s), randn((n, k), dtype, DEVICE, g, s)
+    bg = randn(n, dtype, DEVICE, g, 0.5) if bias else None
+    bu = randn(n, dtype, DEVICE, g, 0.5) if bias else None
+    if layout == "packed":
+        wg, wu = torch.cat((wg, wu)), None
+        bg, bu = (torch.cat((bg, bu)), None) if bias else (None, None)
+    elif layout == "transposed_weights":
+        wg, wu = wg.t().contiguous().t(), wu.t().contiguous().t()
+    elif layout == "strided_x":
+        x = randn((m, 2 * k), dtype, DEVICE, g)[:, ::2]
+    elif layout == "batched_x":
+        x = randn((2, 3, k), dtype, DEVICE, g)
+    kwargs = {"activation": activation, "approximate": approximate}
+    return Sample((x, wg, wu, bg, bu), kwargs, f"{layout} {activation}({approximate})")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("activation,approximate", ACTIVATIONS, ids=lambda v: v)
+def test_matches_float64_reference(activation, approximate, layout, dtype, backend):
+    """Outputs (poisoned before the launch, conftest) within the GEMM family's budget of the
+    float64 reference; inputs unchanged; a fresh contiguous output of the right shape."""
+    sample = _sample(layout, activation, approximate, dtype, bias=layout != "batched_x")
+    before = clone_inputs(sample)
+    out = dualk.linear_glu(*sample.args, **sample.kwargs, backend=backend)
+    assert out.is_contiguous() and out.dtype == dtype
+    assert out.shape == (*sample.args[0].shape[:-1], 20)
+    verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
+    assert verdict.ok, f"[{sample.label}] {backend}/{dtype}: {verdict.message}"
+    assert inputs_unchanged(before, sample)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_packed_equals_separate_weights(dtype, backend):
+    """[gate; up] packed (biases too) gives bit for bit the separate call's result."""
+    s = _sample("contiguous", "silu", "tanh", dtype)
+    x, wg, wu, bg, bu = s.args
+    separate = dualk.linear_glu(x, wg, wu, bg, bu, backend=backend)
+    packed = dualk.linear_glu(x, torch.cat((wg, wu)), None, torch.cat((bg, bu)), backend=backend)
+    assert torch.equal(separate, packed)
+
+
+def _params(args, dtype=None):
+    return [
+        nn.Parameter(a.detach().to(dtype or a.dtype).clone()) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+@pytest.mark.parametrize("activation,approximate", ACTIVATIONS, ids=lambda v: v)
+def test_gradients_match_float64_autograd(activation, approximate, layout, dtype, backend):
+    """Every input's gradient within 2x PyTorch's own same-dtype gradient error against float64
+    autograd, plus a few ulps of the largest gradient (as tests/test_library.py)."""
+    sample = _sample(layout, activation, approximate, dtype, m=9, k=16, n=12)
+    ours, theirs, ref = (
+        _params(sample.args),
+        _params(sample.args),
+        _params(sample.args, torch.float64),
+    )
+    out = dualk.linear_glu(*ours, **sample.kwargs, backend=backend)
+    weight = torch.randn(out.shape, generator=_gen("w", layout), dtype=torch.float64).to(DEVICE)
+    (out.double() * weight).sum().backward()
+    (SPEC.reference(*theirs, **sample.kwargs).double() * weight).sum().backward()
+    (SPEC.reference(*ref, **sample.kwargs) * weight).sum().backward()
+    for i, (g, t, r) in enumerate(zip(ours, theirs, ref)):
+        if not isinstance(g, torch.Tensor):
+            continue
+        assert g.grad is not None and g.grad.shape == r.shape and g.grad.dtype == dtype, i
+        err = (g.grad.double() - r.grad).abs().max().item()
+        torch_err = (t.grad.double() - r.grad).abs().max().item()
+        floor = (
+            torch.finfo(dtype).eps
+            * r.grad.abs().max().item()
+            * (8.0 if dtype == torch.float32 else 2.0)
+        )
+        assert math.isfinite(err) and err <= 2 * torch_err + floor, (
+            f"[{sample.label}] {backend}/{dtype} grad of input {i}: {err:.3g} vs PyTorch's "
+            f"{torch_err:.3g} (+{floor:.3g})"
+        )
+
+
+def test_backward_recomputes_instead_of_saving_pre_activations():
+    """The autograd formula saves the inputs only (x, weights, biases): no (M, N) tensor."""
+    x, wg, wu, bg, bu = _params(_sample("contiguous", "silu", "tanh", torch.float32).args)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
+        out = dualk.linear_glu(x, wg, wu, bg, bu, backend="torch")
+    assert out.shape not in saved and saved
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    """torch.library.opcheck (schema, fake, autograd registration, AOT dispatch): separate
+    weights on one backend, packed ones on the other (test_library checks the registry's
+    samples on both)."""
+    layout, act, approx = (
+        ("contiguous", "silu", "tanh") if backend == "torch" else ("packed", "gelu", "none")
+    )
+    s = _sample(layout, act, approx, torch.float32, m=5, k=8, n=6)
+    args = _params(s.args)
+    torch.library.opcheck(torch.ops.dualk.linear_glu.default, (*args, act, approx, backend))
+
+
+def test_registered_op_and_direct_route_agree():
+    s = _sample("packed", "gelu", "tanh", torch.float32)
+    direct = dualk.linear_glu(*s.args, **s.kwargs, backend="triton")
+    registered = torch.ops.dualk.linear_glu(*s.args, "gelu", "tanh", "triton")
+    assert torch.equal(direct, registered)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compile_gated_mlp_fullgraph(backend):
+    """torch.compile(fullgraph=True) of a GatedMLP (a graph break would raise): the eager answer
+    and gradients. aot_eager on the CPU (Dynamo + AOT autograd, what must not break)."""
+    torch.manual_seed(0)
+    mlp = dualk.nn.GatedMLP(
+        16, 24, 12, activation="silu", bias=True, backend=backend, device=DEVICE
+    )
+    x = torch.randn(2, 5, 16, device=DEVICE)
+    compiled = torch.compile(
+        mlp, fullgraph=True, backend="aot_eager" if DEVICE.type == "cpu" else "inductor"
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-6)
+    compiled(x).square().sum().backward()
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    mlp(x).square().sum().backward()
+    for g, p in zip(grads, mlp.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- GatedMLP
+def test_gated_mlp_matches_llama_mlp_and_loads_its_keys():
+    """GatedMLP's keys are LlamaMLP's; its output is down(act(gate(x)) * up(x))."""
+    torch.manual_seed(1)
+    for act, approx, fn in (
+        ("silu", "tanh", F.silu),
+        ("gelu", "none", F.gelu),
+        ("relu", "tanh", F.relu),
+    ):
+        mlp = dualk.nn.GatedMLP(
+            16, 40, activation=act, approximate=approx, backend="triton", device=DEVICE
+        )
+        assert set(mlp.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+        x = torch.randn(3, 16, device=DEVICE)
+        ref = mlp.down_proj(fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        torch.testing.assert_close(mlp(x), ref, rtol=1e-5, atol=1e-6)
+        other = dualk.nn.GatedMLP(16, 40, activation=act, approximate=approx, device=DEVICE)
+        other.load_state_dict(mlp.state_dict())
+        torch.testing.assert_close(other(x), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_gated_mlp_from_linears_shares_modules():
+    gate, up, down = nn.Linear(8, 20), nn.Linear(8, 20), nn.Linear(20, 6)
+    mlp = dualk.nn.GatedMLP.from_linears(gate, up, down, "gelu", backend="torch")
+    assert mlp.gate_proj is gate and mlp.up_proj is up and mlp.down_proj is down
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(mlp(x), down(F.gelu(gate(x), approximate="tanh") * up(x)))
+    with pytest.raises(InvalidArgumentError, match="same shape"):
+        dualk.nn.GatedMLP.from_linears(gate, nn.Linear(9, 20), down)
+    with pytest.raises(InvalidArgumentError, match="activation must be one of"):
+        dualk.nn.GatedMLP(8, 20, activation="tanh")
+
+
+# ---------------------------------------------------------------------------- fuse
+class _LlamaMLP(nn.Module):
+    """transformers' LlamaMLP in plain PyTorch."""
+
+    def __init__(self, hidden=16, inter=40, act=None, bias=False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.act_fn = act
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        gate = F.silu(gate) if self.act_fn is None else self.act_fn(gate)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class _Block(nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.mlp = mlp
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def _act2fn_gelu_class():
+    """An ACT2FN-style activation class, as transformers.activations defines it (module and name
+    are what dualk.nn.module_activation matches)."""
+
+    class NewGELUActivation(nn.Module):
+        def forward(self, x):
+            return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+    NewGELUActivation.__module__ = "transformers.activations"
+    NewGELUActivation.__qualname__ = "NewGELUActivation"
+    return NewGELUActivation()
+
+
+def _check_fused_like_original(model, fused, x, backend_note=""):
+    """Same outputs and gradients as the original, parameters shared, state_dict keys kept."""
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in model.parameters()}
+    out = fused(x)
+    ref = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    w = torch.randn(out.shape, generator=_gen("fuse-grad")).to(DEVICE)
+    grads = torch.autograd.grad((out * w).sum(), list(model.parameters()))
+    expected = torch.autograd.grad((ref * w).sum(), list(model.parameters()))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", [None, "module_silu", "act2fn_gelu", "mul_method"], ids=str)
+def test_fuse_llama_style_block(act):
+    torch.manual_seed(2)
+    module_act = {None: None, "module_silu": nn.SiLU(), "act2fn_gelu": _act2fn_gelu_class(),
+                  "mul_method": None}[act]  # fmt: skip
+    mlp = _LlamaMLP(act=module_act, bias=act == "module_silu")
+    if act == "mul_method":
+
+        def forward(x, self=mlp):  # Tensor.mul, up first
+            return self.down_proj(self.up_proj(x).mul(F.silu(self.gate_proj(x))))
+
+        mlp.forward = forward
+    model = _Block(mlp).to(DEVICE)
+    fused, report = dualk.fuse(model, backend="triton", report=True)
+    assert [c.kind for c in report.fused] == ["LinearGLU"], str(report)
+    chain = report.fused[0]
+    assert chain.modules == ["mlp.gate_proj", "mlp.up_proj"] and chain.widths == [16, 40]
+    assert chain.activation == ("gelu(tanh)" if act == "act2fn_gelu" else "silu")
+    assert not any(s.where == "mlp.gate_proj" for s in report.skipped)
+    _check_fused_like_original(model, fused, torch.randn(2, 3, 16, device=DEVICE))
+
+
+def test_fuse_leaves_non_gated_patterns_alone():
+    """The activation on the up projection's output too, or a gate output used twice: no GLU."""
+
+    class Both(_LlamaMLP):
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * F.silu(self.up_proj(x)))
+
+    class Reused(_LlamaMLP):
+        def forward(self, x):
+            g = self.gate_proj(x)
+            return self.down_proj(F.silu(g) * self.up_proj(x) + g)
+
+    for cls in (Both, Reused):
+        _, report = dualk.fuse(cls(), report=True)
+        assert not any(c.kind == "LinearGLU" for c in report.fused), str(report)
+
+
+def test_fuse_real_transformers_llama_mlp():
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (the real LlamaMLP is optional)"
+    )
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=40, hidden_act="silu")
+    torch.manual_seed(3)
+    model = LlamaMLP(config).to(DEVICE)
+    fused, report = dualk.fuse(model, backend="triton", report=True)
+    assert [c.kind for c in report.fused] == ["LinearGLU"], str(report)
+    _check_fused_like_original(model, fused, torch.randn(2, 3, 16, device=DEVICE))
+
+
+# ---------------------------------------------------------------------------- errors
+def _good():
+    return (torch.randn(4, 3), torch.randn(5, 3), torch.randn(5, 3), torch.randn(5), torch.randn(5))
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize(
+    "where,value,cls,message",
+    [
+        (0, torch.randn(4, 3, dtype=torch.float64), DtypeError, "'x' has dtype torch.float64"),
+        (1, torch.randn(5, 3, dtype=torch.float16), DtypeError, "'weight_gate' has dtype torch.float16 but 'x'"),
+        (2, torch.randn(5, 3, device="meta"), DeviceMismatchError, "'weight_up' is on meta but 'x' is on cpu"),
+        (2, torch.randn(6, 3), ShapeError, r"'weight_up' must have the shape of 'weight_gate' \(5, 3\)"),
+        (1, torch.randn(5, 4), ShapeError, "'x' has 3 features"),
+        (3, torch.randn(6), ShapeError, r"'bias_gate' must have shape \(5,\)"),
+        (4, torch.randn(5, 1), ShapeError, r"'bias_up' must have shape \(5,\)"),
+        (4, 3, TypeError, "'bias_up' must be a torch.Tensor, got int"),
+    ],
+    ids=["x-f64", "wg-mixed", "wu-meta", "wu-shape", "features", "bg-shape", "bu-2d", "bu-int"],
+)  # fmt: skip
+def test_bad_input_raises_a_clear_error(where, value, cls, message, backend):
+    args = list(_good())
+    args[where] = value
+    with pytest.raises(cls, match=message) as info:
+        dualk.linear_glu(*args, backend=backend)
+    assert str(info.value).startswith("dualk.linear_glu: ")
+    with pytest.raises(cls, match=message):
+        dualk.explain("linear_glu", *args, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_packed_and_option_errors(backend):
+    x = torch.randn(4, 3)
+    with pytest.raises(ShapeError, match=r"even number of rows \(2N, K\), got shape \(5, 3\)"):
+        dualk.linear_glu(x, torch.randn(5, 3), backend=backend)
+    with pytest.raises(InvalidArgumentError, match="the biases are packed too"):
+        dualk.linear_glu(
+            x, torch.randn(6, 3), None, torch.randn(6), torch.randn(3), backend=backend
+        )
+    with pytest.raises(ShapeError, match=r"'bias_gate' must have shape \(6,\)"):
+        dualk.linear_glu(x, torch.randn(6, 3), None, torch.randn(3), backend=backend)
+    with pytest.raises(InvalidArgumentError, match=r"'activation' must be one of \('silu'"):
+        dualk.linear_glu(x, *_good()[1:3], activation="tanh", backend=backend)
+    with pytest.raises(InvalidArgumentError, match="'approximate' must be one of"):
+        dualk.linear_glu(x, *_good()[1:3], activation="gelu", approximate="erf", backend=backend)
+    grad_x = x.clone().requires_grad_()  # the autograd route checks the same
+    with pytest.raises(ShapeError, match="even number of rows"):
+        dualk.linear_glu(grad_x, torch.randn(5, 3), backend=backend)
+
+
+def test_cuda_backend_reported_missing():
+    """No CUDA kernel yet: backend="cuda" raises saying so, explain lists it, auto never
+    considers it."""
+    args = _good()
+    with pytest.raises(BackendUnavailableError, match="no CUDA kernel for linear_glu yet"):
+        dualk.linear_glu(*args, backend="cuda")
+    text = str(dualk.explain("linear_glu", *args))
+    assert "cuda    unavailable: no CUDA kernel for linear_glu yet" in text
+    assert "cuda" not in SPEC.backends and "cuda" not in SPEC.auto_order
+    with dualk.use_backend("cuda"), pytest.raises(BackendUnavailableError, match="no CUDA kernel"):
+        dualk.linear_glu(*args)
+    assert dualk.linear_glu(*args, backend="auto").shape == (4, 5)
+
+
+def test_autotune_key_names_the_class():
+    from dualk import autotune
+
+    x, wg, wu, bg, bu = _good()
+    key = autotune.make_key(SPEC, (x, torch.cat((wg, wu)), None, bg, None, "gelu", "none"))
+    text = autotune.key_string(key)
+    assert text == "linear_glu|float32|m<=4|k=3|n=5|bias=10|gelu(none)|layout=ccp", text
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA-graph capture needs a GPU")
+@pytest.mark.parametrize("backend", ["triton", "torch", "auto"])
+def test_cuda_graph_capture_and_replay(backend, monkeypatch, tmp_path):
+    """Captured (auto meeting its class inside the capture takes its heuristic: no timing) and
+    replayed on new inputs copied into the captured ones: the float64 reference's answer."""
+    from dualk import autotune
+
+    monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path))
+    autotune.clear_memory()
+    sample = SPEC.case("packed_bias").make(torch.float16, DEVICE, _gen("graph", backend))
+    fn = lambda: dualk.linear_glu(*sample.args, **sample.kwargs, backend=backend)  # noqa: E731
+    if backend != "auto":
+        fn()  # compile and tune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = fn()
+    fresh = SPEC.case("packed_bias").make(torch.float16, DEVICE, _gen("graph-new", backend))
+    for old, new in zip(sample.args, fresh.args):
+        if isinstance(old, torch.Tensor):
+            old.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
+    assert verdict.ok, verdict.message
