@@ -316,9 +316,7 @@ def _stale(key: tuple) -> bool:
     if "triton" in pending:
         return True
     if "cuda" in pending:
-        from .backends import cuda
-
-        return cuda.poll_builds() != entry["gen"]
+        return build_generation(poll=True) != entry["gen"]
     return False
 
 
@@ -369,6 +367,15 @@ def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
         elif key in _memory:
             return dict(_details[key])
         return _decide(spec, args, key, tune=True, force=force, explicit=True)
+
+
+def build_generation(poll: bool = False) -> int:
+    """The CUDA backend's build generation (it changes when a family becomes ready or fails);
+    with `poll`, running builders are reaped first (one waitpid each). Decisions made while a
+    build was running compare it (here and in dualk.module_choice)."""
+    from .backends import cuda  # the CUDA backend loads lazily
+
+    return cuda.poll_builds() if poll else cuda.generation()
 
 
 def provisional(spec: OpSpec, args: tuple) -> bool:
@@ -660,10 +667,8 @@ def _remember(key: tuple, details: dict, pending: dict | None = None) -> dict:
     _generation += 1  # a new or changed decision: cached ones elsewhere are checked again
     exact_hits.clear()
     if pending:
-        from .backends import cuda
-
         details = {**details, "provisional": True, "pending_backends": dict(pending)}
-        _provisional[key] = {"pending": dict(pending), "gen": cuda.generation()}
+        _provisional[key] = {"pending": dict(pending), "gen": build_generation()}
     else:
         _provisional.pop(key, None)
     _details[key] = details

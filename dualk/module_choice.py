@@ -141,26 +141,18 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
         if details["provisional"]:
             # dualk's operator ran without a backend that is still building: measured again
             # once a build finishes, and not written to the file
-            _provisional[key] = _build_generation()
+            _provisional[key] = autotune.build_generation()
         else:
             _provisional.pop(key, None)
             store.put(SECTION + mode, key_text(key), details)
         return details["path"]
 
 
-def _build_generation() -> int:
-    from .backends import cuda  # noqa: PLC0415 (the CUDA backend's build state, loaded lazily)
-
-    return cuda.generation()
-
-
 def _stale(key: tuple) -> bool:
     """A provisional decision whose missing backend may have arrived since (a build ended)."""
     if key not in _provisional:
         return False
-    from .backends import cuda  # noqa: PLC0415
-
-    return cuda.poll_builds() != _provisional[key]  # waitpid per running builder
+    return autotune.build_generation(poll=True) != _provisional[key]
 
 
 def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
