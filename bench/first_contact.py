@@ -245,6 +245,10 @@ def main() -> int:
     parser.add_argument("--build-timeout", type=float, default=420.0)
     parser.add_argument("--skip-build", action="store_true", help="part 1 only")
     parser.add_argument("--keep", action="store_true", help="keep the temporary caches")
+    parser.add_argument(
+        "--prebuilt", metavar="DIR",
+        help="part 3 only, from DIR: a prebuilt folder made on another machine and copied here",
+    )  # fmt: skip
     args = parser.parse_args()
     args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     base = Path(tempfile.mkdtemp(prefix="dualk-first-contact-"))
@@ -253,8 +257,12 @@ def main() -> int:
     report: dict = {"environment": environment(), "base": str(base)}
     log(f"environment: {report['environment']}")
     try:
-        report["auto"] = part_auto(base, args)
-        if not args.skip_build:
+        if args.prebuilt:
+            report["ship_from"] = str(Path(args.prebuilt).resolve())
+            report["ship"] = part_ship(base, report["ship_from"], args)
+        else:
+            report["auto"] = part_auto(base, args)
+        if not args.skip_build and not args.prebuilt:
             report["build"] = part_build(base, args)
             report["ship"] = part_ship(base, report["build"]["out"], args)
     finally:
@@ -263,6 +271,11 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(report, indent=1))
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
+    summary(report, args)
+    return 0
+
+
+def summary(report: dict, args) -> None:
     log("\n== summary")
     for r in report.get("auto", []):
         log(f"  auto {r.get('op')}: first call {r.get('first_call_s')} s "
@@ -274,7 +287,6 @@ def main() -> int:
         log(f"  prebuilt cuda {r.get('op')}: first call {r.get('first_call_s')} s "
             f"({'ok' if r.get('first_ok') else 'NOT OK'}); notices: {r.get('notices')}")  # fmt: skip
     log(f"  total {report['total_s']} s; JSON: {args.json}")
-    return 0
 
 
 if __name__ == "__main__":
