@@ -5,6 +5,9 @@
 #   bench/gpu_session.sh OUT_DIR first   # fresh caches: first contact (which builds every family
 #                                        # ahead: OUT_DIR/prebuilt.tar.xz, carried next as
 #                                        # build/prebuilt.tar.xz), small-batch latency vs tcnn
+#   bench/gpu_session.sh OUT_DIR ship    # a prebuilt folder made on another machine (carried
+#                                        # build/prebuilt.tar.xz): first backend="cuda" calls
+#                                        # with empty caches; then bench/host_cost.py
 #   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
 #   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
@@ -69,6 +72,19 @@ first)
   timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
   say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 45 "$OUT/small_batch_latency.log"
+  ;;
+ship)
+  mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre || { say "no build/prebuilt.tar.xz"; exit 1; }
+  t0=$(date +%s)
+  timeout 200 $PY bench/first_contact.py --prebuilt /tmp/pre/prebuilt --json "$OUT/first_contact_ship.json" \
+    > "$OUT/first_contact_ship.log" 2>&1
+  say "first_contact --prebuilt: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 8 "$OUT/first_contact_ship.log"
+  prebuilt_from /tmp/pre/prebuilt
+  t0=$(date +%s)
+  timeout 300 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
+  say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
+  head -n 20 "$OUT/host_cost.log"
   ;;
 models)
   [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
