@@ -22,8 +22,9 @@ so a clock or host drifting during the run weighs on both alike. In each round, 
   call's host time (dualk/timing.py), L2 flushed once before them: the GPU's own time per call,
   without the gaps in which it waits for the host (events around N back-to-back calls of a
   host-bound model would time the host instead).
-N is chosen per model so that one burst lasts about `target_ms`; every figure is the median over
-the rounds. On a CPU the same loop runs (device time none, host = wall) with one round: the CPU
+Each round runs SPLIT bursts per model, alternating, of N calls each: about `target_ms` per round
+and at least MIN_BURST calls per burst; every figure is the median over the bursts (the JSON keeps
+every sample). Compiled models are compiled through a function of their own (`_own_frame`). On a CPU the same loop runs (device time none, host = wall) with one round: the CPU
 sizes are for correctness and the fuse report, and their times say nothing about a GPU.
 
 Error: the fused output against the original's (max abs, relative norm ||f - o|| / ||o||), and
@@ -61,8 +62,11 @@ SPLIT = 4  # bursts per round on the GPU (_time)
 Progress = Callable[[int, int, str], None]
 
 # GPU: rounds, and the target length of one burst of calls (ms); --quick halves the run.
-ROUNDS, TARGET_MS, MAX_CALLS, DEVICE_CALLS = 5, 25.0, 100, 20
+ROUNDS, TARGET_MS, MAX_CALLS, DEVICE_CALLS = 8, 25.0, 100, 20
 QUICK_ROUNDS, QUICK_TARGET_MS = 3, 12.0
+# Calls per burst at least: a burst's first call starts on an idle GPU and its last call's GPU
+# tail ends it, and both are part of its wall time; with 2-call bursts they were a third of it.
+MIN_BURST = 8
 LR = 1e-6
 # On a CPU, torch.compile uses aot_eager: it traces what Inductor would (dynamo, the fused ops'
 # fake implementations, AOT autograd) without Inductor's C++ build, minutes for the whole zoo.
@@ -114,6 +118,9 @@ class Result:
     ratio: float | None = None
     device_ratio: float | None = None
     warmup_s: dict[str, float] = field(default_factory=dict)  # first calls: compile, autotune
+    # every burst's wall and host ms per call and every device sample, per model (the spread
+    # behind the medians)
+    samples: dict = field(default_factory=dict)
     fullgraph: dict[str, bool] = field(default_factory=dict)  # compiled mode, per model
     ok: bool | None = None
     max_abs_err: float | None = None
@@ -328,6 +335,7 @@ def _compile(model: nn.Module, spec: ModelSpec, device, which: str, result: Resu
     """torch.compile(model), fullgraph as the spec asks; where one graph cannot be had, compiled
     again without fullgraph (recorded in result.fullgraph and the note) at the first call."""
     backend = "inductor" if device.type == "cuda" else CPU_COMPILE_BACKEND
+    model = _own_frame(model, which)
     state = {"fn": torch.compile(model, fullgraph=spec.fullgraph, backend=backend)}
     result.fullgraph[which] = spec.fullgraph
 
@@ -345,6 +353,20 @@ def _compile(model: nn.Module, spec: ModelSpec, device, which: str, result: Resu
     cpu_note = f"compiled with backend={backend!r} on the CPU"
     if backend != "inductor" and cpu_note not in result.note:
         result.note = _join(result.note, cpu_note)
+    return call
+
+
+def _own_frame(model: nn.Module, which: str) -> Callable:
+    """model(*args, **kwargs) as a function with a code object of its own. Dynamo keeps compiled
+    graphs per code object: compiled as modules, the original and the fused model of one class
+    share their forward's, so one's calls can run the other's graph or check its guards first
+    (two compiled copies of one GPT-2, nothing fused, read 1.10 and 1.31 ms per call on an H100),
+    which a user compiling one model never pays."""
+
+    def call(*args, **kwargs):
+        return model(*args, **kwargs)
+
+    call.__code__ = call.__code__.replace(co_name=f"dualk_zoo_{which}")
     return call
 
 
@@ -480,7 +502,9 @@ def _time(
         _judge(result, _output_tensor(outs["fused"]), _output_tensor(outs["original"]), ref, dtype)
     del outs
     on_gpu = device.type == "cuda"
-    one = max(_wall_once(fn, device) for fn in (run_o, run_f))
+    # one call's time: the least of three (a first synchronised call can be several times
+    # slower), the larger model's
+    one = max(min(_wall_once(fn, device) for _ in range(3)) for fn in (run_o, run_f))
     calls = 2 if not on_gpu else max(3, min(MAX_CALLS, math.ceil(target_ms / max(one, 1e-3))))
     flush = torch.empty(2**25, dtype=torch.int32, device=device) if on_gpu else None  # 128 MiB
     samples: dict[str, dict[str, list[float]]] = {
@@ -489,7 +513,7 @@ def _time(
     # Each round's bursts are split in SPLIT shorter ones, alternating: a host that slows down
     # for a while (another tenant, a GC pause) then falls on both models, not on one (two
     # copies of one GPT-2, nothing fused, read 5.0 and 2.8 ms per forward in 5 rounds).
-    burst_calls = max(2, calls // SPLIT) if on_gpu else calls
+    burst_calls = max(MIN_BURST, calls // SPLIT) if on_gpu else calls
     for r in range(rounds * SPLIT if on_gpu else rounds):
         order = (("original", run_o), ("fused", run_f))
         for which, fn in order if r % 2 == 0 else order[::-1]:
@@ -502,7 +526,10 @@ def _time(
                 ms = timing.timed_calls(fn, min(calls, DEVICE_CALLS), None, cycles)
                 samples[which]["device"].append(statistics.mean(ms))
     med = lambda xs: statistics.median(xs) if xs else None
-    result.timed_on, result.rounds, result.calls = device.type, rounds, calls
+    result.timed_on, result.rounds, result.calls = device.type, rounds, burst_calls
+    result.samples = {
+        w: {k: [round(v, 4) for v in vs] for k, vs in d.items()} for w, d in samples.items()
+    }
     o, f = samples["original"], samples["fused"]
     result.orig_ms, result.fused_ms = med(o["wall"]), med(f["wall"])
     result.orig_host_us, result.fused_host_us = med(o["host"]) * 1e3, med(f["host"]) * 1e3
