@@ -8,6 +8,9 @@
 #   bench/gpu_session.sh OUT_DIR ship    # a prebuilt folder made on another machine (carried
 #                                        # build/prebuilt.tar.xz): first backend="cuda" calls
 #                                        # with empty caches; then bench/host_cost.py
+#   bench/gpu_session.sh OUT_DIR fast    # rebuild the families named in FAMILIES (default mlp)
+#                                        # into the carried prebuilt folder (OUT_DIR/prebuilt.tar.xz
+#                                        # comes back), nn tests, host_cost, small-batch vs tcnn
 #   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
 #   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
@@ -85,6 +88,33 @@ ship)
   timeout 300 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
   say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
   head -n 20 "$OUT/host_cost.log"
+  ;;
+fast)
+  mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre || { say "no build/prebuilt.tar.xz"; exit 1; }
+  t0=$(date +%s)
+  fam=""; for f in ${FAMILIES:-mlp}; do fam="$fam --family $f"; done
+  $PY -m dualk build --out /tmp/pre/prebuilt $fam >> "$LOG" 2>&1
+  say "dualk build --out ($fam): rc=$? in $(( $(date +%s) - t0 )) s"
+  prebuilt_from /tmp/pre/prebuilt
+  # keep the newest build of each family (the folder names carry the sources' key)
+  for f in elementwise gemm mlp; do
+    ls -dt /tmp/pre/prebuilt/cuda/$f-* 2>/dev/null | tail -n +2 | xargs -r rm -rf
+  done
+  ls /tmp/pre/prebuilt/cuda
+  XZ_OPT=-6 tar cJf "$OUT/prebuilt.tar.xz" -C /tmp/pre prebuilt && ls -la "$OUT/prebuilt.tar.xz"
+  t0=$(date +%s)
+  timeout ${TESTS_TIMEOUT:-150} $PY -m pytest -q -p no:cacheprovider tests/test_nn.py ${TESTS_EXTRA:-} > "$OUT/pytest-fast.log" 2>&1
+  say "pytest (fast): rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest-fast.log" | head -20; tail -n 2 "$OUT/pytest-fast.log"
+  t0=$(date +%s)
+  timeout 200 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
+  say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
+  head -n 20 "$OUT/host_cost.log"
+  t0=$(date +%s)
+  tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
+  timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
+  say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 22 "$OUT/small_batch_latency.log"
   ;;
 models)
   [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt

@@ -12,7 +12,7 @@ Rows (CUDA tensors, no_grad):
   add n=16 fp32:         torch.add, dualk.add auto / cuda, the extension's launcher alone
   seed MLP b32 fp32:     torch.empty of the output alone, the mlp extension's launcher alone
                          (output preallocated), the planned runner, dualk.fused_mlp cuda / auto,
-                         the fuse'd DNNModel, the original DNNModel
+                         a FusedMLP over the model's Linears, the fuse'd DNNModel, the original
   --profile-compiled:    NeRF 32-64-64-64-16 fp16 at 2^20 rows, torch.compile of the fuse'd
                          model and of the original: host and device time per call, and a
                          cProfile of the compiled fused call's Python
@@ -114,8 +114,10 @@ def mlp_rows() -> tuple[dict, dict]:
     launch = cuda.extension("mlp").fused_mlp
     code = cuda.ACTIVATION_CODES["relu"]
     runner = cuda.fused_mlp_runner(ws, bs, "relu")
+    module = dualk.nn.FusedMLP.from_linears([model.layer1, model.layer2, model.layer3])
     ref = model(x)
-    for name, got in (("fused", fused(x)), ("cuda", dualk.fused_mlp(x, ws, bs, backend="cuda"))):
+    for name, got in (("fused", fused(x)), ("cuda", dualk.fused_mlp(x, ws, bs, backend="cuda")),
+                      ("module", module(x))):  # fmt: skip
         err = (got - ref).abs().max().item()
         assert err < 1e-3, f"{name} differs from the original by {err}"
     rows = {
@@ -124,6 +126,7 @@ def mlp_rows() -> tuple[dict, dict]:
         "mlp planned runner": lambda: runner(x),
         "mlp dualk.fused_mlp cuda": lambda: dualk.fused_mlp(x, ws, bs, backend="cuda"),
         "mlp dualk.fused_mlp auto": lambda: dualk.fused_mlp(x, ws, bs),
+        "mlp FusedMLP module": lambda: module(x),
         "mlp fuse'd DNNModel": lambda: fused(x),
         "mlp original DNNModel": lambda: model(x),
     }

@@ -3,6 +3,9 @@
 // Torch-side helpers: binding.h.
 #include "binding.h"
 
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+
 namespace {
 
 using dualk_binding::dtype_code;
@@ -93,6 +96,125 @@ py::object fused_mlp_kernel(const at::Tensor& x, const std::vector<at::Tensor>& 
   return py::str(name);
 }
 
+// FusedMLP's planned inference call (dualk/nn.py _FastPath): the module's parameters and the
+// launch's fixed arguments live here, so a call is one crossing from Python, an allocation and
+// a launch. run() returns None wherever the call does not fit the plan any more (another input,
+// a replaced or reshaped parameter, gradient mode, autocast, tracing, a torch.func transform);
+// the caller then takes the full call, which explains any error.
+class MlpPlan {
+ public:
+  // identities: (dict, key, value) triples that must still hold (the modules' _parameters and
+  // _modules entries: a parameter or layer replaced through any route changes one of them);
+  // weights / biases: the parameters themselves (None for no bias), read again on every call
+  // (.data assignment changes a parameter's storage, dtype or shape in place); row_buckets: bit
+  // b set where calls of (rows - 1).bit_length() == b take this kernel.
+  MlpPlan(const py::list& identities, const py::list& weights, const py::list& biases,
+          int64_t activation, int64_t row_buckets)
+      : row_buckets_(static_cast<uint64_t>(row_buckets)) {
+    for (const auto& item : identities) {
+      const auto triple = item.cast<py::tuple>();
+      identities_.push_back({triple[0].cast<py::dict>(), py::reinterpret_borrow<py::object>(triple[1]),
+                             py::reinterpret_borrow<py::object>(triple[2])});
+    }
+    TORCH_CHECK(weights.size() >= 1 && weights.size() <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
+                    biases.size() == weights.size(),
+                "dualk.fused_mlp plan: 1..", dualk::kMaxMlpLayers, " layers, one bias entry each");
+    std::vector<int64_t> widths;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      weights_.push_back(py::reinterpret_borrow<py::object>(weights[i]));
+      biases_.push_back(py::reinterpret_borrow<py::object>(biases[i]));
+      const at::Tensor w = weights[i].cast<at::Tensor>();
+      if (i == 0) {
+        widths.push_back(w.size(1));
+        dtype_ = w.scalar_type();
+        device_ = w.get_device();
+        options_ = w.options().requires_grad(false);
+      }
+      widths.push_back(w.size(0));
+    }
+    widths_ = widths;
+    args_ = mlp_shape(widths, dtype_code_of(dtype_), activation);
+    TORCH_CHECK(device_ >= 0, "dualk.fused_mlp plan: the parameters must be CUDA tensors");
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    args_.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  }
+
+  py::object run(py::handle x) {
+    PyObject* obj = x.ptr();
+    if (!THPVariable_CheckExact(obj) || at::GradMode::is_enabled() ||
+        torch::jit::tracer::isTracing())
+      return py::none();
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.is_cuda() || t.get_device() != device_ || t.scalar_type() != dtype_ || t.dim() != 2 ||
+        t.size(1) != widths_[0] || t.size(0) <= 0 || !t.is_contiguous() ||
+        !(row_buckets_ >> bucket(t.size(0)) & 1u) ||
+        at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU))
+      return py::none();
+    for (const auto& id : identities_) {
+      PyObject* now = PyDict_GetItemWithError(id.dict.ptr(), id.key.ptr());
+      if (now != id.value.ptr()) {
+        if (now == nullptr) PyErr_Clear();
+        return py::none();
+      }
+    }
+    dualk::FusedMlpArgs args = args_;
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      const at::Tensor& w = THPVariable_Unpack(weights_[i].ptr());
+      if (w.scalar_type() != dtype_ || w.get_device() != device_ || w.dim() != 2 ||
+          w.size(0) != widths_[i + 1] || w.size(1) != widths_[i] || !w.is_contiguous())
+        return py::none();
+      args.weights[i] = w.data_ptr();
+      if (biases_[i].is_none()) continue;
+      const at::Tensor& b = THPVariable_Unpack(biases_[i].ptr());
+      if (b.scalar_type() != dtype_ || b.get_device() != device_ || b.dim() != 1 ||
+          b.size(0) != widths_[i + 1] || !b.is_contiguous())
+        return py::none();
+      args.biases[i] = b.data_ptr();
+    }
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    at::Tensor out = at::empty({t.size(0), widths_.back()}, options_);
+    args.x = t.data_ptr();
+    args.stride_xm = t.stride(0);
+    args.out = out.data_ptr();
+    args.m = t.size(0);
+    const cudaError_t err = dualk::launch_fused_mlp(args, at::cuda::getCurrentCUDAStream());
+    if (err == cudaErrorInvalidValue) return py::none();  // refused (alignment): the full call
+    check_launch("fused_mlp", err);
+    return py::cast(std::move(out));
+  }
+
+ private:
+  struct Identity {
+    py::dict dict;
+    py::object key;
+    py::object value;
+  };
+
+  static int bucket(int64_t rows) {  // (rows - 1).bit_length()
+    int b = 0;
+    for (uint64_t r = static_cast<uint64_t>(rows - 1); r != 0; r >>= 1) ++b;
+    return b;
+  }
+
+  static dualk::DType dtype_code_of(at::ScalarType t) {
+    switch (t) {
+      case at::kFloat: return dualk::DType::kFloat32;
+      case at::kHalf: return dualk::DType::kFloat16;
+      case at::kBFloat16: return dualk::DType::kBFloat16;
+      default: TORCH_CHECK(false, "dualk.fused_mlp plan: unsupported dtype ", t);
+    }
+  }
+
+  std::vector<Identity> identities_;
+  std::vector<py::object> weights_, biases_;
+  std::vector<int64_t> widths_;
+  at::ScalarType dtype_ = at::kFloat;
+  int device_ = -1;
+  at::TensorOptions options_;
+  uint64_t row_buckets_;
+  dualk::FusedMlpArgs args_{};
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -102,4 +224,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "None if the fused kernel holds these widths on chip, else why not");
   m.def("fused_mlp_kernel", &fused_mlp_kernel,
         "which kernel fused_mlp launches for these tensors (None: it would refuse them)");
+  py::class_<MlpPlan>(m, "MlpPlan", "FusedMLP's planned inference call (dualk/nn.py _FastPath)")
+      .def(py::init<const py::list&, const py::list&, const py::list&, int64_t, int64_t>())
+      .def("run", &MlpPlan::run, "mlp(x), or None where the call does not fit the plan");
 }

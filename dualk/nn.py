@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import autotune, dispatch, module_choice, ops
+from . import _alloc, autotune, dispatch, module_choice, ops
 from .autotune import tf32_allowed as _tf32
 from .backends.torch_ref import ACTIVATIONS
 from .dispatch import check_name
@@ -392,6 +392,74 @@ def _compiled_path(module, x, weights, biases) -> str:
     return module_choice.compiled_path(shape, bucket, grad)
 
 
+class _FastPath:
+    """FusedMLP's planned CUDA call in one C++ crossing (cuda_src/binding_mlp.cpp MlpPlan) for the
+    row buckets whose plan runs the CUDA kernel. The C++ side checks on every call what the
+    plan's Python checks would (x; the parameters and layers still the ones planned, through
+    their modules' _parameters and _modules dicts; their dtype, shape and storage read afresh;
+    gradient mode, autocast, jit tracing); `usable` checks the rest: compiling, torch.func
+    transforms, output poisoning, the module's backend and auto's decisions, the TF32 flag of
+    an fp32 plan and an absorbed Dropout that drops now."""
+
+    __slots__ = ("plan", "owner", "backend", "generation", "tf32", "buckets")
+
+    def __init__(self, plan, owner, backend, generation, tf32, buckets):
+        self.plan, self.owner, self.backend = plan, owner, backend
+        self.generation, self.tf32, self.buckets = generation, tf32, buckets
+
+    def usable(self, module) -> bool:
+        return not (
+            _is_compiling()
+            or _transforms_active()
+            or _alloc.poisoning()
+            or module.backend != self.backend
+            or module.__dict__.get("_plan") is not self.owner
+            or (
+                self.backend == "auto"
+                and (
+                    autotune.generation() != self.generation
+                    or not dispatch.auto_unforced(_FUSED_MLP_SPEC)
+                )
+            )
+            or (self.tf32 is not None and _tf32() != self.tf32)
+            or module._between_active()
+        )
+
+    @classmethod
+    def add(cls, module, owner, slot, weights, biases, activation) -> None:
+        """Adds `slot`'s row bucket (planned to run the CUDA kernel) to the module's fast path."""
+        from .backends import cuda
+
+        bucket, tf32 = slot
+        tf32 = tf32 if weights[0].dtype is torch.float32 else None
+        fast = module.__dict__.get("_fast")
+        buckets = 1 << bucket
+        if fast is not None and fast.owner is owner and fast.tf32 == tf32:
+            if fast.buckets & buckets:
+                return
+            buckets |= fast.buckets
+        layers = module._modules.get("layers")
+        if isinstance(layers, nn.ModuleList):  # FusedMLP's own layers
+            identities = [(module._modules, "layers", layers)]
+            identities += [(layers._modules, key, lin) for key, lin in layers._modules.items()]
+        elif type(shared := module.__dict__.get("_shared")) is tuple:  # dualk.fuse's, shared
+            layers, identities = shared, [(module.__dict__, "_shared", shared)]
+        else:
+            return
+        if len(layers) != len(weights):
+            return
+        for lin, w, b in zip(layers, weights, biases):
+            params = lin._parameters
+            if params.get("weight") is not w or params.get("bias") is not b:
+                return
+            identities += [(params, "weight", w), (params, "bias", b)]
+        try:
+            plan = cuda.fused_mlp_plan(identities, list(weights), list(biases), activation, buckets)
+        except Exception:  # an extension without MlpPlan (an older prebuilt): the Python plan
+            return
+        module.__dict__["_fast"] = cls(plan, owner, owner.backend, owner.generation, tf32, buckets)
+
+
 class _InferencePlan:
     """FusedMLP's inference fast path. dualk.fused_mlp checks every weight and bias, resolves the
     backend (overrides, then auto's cache) and shapes the call on every call: ~25 us of host time
@@ -500,12 +568,14 @@ class _InferencePlan:
         if plan is None or plan.ptrs != ptrs or plan.backend != backend or plan.generation != gen:
             plan = _InferencePlan(ptrs, x.dtype, x.device, x.shape[1], backend, gen)
             module.__dict__["_plan"] = plan
+            module.__dict__.pop("_fast", None)
         if name == "original":
             runner = module._original_forward
         elif name == "cuda":
             from .backends import cuda
 
             runner = cuda.fused_mlp_runner(weights, biases, activation)
+            _FastPath.add(module, plan, cls._slot(x, x.dtype), weights, biases, activation)
         else:
             impl = _FUSED_MLP_SPEC.implementation(name)
             ws, bs = list(weights), list(biases)
@@ -573,6 +643,7 @@ class FusedMLP(nn.Module):
         self.kernel_activation = kernel_activation(activation, approximate)
         self._activation, self._approximate = activation, approximate
         self.__dict__.pop("_plan", None)
+        self.__dict__.pop("_fast", None)
 
     @property
     def activation(self) -> str:
@@ -596,6 +667,11 @@ class FusedMLP(nn.Module):
         return [self.layers[0].in_features, *(lin.out_features for lin in self.layers)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = self.__dict__.get("_fast")
+        if fast is not None and fast.usable(self):
+            out = fast.plan.run(x)
+            if out is not None:
+                return out
         layers = self.layers
         weights = [lin.weight for lin in layers]
         biases = [lin.bias for lin in layers]
@@ -657,6 +733,7 @@ class FusedMLP(nn.Module):
     def __getstate__(self):
         state = dict(super().__getstate__())  # a copy: the default returns the live __dict__
         state.pop("_plan", None)  # launch closures: rebuilt on the first call of the copy
+        state.pop("_fast", None)
         state.pop("_choice_memo", None)
         return state
 

@@ -547,3 +547,114 @@ def test_modules_refuse_a_dtype_no_kernel_takes(cls, args):
         ):
             cls(*args, dtype=dtype)
     assert next(cls(*args, dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+# ---- FusedMLP's C++ fast path (dualk/nn.py _FastPath, cuda_src/binding_mlp.cpp MlpPlan): GPU only
+def _fast_module(dtype=torch.float16, widths=(100, 128, 64, 10), backend="cuda"):
+    _skip("cuda")
+    torch.manual_seed(3)
+    m = FusedMLP(list(widths), backend=backend, device=DEVICE, dtype=dtype)
+    x = torch.randn(32, widths[0], device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        full = m(x)
+        m(x)  # the plan (and its fast path) exist from here on
+    assert "_fast" in m.__dict__, "the CUDA plan made no fast path"
+    return m, x, full
+
+
+def _fast_calls(m) -> list:
+    """Counts calls of the fast path that returned a result."""
+    fast = m.__dict__["_fast"]
+    served = []
+
+    class Counting:
+        def run(self, x, real=fast.plan):
+            out = real.run(x)
+            served.append(out is not None)
+            return out
+
+    fast.plan = Counting()  # (a __slots__ attribute: set directly)
+    return served
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fast_path_gives_the_full_calls_answer(dtype, monkeypatch):
+    m, x, full = _fast_module(dtype)
+    served = _fast_calls(m)
+    with torch.no_grad():
+        outs = [m(x) for _ in range(3)]
+    assert served == [True] * 3
+    for out in outs:
+        assert torch.equal(out, full)
+    seq = m.to_sequential()
+    with torch.no_grad():
+        ref = seq.double()(x.double())
+    tol = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
+    assert torch.allclose(outs[0].double(), ref, atol=tol, rtol=tol)
+
+
+def test_fast_path_steps_aside_for_what_it_cannot_serve(monkeypatch):
+    m, x, full = _fast_module()
+    served = _fast_calls(m)
+    with torch.no_grad():
+        assert torch.equal(m(x), full) and served[-1] is True
+        m(x.float().half().t().contiguous().t())  # strided: the full call
+        assert served[-1] is False
+        m(torch.randn(300, 100, device=DEVICE, dtype=torch.float16))  # another rows bucket
+        assert served[-1] is False
+    m(x)  # gradients on: the autograd route, not the plan
+    assert served[-1] is False
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        m(x)
+        assert served[-1] is False
+
+
+def test_fast_path_follows_parameter_changes():
+    m, x, full = _fast_module()
+    seq = m.to_sequential()  # shares the parameters
+    with torch.no_grad():
+        m.layers[0].weight.mul_(0.5)  # in place: still served, with the new values
+        assert torch.allclose(m(x), seq(x), atol=2e-2, rtol=2e-2)
+        m.layers[1].weight = nn.Parameter(torch.randn_like(m.layers[1].weight))  # replaced
+        assert torch.allclose(m(x), m.to_sequential()(x), atol=2e-2, rtol=2e-2)
+        m.layers[2] = nn.Linear(64, 10, device=DEVICE, dtype=torch.float16)  # layer replaced
+        assert torch.allclose(m(x), m.to_sequential()(x), atol=2e-2, rtol=2e-2)
+        m.layers[0].bias = None  # bias removed
+        assert torch.allclose(m(x), m.to_sequential()(x), atol=2e-2, rtol=2e-2)
+        m.layers[1].weight.data = m.layers[1].weight.data.float()  # .data: another dtype
+        with pytest.raises(dualk.errors.DtypeError):
+            m(x)  # the full call's dtype check, not a launch on float32 weights
+    m.float()
+    with torch.no_grad():
+        assert torch.allclose(m(x.float()), m.to_sequential()(x.float()), atol=1e-3, rtol=1e-3)
+
+
+def test_fast_path_respects_poisoning_and_backend_changes(monkeypatch):
+    from dualk import _alloc
+
+    m, x, full = _fast_module()
+    served = _fast_calls(m)
+    monkeypatch.setattr(_alloc, "_poison", True)
+    with torch.no_grad():
+        m(x)
+    assert served == []  # poisoned outputs: the Python path allocates
+    monkeypatch.setattr(_alloc, "_poison", False)
+    m.backend = "torch"
+    with torch.no_grad():
+        assert torch.allclose(m(x), full, atol=2e-2, rtol=2e-2)
+    assert served == []
+
+
+def test_fast_path_serves_a_fused_model():
+    _skip("cuda")
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(100, 128), nn.ReLU(), nn.Linear(128, 10)).to(DEVICE).half()
+    fused = dualk.fuse(model, backend="cuda")
+    x = torch.randn(32, 100, device=DEVICE, dtype=torch.float16)
+    with torch.no_grad():
+        outs = [fused(x) for _ in range(3)]
+        ref = model.double()(x.double())
+    inner = [m for m in fused.modules() if isinstance(m, FusedMLP)]
+    assert len(inner) == 1 and "_fast" in inner[0].__dict__
+    for out in outs:
+        assert torch.allclose(out.double(), ref, atol=2e-2, rtol=2e-2)

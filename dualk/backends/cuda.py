@@ -1078,6 +1078,17 @@ def fused_mlp_runner(
     return run
 
 
+def fused_mlp_plan(
+    identities: list, weights: list, biases: list, activation: str, row_buckets: int
+):
+    """The mlp extension's MlpPlan: FusedMLP's planned inference call in one C++ crossing
+    (cuda_src/binding_mlp.cpp says what it checks on every call). `run(x)` returns mlp(x) or
+    None where the call no longer fits the plan."""
+    return extension("mlp").MlpPlan(
+        identities, weights, biases, ACTIVATION_CODES[activation], row_buckets
+    )
+
+
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
     return extension("mlp").fused_mlp_unsupported_reason(list(widths), DTYPE_CODES[dtype], 0)
 
