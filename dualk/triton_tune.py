@@ -1,0 +1,469 @@
+"""Triton's compile and config search off the user's thread (issue 33, item 5; README "First
+contact").
+
+A Triton launcher's first call of a problem class compiles each candidate config and times them
+(triton_src/common.py `tuned_config`): seconds for a GEMM, most of it in Triton's compiler, which
+holds the GIL, so a thread would stall the user's thread as well. For backend="auto" on a GPU,
+this module does that work in a separate process instead, as dualk/backends/cuda.py builds the
+CUDA extension:
+
+- the first timed decision of a class (no cache file entry) queues it here and is decided among
+  the other candidates (provisional, dualk/autotune.py); the queue runs in one background
+  process at a time per dualk process (`python -m dualk.triton_tune JOBFILE`: torch's import and
+  the CUDA context are paid once for every class it holds), with the user's environment, so
+  TRITON_CACHE_DIR and DUALK_CACHE_DIR are the same;
+- the tuner rebuilds the call's tensors on the same GPU (shapes, strides, dtypes, the 16-byte
+  alignment of each data pointer: everything the launchers specialize and key on; random
+  values) and runs dualk's Triton implementation once, under a per-class flock, so the launcher
+  searches its configs exactly as the user's call would have: the compiled kernels land in
+  Triton's cache, the winning config in the autotune cache file (section "triton.<launcher>");
+- the user's process polls it on the class's later calls (a waitpid and a stat); when a class is
+  done it re-reads the cache file and Triton joins the class's next decision: its one untimed
+  run then loads the config from the file and the kernel from Triton's cache (milliseconds),
+  and auto times it with the others within its usual budget. That untimed run is made under
+  `no_config_search()`: a launcher that would still search (a call of the class whose exact
+  launch differs from the tuned one) raises ConfigSearchDeferred instead, and the class goes
+  back to the queue with this call's arguments, so no config search ever lands in a user's call
+  through auto;
+- a tuner that fails, raises or is killed marks its remaining classes failed with the reason and
+  its log (dualk.explain shows it); those classes are decided without Triton. Two processes
+  tuning one class: the second waits on the class's flock, then finds the config and the
+  kernels cached (nothing compiled twice). A tuner whose dualk process exited finishes its
+  queue (its results are cached for the next process) and exits.
+
+Nothing is queued or started under CUDA-graph capture, torch.compile or jit tracing, or with
+DUALK_AUTOTUNE=0 (autotune decides by its heuristic there before asking this module); an explicit
+backend="triton" and `dualk tune` still tune in the call.
+
+The cost: the tuner is a second process on the same GPU (a CUDA context, ~0.5 GB, plus the
+call's operands) while it runs, and its config timings share the GPU with the user's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+PREFIX = "dualk-triton-tune:"
+TIMEOUT_S = 900.0  # a tuner running longer is killed (its classes fail)
+# The worker's argv for a job file; tests put a stand-in here.
+WORKER: Callable[[Path], list[str]] | None = None
+DEFERRED = "ConfigSearchDeferred"
+
+
+# ---------------------------------------------------------------------------- call descriptions
+def _describe_value(v):
+    if isinstance(v, torch.Tensor):
+        return {
+            "tensor": [list(v.shape), list(v.stride()), str(v.dtype).removeprefix("torch."),
+                       v.data_ptr() % 16 if v.numel() else 0],
+        }  # fmt: skip
+    if isinstance(v, (list, tuple)):
+        return {"list": [_describe_value(x) for x in v], "tuple": isinstance(v, tuple)}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(f"cannot describe an argument of type {type(v).__name__} for the tuner")
+
+
+def describe_call(spec, args: tuple, key_text: str) -> dict:
+    """What the tuner needs to repeat the call: the op, the device and every argument's shape,
+    strides, dtype and pointer alignment (values are not copied)."""
+    device = args[0].device
+    return {
+        "op": spec.name, "key": key_text, "device": device.type,
+        "index": device.index if device.index is not None else 0,
+        "args": [_describe_value(a) for a in args],
+    }  # fmt: skip
+
+
+def _rebuild_value(v, device: torch.device, gen: torch.Generator):
+    if isinstance(v, dict) and "tensor" in v:
+        shape, stride, dtype, misalign = v["tensor"]
+        dtype = getattr(torch, dtype)
+        size = 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+        offset = misalign // torch.empty((), dtype=dtype).element_size()
+        base = torch.randn(size + offset, generator=gen).mul_(0.5).to(device=device, dtype=dtype)
+        return base.as_strided(shape, stride, offset)
+    if isinstance(v, dict) and "list" in v:
+        items = [_rebuild_value(x, device, gen) for x in v["list"]]
+        return tuple(items) if v.get("tuple") else items
+    return v
+
+
+def rebuild_args(desc: dict) -> tuple:
+    """The call's arguments on its device: fresh tensors with the described layout."""
+    device = torch.device(desc["device"], desc["index"]) if desc["device"] == "cuda" else (
+        torch.device(desc["device"]))  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    return tuple(_rebuild_value(v, device, gen) for v in desc["args"])
+
+
+# ---------------------------------------------------------------------------- state
+@dataclass
+class _Job:
+    proc: subprocess.Popen
+    started: float  # time.time()
+    log: Path
+    jobfile: Path
+    keys: dict[str, tuple]  # tag -> autotune key
+    devices: dict[str, torch.device] = field(default_factory=dict)  # tag -> device
+    size: int = 0  # bytes of the log read so far
+
+    def since(self) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self.started))
+
+
+_state: dict[tuple, tuple[str, str]] = {}  # key -> (queued|tuning|ready|failed, text)
+_queue: dict[tuple, dict] = {}  # key -> description, waiting for the tuner
+_job: list[_Job] = []  # the running tuner (at most one)
+_jobs_started = [0]
+_generation = 0
+_lock = threading.RLock()
+
+
+def generation() -> int:
+    """Changes whenever a class becomes ready or fails."""
+    return _generation
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
+
+
+def work_dir() -> Path:
+    from .backends.cuda import cache_root
+
+    return cache_root() / "triton-tune"
+
+
+def worker_command(jobfile: Path) -> list[str]:
+    if WORKER is not None:
+        return list(WORKER(jobfile))
+    return [sys.executable, "-m", "dualk.triton_tune", str(jobfile)]
+
+
+def worker_env() -> dict[str, str]:
+    """This environment (same caches, same visible GPUs), dualk importable from where this
+    process imports it."""
+    env = dict(os.environ)
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _start() -> None:
+    """Start a tuner for every queued class (none while one runs)."""
+    if _job or not _queue:
+        return
+    _jobs_started[0] += 1
+    directory = work_dir()
+    stem = f"{os.getpid()}-{_jobs_started[0]}"
+    keys, descs, devices = {}, [], {}
+    for i, (key, desc) in enumerate(_queue.items()):
+        tag = f"c{i}"
+        keys[tag] = key
+        devices[tag] = torch.device(desc["device"], desc["index"]) if desc["device"] == "cuda" \
+            else torch.device(desc["device"])  # fmt: skip
+        descs.append({**desc, "tag": tag})
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        jobfile = directory / f"{stem}.json"
+        jobfile.write_text(json.dumps(descs))
+        log = directory / f"{stem}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                worker_command(jobfile), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, env=worker_env(), start_new_session=True,
+            )  # fmt: skip
+    except Exception as exc:  # OSError: an unwritable cache; a worker that cannot start
+        why = f"the background Triton tuner could not start ({type(exc).__name__}: {exc})"
+        for key in list(_queue):
+            _state[key] = ("failed", why)
+        _queue.clear()
+        _bump()
+        return
+    job = _Job(proc, time.time(), log, jobfile, keys, devices)
+    _job.append(job)
+    for key in keys.values():
+        _queue.pop(key, None)
+        _state[key] = ("tuning", "")
+
+
+def _read_lines(job: _Job) -> list[str]:
+    try:
+        size = job.log.stat().st_size
+        if size == job.size:
+            return []
+        with open(job.log, "rb") as f:
+            f.seek(job.size)
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1  # whole lines only
+    job.size += end
+    return data[:end].decode(errors="replace").splitlines()
+
+
+def _last_line(job: _Job) -> str:
+    with contextlib.suppress(OSError):
+        lines = [ln.strip() for ln in job.log.read_text(errors="replace").splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith(PREFIX)]
+        if lines:
+            return lines[-1][:300]
+    return "no output"
+
+
+def poll() -> int:
+    """Take in what the running tuner reported (a stat of its log, a waitpid); start the queued
+    classes once it has finished. Returns generation()."""
+    if not _job and not _queue:
+        return _generation
+    reload: set[torch.device] = set()
+    with _lock:
+        if _job:
+            job = _job[0]
+            rc = job.proc.poll()
+            if rc is None and time.time() - job.started > TIMEOUT_S:
+                job.proc.kill()
+                rc = job.proc.wait()
+            for line in _read_lines(job):
+                parts = line.split(None, 3)
+                if len(parts) < 3 or parts[0] != PREFIX or parts[2] not in job.keys:
+                    continue
+                key = job.keys[parts[2]]
+                if _state.get(key, ("",))[0] != "tuning":
+                    continue
+                if parts[1] == "ready":
+                    secs = parts[3] if len(parts) > 3 else "?"
+                    _state[key] = ("ready", f"compiled and tuned in the background in {secs} s")
+                    reload.add(job.devices[parts[2]])
+                    _bump()
+                elif parts[1] == "failed":
+                    why = parts[3] if len(parts) > 3 else "no reason given"
+                    _state[key] = ("failed", f"the background Triton tuner failed: {why}; "
+                                             f"log: {job.log}")  # fmt: skip
+                    _bump()
+            if rc is not None:
+                _job.clear()
+                how = f"exited with status {rc}" if rc >= 0 else f"was killed by signal {-rc}"
+                left = False
+                for key in job.keys.values():
+                    if _state.get(key, ("",))[0] == "tuning":
+                        left = True
+                        _state[key] = ("failed", (
+                            f"the background Triton tuner {how} after "
+                            f"{time.time() - job.started:.0f} s before this class was done: "
+                            f"{_last_line(job)}; log: {job.log}"))  # fmt: skip
+                        _bump()
+                with contextlib.suppress(OSError):
+                    job.jobfile.unlink()
+                if not left and rc == 0 and all(
+                    _state.get(k, ("",))[0] == "ready" for k in job.keys.values()
+                ):
+                    with contextlib.suppress(OSError):
+                        job.log.unlink()
+        _start()
+    if reload:  # the tuner wrote its configs into the cache file
+        from . import autotune
+
+        for device in reload:
+            autotune.reload_cache(device)
+    return _generation
+
+
+def auto_state(spec, args: tuple, key: tuple, start: bool) -> tuple[str, str | None]:
+    """("ready", None), ("pending", why) or ("failed", why) of Triton for auto's decision of
+    `key`; with `start`, a class not seen yet is queued for the tuner (started at once when none
+    runs). Never compiles or times anything here."""
+    poll()
+    with _lock:
+        state, text = _state.get(key, ("", ""))
+        if state == "ready":
+            return "ready", None
+        if state == "failed":
+            return "failed", text
+        if state in ("tuning", "queued"):
+            return "pending", _pending_text(key)
+        if not start:
+            return "pending", NOT_TUNED
+        _enqueue(spec, args, key)
+        return "pending", _pending_text(key)
+
+
+def _enqueue(spec, args: tuple, key: tuple) -> None:
+    from .autotune import key_string
+
+    try:
+        desc = describe_call(spec, args, key_string(key))
+    except Exception as exc:
+        _state[key] = ("failed", f"the call cannot be repeated by the tuner ({exc})")
+        _bump()
+        return
+    _queue[key] = desc
+    _state[key] = ("queued", "")
+    _start()
+
+
+def requeue(spec, args: tuple, key: tuple) -> str:
+    """The class's Triton run in the user's call would have searched configs (ConfigSearchDeferred):
+    tune it again in the background with this call's arguments. Returns the pending reason."""
+    with _lock:
+        state = _state.get(key, ("",))[0]
+        if state not in ("tuning", "queued"):
+            _state.pop(key, None)
+            _enqueue(spec, args, key)
+        return _pending_text(key)
+
+
+def settled(key: tuple) -> bool:
+    """Whether Triton's state for `key` has become ready or failed (polls the tuner)."""
+    poll()
+    return _state.get(key, ("",))[0] in ("ready", "failed")
+
+
+NOT_TUNED = (
+    "not compiled or tuned for this class in this process: auto's first timed call of the class "
+    "starts a background tuner; backend='triton' tunes in the call"
+)
+
+
+def _pending_text(key: tuple) -> str:
+    state = _state.get(key, ("",))[0]
+    if state == "tuning" and _job:
+        job = _job[0]
+        return (
+            f"being compiled and tuned in the background since {job.since()} "
+            f"({time.time() - job.started:.0f} s; pid {job.proc.pid}; log: {job.log}); "
+            "it joins auto's decision once ready"
+        )
+    if state == "queued":
+        return "queued for the background Triton tuner (one runs at a time); it joins auto's " \
+            "decision once ready"  # fmt: skip
+    return NOT_TUNED
+
+
+def describe(key: tuple) -> str:
+    """One line for dualk.explain: Triton's state for this class in this process (starts
+    nothing; takes in a finished tuner's results)."""
+    poll()
+    with _lock:
+        state, text = _state.get(key, ("", ""))
+        if state == "ready":
+            return f"ready ({text})"
+        if state == "failed":
+            return f"failed: {text}"
+        if state == "tuning":
+            return "tuning: " + _pending_text(key)
+        if state == "queued":
+            return "queued: " + _pending_text(key)
+        return NOT_TUNED
+
+
+def state_of(key: tuple) -> str | None:
+    """"queued", "tuning", "ready", "failed" or None (nothing asked in this process)."""
+    return _state.get(key, (None,))[0]
+
+
+def running() -> list[subprocess.Popen]:
+    """The running tuner's process, if any (tests, benchmarks)."""
+    return [j.proc for j in _job]
+
+
+def clear() -> None:
+    """Forget every class's state (autotune.clear_memory); a running tuner is left to finish
+    (its results are cached on disk) and no longer polled."""
+    with _lock:
+        _state.clear()
+        _queue.clear()
+        _job.clear()
+        _bump()
+
+
+# ---------------------------------------------------------------------------- the guard
+@contextlib.contextmanager
+def no_config_search() -> Iterator[None]:
+    """Within the block (on this thread), a Triton launcher that would search its configs
+    raises ConfigSearchDeferred instead (triton_src/common.py tuned_config); used around auto's
+    timing in the user's call."""
+    common = sys.modules.get("dualk.triton_src.common")
+    if common is None:  # Triton not imported yet: load the flag's module only where it can be
+        from .backends.triton import _triton_importable
+
+        if _triton_importable() is None:
+            with contextlib.suppress(Exception):
+                import dualk.triton_src.common as common
+    if common is None:
+        yield
+        return
+    with common.no_config_search():
+        yield
+
+
+def is_deferral(error: str | None) -> bool:
+    """Whether a candidate's recorded error is a deferred config search (not a failure)."""
+    return bool(error) and DEFERRED in error
+
+
+# ---------------------------------------------------------------------------- the tuner process
+def _class_lock_path(desc: dict, device: torch.device) -> Path:
+    from .autotune import cache_file
+
+    digest = hashlib.sha256(f"{cache_file(device).name}\0{desc['key']}".encode()).hexdigest()
+    return work_dir() / "locks" / f"{digest[:24]}.lock"
+
+
+def tune_one(desc: dict) -> float:
+    """Run dualk's Triton implementation once on the described call (searching its configs as
+    the user's call would have), under the class's flock. Returns the seconds it took."""
+    from .autotune import _locked
+    from .registry import OPS
+
+    t0 = time.perf_counter()
+    args = rebuild_args(desc)
+    device = args[0].device
+    lock = _class_lock_path(desc, device)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with _locked(lock), guard:
+        OPS[desc["op"]].implementation("triton")(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m dualk.triton_tune JOBFILE: tune each described class in turn; one line per
+    class, "dualk-triton-tune: ready TAG SECONDS" or "dualk-triton-tune: failed TAG WHY"."""
+    import traceback
+
+    argv = sys.argv[1:] if argv is None else argv
+    descs = json.loads(Path(argv[0]).read_text())
+    status = 0
+    for desc in descs:
+        print(f"{PREFIX} start {desc['tag']} {desc['op']} {desc['key']}", flush=True)
+        try:
+            seconds = tune_one(desc)
+        except Exception as exc:
+            traceback.print_exc()
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+            print(f"{PREFIX} failed {desc['tag']} {why}", flush=True)
+            status = 1
+        else:
+            print(f"{PREFIX} ready {desc['tag']} {seconds:.1f}", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
