@@ -258,10 +258,8 @@ def poll() -> int:
             if rc is not None:
                 _job.clear()
                 how = f"exited with status {rc}" if rc >= 0 else f"was killed by signal {-rc}"
-                left = False
                 for key in job.keys.values():
                     if _state.get(key, ("",))[0] == "tuning":
-                        left = True
                         _state[key] = ("failed", (
                             f"the background Triton tuner {how} after "
                             f"{time.time() - job.started:.0f} s before this class was done: "
@@ -269,9 +267,7 @@ def poll() -> int:
                         _bump()
                 with contextlib.suppress(OSError):
                     job.jobfile.unlink()
-                if not left and rc == 0 and all(
-                    _state.get(k, ("",))[0] == "ready" for k in job.keys.values()
-                ):
+                if rc == 0 and all(_state.get(k, ("",))[0] == "ready" for k in job.keys.values()):
                     with contextlib.suppress(OSError):
                         job.log.unlink()
         _start()
@@ -372,7 +368,7 @@ def describe(key: tuple) -> str:
 
 
 def state_of(key: tuple) -> str | None:
-    """"queued", "tuning", "ready", "failed" or None (nothing asked in this process)."""
+    """The class's state: "queued", "tuning", "ready", "failed", or None (nothing asked)."""
     return _state.get(key, (None,))[0]
 
 
