@@ -645,9 +645,13 @@ def _decide(
         if triton_tune.is_deferral(errors.get("triton")):
             # Its run here would have searched configs (a launch unlike the tuned one): back to
             # the background tuner with this call, decided among the others meanwhile.
-            del errors["triton"]
-            pending["triton"] = triton_tune.requeue(spec, args, key)
-            base["pending_backends"] = dict(pending)
+            state, why = triton_tune.requeue(spec, args, key)
+            if state == "pending":
+                del errors["triton"]
+                pending["triton"] = why
+                base["pending_backends"] = dict(pending)
+            else:
+                errors["triton"] = why
         rejected = {**rejected, **errors}
         if not times:  # every candidate raised: the call itself will say why
             winner = "torch"

@@ -76,13 +76,16 @@ def _describe_value(v):
     raise TypeError(f"cannot describe an argument of type {type(v).__name__} for the tuner")
 
 
-def describe_call(spec, args: tuple, key_text: str) -> dict:
-    """What the tuner needs to repeat the call: the op, the device and every argument's shape,
-    strides, dtype and pointer alignment (values are not copied)."""
+def describe_call(spec, args: tuple, key: tuple) -> dict:
+    """What the tuner needs to repeat the call: the op, the device, PyTorch's TF32 switch (part
+    of the key) and every argument's shape, strides, dtype and pointer alignment (values are not
+    copied)."""
+    from .autotune import key_string
+
     device = args[0].device
     return {
-        "op": spec.name, "key": key_text, "device": device.type,
-        "index": device.index if device.index is not None else 0,
+        "op": spec.name, "key": key_string(key), "device": device.type,
+        "index": device.index if device.index is not None else 0, "tf32": bool(key[3]),
         "args": [_describe_value(a) for a in args],
     }  # fmt: skip
 
@@ -126,6 +129,7 @@ class _Job:
 
 _state: dict[tuple, tuple[str, str]] = {}  # key -> (queued|tuning|ready|failed, text)
 _queue: dict[tuple, dict] = {}  # key -> description, waiting for the tuner
+_requeues: dict[tuple, int] = {}  # key -> times sent back to the tuner (requeue)
 _job: list[_Job] = []  # the running tuner (at most one)
 _jobs_started = [0]
 _generation = 0
@@ -299,10 +303,8 @@ def auto_state(spec, args: tuple, key: tuple, start: bool) -> tuple[str, str | N
 
 
 def _enqueue(spec, args: tuple, key: tuple) -> None:
-    from .autotune import key_string
-
     try:
-        desc = describe_call(spec, args, key_string(key))
+        desc = describe_call(spec, args, key)
     except Exception as exc:
         _state[key] = ("failed", f"the call cannot be repeated by the tuner ({exc})")
         _bump()
@@ -312,15 +314,28 @@ def _enqueue(spec, args: tuple, key: tuple) -> None:
     _start()
 
 
-def requeue(spec, args: tuple, key: tuple) -> str:
+MAX_REQUEUES = 3
+
+
+def requeue(spec, args: tuple, key: tuple) -> tuple[str, str]:
     """The class's Triton run in the user's call would have searched configs (ConfigSearchDeferred):
-    tune it again in the background with this call's arguments. Returns the pending reason."""
+    tune it again in the background with this call's arguments, at most MAX_REQUEUES times per
+    class. Returns ("pending", why) or, past that, ("failed", why)."""
     with _lock:
         state = _state.get(key, ("",))[0]
-        if state not in ("tuning", "queued"):
-            _state.pop(key, None)
-            _enqueue(spec, args, key)
-        return _pending_text(key)
+        if state in ("tuning", "queued"):
+            return "pending", _pending_text(key)
+        _requeues[key] = _requeues.get(key, 0) + 1
+        if _requeues[key] > MAX_REQUEUES:
+            _state[key] = ("failed", (
+                f"its launch in the user's call still wanted a config search after "
+                f"{MAX_REQUEUES} background tunings of this class (the tuner's launch differs "
+                "from the call's)"))  # fmt: skip
+            _bump()
+            return "failed", _state[key][1]
+        _state.pop(key, None)
+        _enqueue(spec, args, key)
+        return "pending", _pending_text(key)
 
 
 def settled(key: tuple) -> bool:
@@ -383,6 +398,7 @@ def clear() -> None:
     with _lock:
         _state.clear()
         _queue.clear()
+        _requeues.clear()
         _job.clear()
         _bump()
 
@@ -432,6 +448,7 @@ def tune_one(desc: dict) -> float:
     lock = _class_lock_path(desc, device)
     lock.parent.mkdir(parents=True, exist_ok=True)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    torch.backends.cuda.matmul.allow_tf32 = bool(desc.get("tf32", False))
     with _locked(lock), guard:
         OPS[desc["op"]].implementation("triton")(*args)
         if device.type == "cuda":

@@ -1,0 +1,353 @@
+"""Triton's compile and config search off the user's thread (issue 33, item 5), on the CPU.
+
+The GPU is modelled as in tests/test_background_build.py (the `gpu` fixture: the CPU device counts
+as one where background work applies, auto's candidates are stand-ins that run the torch
+reference and record their names, a fake timer); here the CUDA backend is left out, so auto's
+candidates are triton and torch. The background tuner is a stand-in process
+(`triton_tune.WORKER`: reads the job file, reports each class ready, failed, crashes or hangs),
+except in the end-to-end test, which runs the real `python -m dualk.triton_tune` on Triton's CPU
+interpreter. Covered: pending (tuning, queued) -> ready with Triton joining and the decision
+stored, failed (reported, raised, crashed, killed mid-work), the per-call bound (no timing while
+the tuner runs, one tuner at a time, Triton's run in a user's call never searches configs), a
+launch that would still search going back to the tuner, deterministic results, the call
+descriptions, the class lock between two tuners, and the cache file re-read.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_background_build import (  # noqa: F401 (gpu is a fixture)
+    HOLD_LOCK,
+    Tuners,
+    gpu,
+    stored_winners,
+    wait_for_tuner,
+)
+
+import dualk
+from dualk import autotune, triton_tune
+from dualk.registry import OPS
+
+common = pytest.importorskip("dualk.triton_src.common")
+
+
+@pytest.fixture
+def auto(gpu, monkeypatch):  # noqa: F811
+    """gpu's modelled GPU without the CUDA backend: auto's candidates are triton and torch; the
+    fake timer's calls are recorded (backend per call)."""
+    monkeypatch.setattr(
+        autotune, "candidate_reason", lambda b, d: "no CUDA backend here" if b == "cuda" else None
+    )
+    timed: list[str] = []
+
+    def timer(run, backend, budget_ms):
+        timed.append(backend)
+        run()
+        return {"triton": 2.0, "torch": 5.0}[backend]
+
+    autotune.set_timer(timer)
+    return gpu, timed
+
+
+def triton_note(*args) -> str:
+    expl = dualk.explain("add", *args)
+    (note,) = [n for n in expl.notes if n.startswith("triton backend, this class: ")]
+    return note.removeprefix("triton backend, this class: ")
+
+
+# ---------------------------------------------------------------------------- pending -> ready
+def test_triton_is_tuned_in_the_background_then_joins(auto, monkeypatch, tmp_path):
+    ran, timed = auto
+    tuners = Tuners(tmp_path, gated=True)
+    monkeypatch.setattr(triton_tune, "WORKER", tuners)
+    x = torch.randn(1000)
+    assert triton_note(x, x).startswith("not compiled or tuned for this class in this process")
+    assert tuners.jobs == [], "explain started the tuner"
+
+    first = dualk.add(x, x)
+    assert ran == ["torch"] and timed == [], "the first call ran or timed Triton"
+    ((desc,),) = tuners.jobs
+    assert desc["op"] == "add" and desc["args"][0]["tensor"][:3] == [[1000], [1], "float32"]
+    expl = dualk.explain("add", x, x)
+    assert expl.backend == "torch" and any("provisional" in n for n in expl.notes)
+    assert expl.availability["triton"].startswith(
+        "not a candidate yet: being compiled and tuned in the background since"
+    )
+    assert triton_note(x, x).startswith("tuning: being compiled and tuned in the background")
+    assert "log: " in triton_note(x, x)
+
+    # While the tuner runs: the provisional decision stands, no timing, no second tuner.
+    for _ in range(5):
+        ran.clear()
+        assert torch.equal(dualk.add(x, x), first)
+        assert ran == ["torch"]
+    assert timed == [] and len(tuners.jobs) == 1 and stored_winners() == {}
+
+    tuners.release()
+    wait_for_tuner()
+    ran.clear()
+    assert torch.equal(dualk.add(x, x), first)  # the call that takes Triton in
+    assert "triton" in ran and set(timed) == {"triton", "torch"}
+    assert len(timed) == autotune.TUNE_ROUNDS * 2
+    expl = dualk.explain("add", x, x)
+    assert expl.backend == "triton" and not any("provisional" in n for n in expl.notes)
+    assert triton_note(x, x) == "ready (compiled and tuned in the background in 0.1 s)"
+    ((skey, entry),) = stored_winners().items()
+    assert entry["winner"] == "triton" and skey == desc["key"]
+    # A clean finish leaves no job file or log behind.
+    assert list(triton_tune.work_dir().glob("*.json")) == []
+    assert list(triton_tune.work_dir().glob("*.log")) == []
+    ran.clear()
+    timed.clear()
+    assert torch.equal(dualk.add(x, x), first)
+    assert ran == ["triton"] and timed == []
+
+
+def test_guard_is_on_for_triton_in_a_user_call(auto, monkeypatch):
+    """auto's runs of Triton while deciding in a user's call are made under no_config_search();
+    the winner's run (its config known by then) and an explicit backend="triton" are not."""
+    ran, _ = auto
+    guarded: list[bool] = []
+
+    def triton_add(a, b, alpha=1.0):
+        guarded.append(getattr(common._search, "off", False))
+        ran.append("triton")
+        return torch.add(a, b, alpha=alpha)
+
+    monkeypatch.setitem(OPS["add"]._resolved, "triton", triton_add)
+    x = torch.randn(64)
+    dualk.add(x, x)
+    wait_for_tuner()
+    dualk.add(x, x)  # Triton joins: its untimed and timed runs guarded; then the call's own
+    assert len(guarded) == 2 + autotune.TUNE_ROUNDS and all(guarded[:-1]) and not guarded[-1]
+    n = len(guarded)
+    dualk.add(x, x, backend="triton")
+    assert guarded[n:] == [False]
+
+
+@pytest.mark.parametrize("times", [1, "never"])
+def test_a_launch_that_would_still_search_goes_back_to_the_tuner(auto, monkeypatch, times):
+    """The tuned launch differs from a later call's (ConfigSearchDeferred under the guard): the
+    class is tuned again with that call, decided without Triton meanwhile, nothing stored; a
+    class that never matches fails after MAX_REQUEUES tunings."""
+    ran, _ = auto
+    deferrals = [0]
+
+    def triton_add(a, b, alpha=1.0):
+        if getattr(common._search, "off", False) and (times == "never" or deferrals[0] < times):
+            deferrals[0] += 1
+            raise common.ConfigSearchDeferred("add class x: no stored config")
+        ran.append("triton")
+        return torch.add(a, b, alpha=alpha)
+
+    monkeypatch.setitem(OPS["add"]._resolved, "triton", triton_add)
+    tuners = triton_tune.WORKER
+    x = torch.randn(64)
+    dualk.add(x, x)
+    for _ in range(triton_tune.MAX_REQUEUES + 2):
+        wait_for_tuner()
+        ran.clear()
+        torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+        if times != "never" and "triton" in ran:
+            break
+        assert stored_winners() == {} or times == "never"
+    key = autotune.make_key(OPS["add"], (x, x, 1.0))
+    if times == "never":
+        assert len(tuners.jobs) == 1 + triton_tune.MAX_REQUEUES
+        assert triton_tune.state_of(key) == "failed"
+        assert "still wanted a config search" in triton_note(x, x)
+        (entry,) = stored_winners().values()
+        assert entry["winner"] == "torch" and "still wanted" in entry["rejected"]["triton"]
+    else:
+        assert len(tuners.jobs) == 2 and deferrals[0] == 1
+        (entry,) = stored_winners().values()
+        assert entry["winner"] == "triton"
+
+
+# ---------------------------------------------------------------------------- failures
+@pytest.mark.parametrize("mode", ["fail", "crash", "kill"])
+def test_a_failed_tuner_is_reported_and_the_class_falls_back(auto, monkeypatch, tmp_path, mode):
+    ran, _ = auto
+    tuners = Tuners(tmp_path, mode="hang" if mode == "kill" else mode)
+    monkeypatch.setattr(triton_tune, "WORKER", tuners)
+    x = torch.randn(200)
+    dualk.add(x, x)
+    if mode == "kill":  # the tuner killed mid-work (OOM killer, a user's kill)
+        time.sleep(0.2)
+        (proc,) = triton_tune.running()
+        proc.send_signal(signal.SIGKILL)
+    wait_for_tuner()
+    for _ in range(3):
+        ran.clear()
+        torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+        assert ran == ["torch"]
+    note = triton_note(x, x)
+    expected = {
+        "fail": ["the background Triton tuner failed: CompilationError: ptxas said boom"],
+        "crash": ["exited with status 139 after ",
+                  " s before this class was done: Segmentation fault in the compiler"],
+        "kill": ["was killed by signal 9 after "],
+    }[mode]  # fmt: skip
+    assert note.startswith("failed: ") and all(e in note for e in expected), note
+    log = Path(note.rsplit("log: ", 1)[1])
+    assert log.exists(), "a failed tuner's log was removed"
+    why = dualk.explain("add", x, x).availability["triton"]
+    assert "not a candidate" not in why and all(e in why for e in expected), why
+    # Final (no longer provisional): torch as the only candidate left, so nothing to store; a
+    # later process tries Triton again.
+    assert autotune.decided(OPS["add"], (x, x, 1.0)) == "torch" and stored_winners() == {}
+    assert len(tuners.jobs) == 1, "a failed class was tuned again"
+
+
+# ---------------------------------------------------------------------------- the bound
+def test_per_call_bound_one_tuner_and_queued_classes(auto, monkeypatch, tmp_path):
+    """Calls counted per call: while tuners run, no call times anything or runs Triton; at most
+    one tuner runs; classes met meanwhile are queued and tuned together by the next one; the
+    call that takes Triton in times the candidates once within the budget, nothing more."""
+    ran, timed = auto
+    tuners = Tuners(tmp_path, gated=True)
+    monkeypatch.setattr(triton_tune, "WORKER", tuners)
+    popens: list[int] = []
+    real_popen = subprocess.Popen
+
+    def counting_popen(*a, **k):
+        popens.append(1)
+        return real_popen(*a, **k)
+
+    monkeypatch.setattr(triton_tune.subprocess, "Popen", counting_popen)
+    xs = [torch.randn(n) for n in (100, 300, 600, 2000, 5000)]  # five classes
+    walls = []
+    for _ in range(3):
+        for x in xs:
+            ran.clear()
+            timed.clear()
+            t0 = time.perf_counter()
+            torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+            walls.append(time.perf_counter() - t0)
+            assert ran == ["torch"] and timed == []
+            assert len(triton_tune.running()) <= 1
+    assert len(popens) == 1 and [len(j) for j in tuners.jobs] == [1]
+    tuners.release()
+    wait_for_tuner()
+    ran.clear()
+    dualk.add(xs[1], xs[1])  # polls: class 0 is done, the four queued start in one tuner
+    assert [len(j) for j in tuners.jobs] == [1, 4] and ran == ["torch"]
+    wait_for_tuner()
+    for x in xs:
+        for _ in range(3):
+            ran.clear()
+            timed.clear()
+            t0 = time.perf_counter()
+            torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+            walls.append(time.perf_counter() - t0)
+            assert len(timed) in (0, autotune.TUNE_ROUNDS * 2)
+            # one untimed run per candidate, the timed ones, the call's own run: nothing more
+            assert len(ran) <= 2 + len(timed) + 1
+    assert len(popens) == 2
+    assert max(walls) < 1.0, f"a call took {max(walls):.2f} s"
+
+
+# ---------------------------------------------------------------------------- descriptions
+def test_call_descriptions_keep_layout_dtype_and_alignment():
+    base = torch.randn(40, 33, dtype=torch.float16)
+    sliced = base[:, 1:]  # rows 2 bytes off 16-byte alignment
+    transposed = torch.randn(16, 8).t()
+    expanded = torch.randn(8, 1).expand(8, 5)
+    args = (sliced, [transposed, expanded], [None, torch.randn(5)], "relu", 0.5, True)
+    key = autotune.make_key(OPS["add"], (torch.randn(4), torch.randn(4), 1.0))
+    desc = triton_tune.describe_call(OPS["add"], args, key)
+    assert json.loads(json.dumps(desc)) == desc
+    back = triton_tune.rebuild_args(json.loads(json.dumps(desc)))
+    pairs = [(sliced, back[0]), (transposed, back[1][0]), (expanded, back[1][1]),
+             (args[2][1], back[2][1])]  # fmt: skip
+    for orig, new in pairs:
+        assert new.shape == orig.shape and new.stride() == orig.stride()
+        assert new.dtype == orig.dtype and new.data_ptr() % 16 == orig.data_ptr() % 16
+    assert sliced.data_ptr() % 16 == 2
+    assert back[2][0] is None and back[3:] == ("relu", 0.5, True)
+    assert desc["tf32"] is False and desc["key"].startswith("add|float32|")
+
+
+def test_tuned_config_never_searches_under_the_guard():
+    searched: list = []
+
+    class Store:
+        def __init__(self, timings):
+            self.timings = timings
+
+        def get(self, device, namespace, key):
+            return self.timings
+
+        def put(self, *a):
+            searched.append("put")
+
+    try:
+        common.set_config_store(Store([(0.1, (64, 4))]))
+        with common.no_config_search():
+            cfg, _, keep = common.tuned_config(
+                torch.device("cpu"), "t", "k", [(64, 4), (32, 2)], searched.append
+            )
+        assert cfg == (64, 4) and keep
+        common.set_config_store(Store(None))
+        with common.no_config_search(), pytest.raises(common.ConfigSearchDeferred):
+            common.tuned_config(torch.device("cpu"), "t", "k", [(64, 4)], searched.append)
+        assert searched == [], "compiled or timed a config"
+        assert not getattr(common._search, "off", False)
+    finally:
+        common.set_config_store(None)
+        common._config_store.clear()
+
+
+def test_cache_file_reread_keeps_this_process_entries(auto):
+    """What the tuner process writes into the cache file is seen once read again; what this
+    process holds stays."""
+    device = torch.device("cpu")
+    autotune.TRITON_STORE.put(device, "ours", "a", [(1.0, (1, 2))])
+    assert autotune.TRITON_STORE.get(device, "theirs", "b") is None  # loads the file now
+    other = autotune._Store(autotune.cache_file(device), autotune.fingerprint(device))
+    other.put("triton.theirs", "b", {"config": [3], "timings_ms": [[0.5, [3]]]})
+    assert autotune.TRITON_STORE.get(device, "theirs", "b") is None  # not re-read yet
+    autotune.reload_cache(device)
+    assert autotune.TRITON_STORE.get(device, "theirs", "b") == [(0.5, (3,))]
+    assert autotune.TRITON_STORE.get(device, "ours", "a") == [(1.0, (1, 2))]
+
+
+# ---------------------------------------------------------------------------- the real tuner
+def test_real_tuner_process_on_the_interpreter_waits_for_the_class_lock(auto, monkeypatch):
+    """`python -m dualk.triton_tune` end to end (Triton's CPU interpreter): it rebuilds the call,
+    runs dualk's Triton add; a second tuner of the same class (here a process holding the class
+    lock) makes it wait; it finishes once the lock is free."""
+    monkeypatch.setattr(triton_tune, "WORKER", None)
+    x = torch.randn(64, 33)[:, 1:]  # strided, misaligned rows
+    key = autotune.make_key(OPS["add"], (x, x, 1.0))
+    desc = triton_tune.describe_call(OPS["add"], (x, x, 1.0), key)
+    lock = triton_tune._class_lock_path(desc, x.device)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        dualk.add(x, x)
+        (proc,) = triton_tune.running()
+        deadline = time.time() + 120
+        log = next(triton_tune.work_dir().glob("*.log"))
+        while "dualk-triton-tune: start" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert proc.poll() is None and triton_tune.state_of(key) == "tuning"
+        assert "ready" not in log.read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+    proc.wait(timeout=120)
+    assert proc.returncode == 0
+    dualk.add(x, x)
+    assert triton_tune.state_of(key) == "ready", triton_note(x, x)
