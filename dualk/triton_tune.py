@@ -168,8 +168,13 @@ def worker_env() -> dict[str, str]:
 
 
 def _start() -> None:
-    """Start a tuner for every queued class (none while one runs)."""
+    """Start a tuner for every queued class (none while one runs, nor under capture, tracing or
+    DUALK_AUTOTUNE=0: they wait for the next call that may)."""
     if _job or not _queue:
+        return
+    from .autotune import _timing_blocked
+
+    if _timing_blocked() is not None:
         return
     _jobs_started[0] += 1
     directory = work_dir()
@@ -229,9 +234,9 @@ def _last_line(job: _Job) -> str:
     return "no output"
 
 
-def poll() -> int:
-    """Take in what the running tuner reported (a stat of its log, a waitpid); start the queued
-    classes once it has finished. Returns generation()."""
+def poll(start: bool = True) -> int:
+    """Take in what the running tuner reported (a stat of its log, a waitpid); with `start`,
+    start the queued classes once it has finished. Returns generation()."""
     if not _job and not _queue:
         return _generation
     reload: set[torch.device] = set()
@@ -274,7 +279,8 @@ def poll() -> int:
                 if rc == 0 and all(_state.get(k, ("",))[0] == "ready" for k in job.keys.values()):
                     with contextlib.suppress(OSError):
                         job.log.unlink()
-        _start()
+        if start:
+            _start()
     if reload:  # the tuner wrote its configs into the cache file
         from . import autotune
 
@@ -368,7 +374,7 @@ def _pending_text(key: tuple) -> str:
 def describe(key: tuple) -> str:
     """One line for dualk.explain: Triton's state for this class in this process (starts
     nothing; takes in a finished tuner's results)."""
-    poll()
+    poll(start=False)
     with _lock:
         state, text = _state.get(key, ("", ""))
         if state == "ready":

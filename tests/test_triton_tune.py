@@ -351,3 +351,32 @@ def test_real_tuner_process_on_the_interpreter_waits_for_the_class_lock(auto, mo
     assert proc.returncode == 0
     dualk.add(x, x)
     assert triton_tune.state_of(key) == "ready", triton_note(x, x)
+
+
+# ---------------------------------------------------------------------------- nothing starts
+@pytest.mark.parametrize("how", ["DUALK_AUTOTUNE=0", "capture", "jit"])
+def test_a_queued_class_does_not_start_when_timing_is_blocked(auto, monkeypatch, tmp_path, how):
+    """A class queued behind a running tuner is not started by a call (or explain) made under
+    capture, jit tracing or DUALK_AUTOTUNE=0; the next ordinary call starts it."""
+    tuners = Tuners(tmp_path, gated=True)
+    monkeypatch.setattr(triton_tune, "WORKER", tuners)
+    a, b = torch.randn(100), torch.randn(5000)
+    dualk.add(a, a)
+    dualk.add(b, b)  # queued behind a's tuner
+    assert [len(j) for j in tuners.jobs] == [1]
+    tuners.release()
+    wait_for_tuner()
+    with monkeypatch.context() as m:
+        if how == "DUALK_AUTOTUNE=0":
+            m.setenv("DUALK_AUTOTUNE", "0")
+        elif how == "capture":
+            m.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        else:
+            m.setattr(torch.jit, "is_tracing", lambda: True)
+        for x in (a, b, a, b):
+            torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+        assert [len(j) for j in tuners.jobs] == [1] and triton_tune.running() == []
+    assert triton_note(b, b).startswith("queued: ")
+    assert [len(j) for j in tuners.jobs] == [1], "explain started the tuner"
+    dualk.add(b, b)
+    assert [len(j) for j in tuners.jobs] == [1, 1]
