@@ -29,7 +29,7 @@ CUDA extension:
   its log (dualk.explain shows it); those classes are decided without Triton. Two processes
   tuning one class: the second waits on the class's flock, then finds the config and the
   kernels cached (nothing compiled twice). A tuner whose dualk process exited finishes its
-  queue (its results are cached for the next process) and exits.
+  queue (its results are cached for the next process), removes its files and exits.
 
 Nothing is queued or started under CUDA-graph capture, torch.compile or jit tracing, or with
 DUALK_AUTOTUNE=0 (autotune decides by its heuristic there before asking this module); an explicit
@@ -164,7 +164,11 @@ def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     package_parent = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    env[PARENT_ENV] = str(os.getpid())
     return env
+
+
+PARENT_ENV = "DUALK_TRITON_TUNE_PARENT"  # the dualk process that started the tuner
 
 
 def _start() -> None:
@@ -468,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     import traceback
 
     argv = sys.argv[1:] if argv is None else argv
-    descs = json.loads(Path(argv[0]).read_text())
+    jobfile = Path(argv[0])
+    descs = json.loads(jobfile.read_text())
     status = 0
     for desc in descs:
         print(f"{PREFIX} start {desc['tag']} {desc['op']} {desc['key']}", flush=True)
@@ -481,6 +486,13 @@ def main(argv: list[str] | None = None) -> int:
             status = 1
         else:
             print(f"{PREFIX} ready {desc['tag']} {seconds:.1f}", flush=True)
+    # A dualk process that exited meanwhile reads no log: leave no files behind for it (a failure
+    # keeps its log).
+    if str(os.getppid()) != os.environ.get(PARENT_ENV, str(os.getppid())):
+        with contextlib.suppress(OSError):
+            jobfile.unlink()
+            if status == 0:
+                jobfile.with_suffix(".log").unlink()
     return status
 
 

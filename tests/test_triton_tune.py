@@ -16,9 +16,11 @@ descriptions, the class lock between two tuners, and the cache file re-read.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -380,3 +382,37 @@ def test_a_queued_class_does_not_start_when_timing_is_blocked(auto, monkeypatch,
     assert [len(j) for j in tuners.jobs] == [1], "explain started the tuner"
     dualk.add(b, b)
     assert [len(j) for j in tuners.jobs] == [1, 1]
+
+
+USER_PROCESS = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import dualk
+    from dualk import autotune, triton_tune
+    autotune.BACKGROUND_DEVICE_TYPES = ("cpu", "cuda")
+    autotune.candidate_reason = lambda b, d: "no GPU" if b == "cuda" else None
+    x = torch.randn(64, 33)[:, 1:]
+    dualk.add(x, x)
+    (proc,) = triton_tune.running()
+    print(proc.pid, flush=True)
+    os._exit(0)  # exits while its tuner works
+    """
+)
+
+
+def test_tuner_outlives_a_dualk_process_that_exits_mid_work(tmp_path):
+    """The user's process exits while its (real) tuner works: the tuner finishes the class and
+    removes its job file and log (nobody is left to read them)."""
+    env = {**os.environ, "DUALK_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", USER_PROCESS], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    work = tmp_path / "cache" / "triton-tune"
+    assert list(work.glob("*.json")), "no job file: the tuner did not start"
+    deadline = time.time() + 240
+    while (list(work.glob("*.json")) or list(work.glob("*.log"))) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not list(work.glob("*.json")) and not list(work.glob("*.log")), [
+        p.read_text()[-2000:] for p in work.glob("*.log")
+    ]
