@@ -305,20 +305,21 @@ def choose(spec: OpSpec, args: tuple) -> str:
     """The backend "auto" runs for `spec.implementation(name)(*args)`."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None or (_provisional and key in _provisional and _stale(key)):
+    if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
     return name
 
 
-def _stale(key: tuple) -> bool:
+def _stale(key: tuple, spec: OpSpec, args: tuple) -> bool:
     """Whether a provisional decision is due again: Triton's background tuner has finished this
-    class (ready or failed: dualk/triton_tune.py, a waitpid and a stat), or a CUDA build finished
-    since (poll_builds: a waitpid per running builder)."""
+    class (ready or failed: dualk/triton_tune.py, a waitpid and a stat) and its kernel is loaded
+    (`triton_tune.loaded`: the first call after ready loads it, the next decides, so that neither
+    pays both), or a CUDA build finished since (poll_builds: a waitpid per running builder)."""
     entry = _provisional.get(key)
     if entry is None:
         return False
     pending = entry["pending"]
-    if "triton" in pending and triton_tune.settled(key):
+    if "triton" in pending and triton_tune.settled(key) and triton_tune.loaded(spec, args, key):
         return True
     if "cuda" in pending:
         return _cuda_generation(poll=True) != entry["gen"]
@@ -335,7 +336,7 @@ def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
     exact_hits themselves and call this on a miss, only when dispatch.auto_unforced(spec)."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None or (_provisional and key in _provisional and _stale(key)):
+    if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
     with _lock:  # the decision is still the remembered one (not a heuristic, not provisional)
         if _memory.get(key) == name and key not in _provisional:

@@ -18,10 +18,11 @@ CUDA extension:
   searches its configs exactly as the user's call would have: the compiled kernels land in
   Triton's cache, the winning config in the autotune cache file (section "triton.<launcher>");
 - the user's process polls it on the class's later calls (a waitpid and a stat); when a class is
-  done it re-reads the cache file and Triton joins the class's next decision: its one untimed
-  run then loads the config from the file and the kernel from Triton's cache (milliseconds),
-  and auto times it with the others within its usual budget. That untimed run is made under
-  `no_config_search()`: a launcher that would still search (a call of the class whose exact
+  done it re-reads the cache file; the class's next call loads Triton's kernel (one run of
+  Triton on that call's arguments, output discarded: the config from the file, the kernel from
+  Triton's cache, and Triton's own first-use costs in the process) and the call after it decides
+  again with Triton among the candidates, timed with the others within auto's usual budget, so
+  no call pays both. Triton's runs in a user's call are made under `no_config_search()`: a launcher that would still search (a call of the class whose exact
   launch differs from the tuned one) raises ConfigSearchDeferred instead, and the class goes
   back to the queue with this call's arguments, so no config search ever lands in a user's call
   through auto;
@@ -130,6 +131,7 @@ class _Job:
 _state: dict[tuple, tuple[str, str]] = {}  # key -> (queued|tuning|ready|failed, text)
 _queue: dict[tuple, dict] = {}  # key -> description, waiting for the tuner
 _requeues: dict[tuple, int] = {}  # key -> times sent back to the tuner (requeue)
+_loaded: set[tuple] = set()  # ready keys whose Triton kernel this process has loaded (loaded())
 _job: list[_Job] = []  # the running tuner (at most one)
 _jobs_started = [0]
 _generation = 0
@@ -354,6 +356,35 @@ def settled(key: tuple) -> bool:
     return _state.get(key, ("",))[0] in ("ready", "failed")
 
 
+def loaded(spec, args: tuple, key: tuple) -> bool:
+    """Whether the class is ready to be decided again with Triton (autotune's provisional
+    decision, after `settled`): True at once for a failed class or one whose kernel this process
+    has loaded; otherwise this call loads it (one run of Triton's implementation on the call's
+    arguments under no_config_search(), its output discarded; the call itself runs the
+    provisional winner) and answers False, so the load and the timing of the next call's
+    decision fall on different calls. Nothing runs, False, under capture, tracing or
+    DUALK_AUTOTUNE=0; a launch that would still search sends the class back to the tuner."""
+    if _state.get(key, ("",))[0] != "ready" or key in _loaded:
+        return True
+    from .autotune import _timing_blocked
+
+    if _timing_blocked() is not None:
+        return False
+    _loaded.add(key)
+    device = args[0].device
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with guard, no_config_search():
+            spec.implementation("triton")(*args)
+    except Exception as exc:
+        if not is_deferral(f"{type(exc).__name__}: {exc}"):
+            return True  # the decision's own run of it will say why
+        _loaded.discard(key)
+        requeue(spec, args, key)
+        return _state.get(key, ("",))[0] == "failed"
+    return False
+
+
 NOT_TUNED = (
     "not compiled or tuned for this class in this process: auto's first timed call of the class "
     "starts a background tuner; backend='triton' tunes in the call"
@@ -409,6 +440,7 @@ def clear() -> None:
         _state.clear()
         _queue.clear()
         _requeues.clear()
+        _loaded.clear()
         _job.clear()
         _bump()
 

@@ -231,9 +231,12 @@ def test_auto_serves_at_once_while_building_then_picks_up_cuda(gpu, monkeypatch,
     assert stored_winners() == {}, "a decision made while cuda was missing was stored"
     assert autotune.decided(OPS["add"], (x, x, 1.0)) is None
 
-    # Once the tuner is done, the next call of the class: Triton joins (timed now), CUDA is
-    # still building.
+    # Once the tuner is done: the next call loads Triton's kernel (and runs torch), the one
+    # after decides again with Triton (timed now); CUDA is still building.
     wait_for_tuner()
+    ran.clear()
+    torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+    assert ran == ["triton", "torch"]
     ran.clear()
     torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
     assert "triton" in ran and "cuda" not in ran
