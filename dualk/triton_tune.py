@@ -26,6 +26,9 @@ CUDA extension:
   launch differs from the tuned one) raises ConfigSearchDeferred instead, and the class goes
   back to the queue with this call's arguments, so no config search ever lands in a user's call
   through auto;
+- after a class is ready, the tuner also compiles the class's other specializations (`variants`:
+  the bucket's top size and the one below it, for elementwise calls and 2-D GEMM inputs), so
+  a later call of the class at another size does not compile in the user's call either;
 - a tuner that fails, raises or is killed marks its remaining classes failed with the reason and
   its log (dualk.explain shows it); those classes are decided without Triton. Two processes
   tuning one class: the second waits on the class's flock, then finds the config and the
@@ -111,6 +114,69 @@ def rebuild_args(desc: dict) -> tuple:
         torch.device(desc["device"]))  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     return tuple(_rebuild_value(v, device, gen) for v in desc["args"])
+
+
+def _siblings(n: int) -> list[int]:
+    """Sizes in n's power-of-two bucket (autotune's key) that Triton specializes unlike n and
+    unlike each other (a multiple of 16 or not: common.int_spec): of the bucket's top and the
+    size below it."""
+    top = 1 << (n - 1).bit_length() if n > 0 else 0
+    seen = {_int_spec(n)}
+    out = []
+    for m in (top, top - 1):
+        if m > top // 2 and _int_spec(m) not in seen:
+            seen.add(_int_spec(m))
+            out.append(m)
+    return out
+
+
+def _int_spec(v: int) -> int:
+    return 1 if v == 1 else (2 if v % 16 == 0 else 0)  # as triton_src/common.int_spec
+
+
+def _contiguous(t: dict, ndim: int | None = None) -> bool:
+    shape, stride = t["tensor"][0], t["tensor"][1]
+    expected, step = [], 1
+    for size in reversed(shape):
+        expected.insert(0, step)
+        step *= max(size, 1)
+    return (ndim is None or len(shape) == ndim) and all(
+        st == ex for size, st, ex in zip(shape, stride, expected) if size != 1
+    )
+
+
+def variants(desc: dict) -> list[dict]:
+    """The call at the other sizes of its class that compile to another Triton specialization
+    (`_siblings` of the bucketed size: the element count of an elementwise call whose tensors are
+    all contiguous and of one shape, the rows of a 2-D contiguous GEMM input), so that a later
+    call of the class at such a size finds its kernel in Triton's cache instead of compiling in
+    the user's call. Other layouts: none (fused_mlp does not specialize on its rows)."""
+    args = desc["args"]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, dict) and "tensor" in a]
+    if not tensors:
+        return []
+    first = args[0]["tensor"]
+    out = []
+    if desc["op"] in ("add", "relu_scale"):
+        if not all(args[i]["tensor"][0] == first[0] and _contiguous(args[i]) for i in tensors):
+            return []
+        numel = 1
+        for size in first[0]:
+            numel *= size
+        for m in _siblings(numel):
+            new = list(args)
+            for i in tensors:
+                new[i] = {"tensor": [[m], [1], *args[i]["tensor"][2:]]}
+            out.append({**desc, "args": new})
+    elif desc["op"] in ("matmul", "linear_gelu", "linear_glu"):
+        if not _contiguous(args[0], 2) or (
+            desc["op"] == "matmul" and len(args[1]["tensor"][0]) != 2
+        ):
+            return []
+        rows, k = first[0]
+        for m in _siblings(rows):
+            out.append({**desc, "args": [{"tensor": [[m, k], [k, 1], *first[2:]]}, *args[1:]]})
+    return out
 
 
 # ---------------------------------------------------------------------------- state
@@ -518,6 +584,16 @@ def main(argv: list[str] | None = None) -> int:
             status = 1
         else:
             print(f"{PREFIX} ready {desc['tag']} {seconds:.1f}", flush=True)
+            # After "ready" (the user's process may take the class in meanwhile): the class's
+            # other specializations, compiled for later calls at other sizes of the class.
+            for variant in variants(desc):
+                try:
+                    seconds = tune_one(variant)
+                except Exception as exc:
+                    why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                    print(f"{PREFIX} warm-failed {desc['tag']} {why}", flush=True)
+                else:
+                    print(f"{PREFIX} warm {desc['tag']} {seconds:.1f}", flush=True)
     # A dualk process that exited meanwhile reads no log: leave no files behind for it (a failure
     # keeps its log).
     if str(os.getppid()) != os.environ.get(PARENT_ENV, str(os.getppid())):

@@ -285,6 +285,46 @@ def test_call_descriptions_keep_layout_dtype_and_alignment():
     assert desc["tf32"] is False and desc["key"].startswith("add|float32|")
 
 
+def test_variants_cover_the_other_specializations_of_the_class(auto, monkeypatch, capsys):
+    """The tuner also runs the class at a size of its bucket that Triton specializes apart (a
+    multiple of 16 or not), after reporting the class ready; a variant that fails is only
+    reported."""
+    key_add = autotune.make_key(OPS["add"], (torch.randn(4), torch.randn(4), 1.0))
+    x = torch.randn(4097)
+    add = triton_tune.describe_call(OPS["add"], (x, x, 1.0), key_add)
+    (v,) = triton_tune.variants(add)
+    assert v["args"][0]["tensor"][:2] == v["args"][1]["tensor"][:2] == [[8192], [1]]
+    m2 = torch.randn(64, 40)  # a 2-D same-shape add: the dense kernel, any shape
+    add2 = triton_tune.describe_call(OPS["add"], (m2, m2, 1.0), key_add)
+    assert [v["args"][0]["tensor"][0] for v in triton_tune.variants(add2)] == [[4095]]
+    strided = triton_tune.describe_call(OPS["add"], (m2.t(), m2.t(), 1.0), key_add)
+    assert triton_tune.variants(strided) == []
+    w = torch.randn(48, 40)
+    lg = triton_tune.describe_call(OPS["linear_gelu"], (m2[:20], w, None, "tanh"), key_add)
+    (v,) = triton_tune.variants(lg)
+    assert v["args"][0]["tensor"][:2] == [[32, 40], [40, 1]] and v["args"][1:] == lg["args"][1:]
+    mlp = triton_tune.describe_call(OPS["fused_mlp"], (m2, [w], [None], "relu"), key_add)
+    assert triton_tune.variants(mlp) == []
+    assert triton_tune._siblings(1) == [] and triton_tune._siblings(17) == [32]
+
+    seen: list[int] = []
+
+    def triton_add(a, b, alpha=1.0):
+        seen.append(a.numel())
+        if a.numel() == 8192:
+            raise RuntimeError("no kernel for you")
+        return torch.add(a, b, alpha=alpha)
+
+    monkeypatch.setitem(OPS["add"]._resolved, "triton", triton_add)
+    jobfile = triton_tune.work_dir() / "job.json"
+    jobfile.parent.mkdir(parents=True)
+    jobfile.write_text(json.dumps([{**add, "tag": "c0"}, {**add2, "tag": "c1"}]))
+    assert triton_tune.main([str(jobfile)]) == 0
+    assert seen == [4097, 8192, 2560, 4095]
+    lines = [ln.split()[1] for ln in capsys.readouterr().out.splitlines()]
+    assert lines == ["start", "ready", "warm-failed", "start", "ready", "warm"]
+
+
 def test_tuned_config_never_searches_under_the_guard():
     searched: list = []
 
