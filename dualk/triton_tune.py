@@ -51,6 +51,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +61,7 @@ from pathlib import Path
 import torch
 
 PREFIX = "dualk-triton-tune:"
-TIMEOUT_S = 900.0  # a tuner running longer is killed (its classes fail)
+TIMEOUT_S = 300.0  # per class: a tuner running longer than this times its classes is killed
 # The worker's argv for a job file; tests put a stand-in here.
 WORKER: Callable[[Path], list[str]] | None = None
 DEFERRED = "ConfigSearchDeferred"
@@ -249,8 +250,8 @@ def _start() -> None:
     if _timing_blocked() is not None:
         return
     _jobs_started[0] += 1
-    directory = work_dir()
-    stem = f"{os.getpid()}-{_jobs_started[0]}"
+    # pid, count and a random tag: processes of other pid namespaces may share the cache
+    stem = f"{os.getpid()}-{_jobs_started[0]}-{os.urandom(3).hex()}"
     keys, descs, devices = {}, [], {}
     for i, (key, desc) in enumerate(_queue.items()):
         tag = f"c{i}"
@@ -259,9 +260,16 @@ def _start() -> None:
             else torch.device(desc["device"])  # fmt: skip
         descs.append({**desc, "tag": tag})
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        jobfile = directory / f"{stem}.json"
-        jobfile.write_text(json.dumps(descs))
+        try:
+            directory = work_dir()
+            directory.mkdir(parents=True, exist_ok=True)
+            jobfile = directory / f"{stem}.json"
+            jobfile.write_text(json.dumps(descs))
+        except OSError:  # an unwritable cache: the job file and log go to the temporary folder
+            directory = Path(tempfile.gettempdir()) / f"dualk-triton-tune-{os.getuid()}"
+            directory.mkdir(parents=True, exist_ok=True)
+            jobfile = directory / f"{stem}.json"
+            jobfile.write_text(json.dumps(descs))
         log = directory / f"{stem}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -316,7 +324,7 @@ def poll(start: bool = True) -> int:
         if _job:
             job = _job[0]
             rc = job.proc.poll()
-            if rc is None and time.time() - job.started > TIMEOUT_S:
+            if rc is None and time.time() - job.started > TIMEOUT_S * len(job.keys):
                 job.proc.kill()
                 rc = job.proc.wait()
             for line in _read_lines(job):
@@ -554,7 +562,11 @@ def tune_one(desc: dict) -> float:
     args = rebuild_args(desc)
     device = args[0].device
     lock = _class_lock_path(desc, device)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # an unwritable cache: the lock in the temporary folder
+        lock = Path(tempfile.gettempdir()) / f"dualk-triton-tune-{os.getuid()}" / lock.name
+        lock.parent.mkdir(parents=True, exist_ok=True)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     torch.backends.cuda.matmul.allow_tf32 = bool(desc.get("tf32", False))
     with _locked(lock), guard:
