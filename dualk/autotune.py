@@ -13,8 +13,8 @@ miss does more:
    only candidate is torch and nothing is timed or written.
 2. The on-disk cache (below): a winner recorded there by any earlier process is used as is.
 3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton loads its
-   tuned config and kernel, the CUDA extension loads), then a few repetitions timed with CUDA events
-   within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
+   tuned config and kernel, the CUDA extension loads), then a few repetitions timed with CUDA
+   events within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
    TUNE_ROUNDS passes that take the candidates in turn; each pass gives a candidate's device time
    (the interquartile mean of its samples) and host time (per call, over a burst of calls in a
    row); the median device time and the least host time over the passes make its score
@@ -31,10 +31,11 @@ miss does more:
    separate process (dualk/backends/cuda.py `auto_state`) and is decided among the others. Nor
    does any call spend Triton's compile and config search: a class's first timed decision in a
    process (no cache file entry) queues it for the background Triton tuner (a separate process,
-   dualk/triton_tune.py) and is decided without Triton; Triton joins on the first call after the
-   tuner has finished the class (its config then comes from the cache file, its kernel from
-   Triton's cache), and its timing there runs under `triton_tune.no_config_search()`: a launch
-   that would still search sends the class back to the tuner instead. A tuner that fails
+   dualk/triton_tune.py) and is decided without Triton; the class's first call after the tuner
+   has finished it loads Triton's kernel (`triton_tune.loaded`: its config from the cache file,
+   its kernel from Triton's cache) and the next decides again with Triton timed among the
+   others; Triton's runs there are made under `triton_tune.no_config_search()`: a launch that
+   would still search sends the class back to the tuner instead. A tuner that fails
    leaves the class to the others (the reason in explain). A decision made while a candidate was
    missing is provisional: kept in memory only (never in the cache file, nor in exact_hits, nor
    answered by `decided`), and decided again on the class's next call once the tuner is done
@@ -288,7 +289,7 @@ _heuristics: dict[tuple, dict] = {}  # key -> the heuristic decision, while timi
 # key -> {"pending": {backend: why}, "gen": cuda.generation()} for a decision made while a
 # candidate was missing (module docstring, 5.); the hot path tests this dict's truth only.
 _provisional: dict[tuple, dict] = {}
-# Device types on which builds and Triton's first-call deferral apply (tests add "cpu").
+# Device types on which builds and Triton's background tuning apply (tests add "cpu").
 BACKGROUND_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 _lock = threading.RLock()
 _timer: Timer | None = None
@@ -319,8 +320,9 @@ def _stale(key: tuple, spec: OpSpec, args: tuple) -> bool:
     if entry is None:
         return False
     pending = entry["pending"]
-    if "triton" in pending and triton_tune.settled(key) and triton_tune.loaded(spec, args, key):
-        return True
+    if "triton" in pending and triton_tune.settled(key):
+        # False when this call has just loaded Triton's kernel: the next call decides
+        return triton_tune.loaded(spec, args, key)
     if "cuda" in pending:
         return _cuda_generation(poll=True) != entry["gen"]
     return False
