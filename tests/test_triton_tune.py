@@ -463,3 +463,56 @@ def test_tuner_outlives_a_dualk_process_that_exits_mid_work(tmp_path):
     assert not list(work.glob("*.json")) and not list(work.glob("*.log")), [
         p.read_text()[-2000:] for p in work.glob("*.log")
     ]
+
+
+GPU_FIRST_CONTACT = textwrap.dedent(
+    """
+    import json, time
+    import torch
+    import dualk
+    from dualk import autotune, triton_tune
+    # Triton and torch only: the CUDA build is not what this measures.
+    autotune.candidate_reason = lambda b, d: "left out" if b == "cuda" else (
+        autotune.backends.unavailable_reason(b, d))
+    x = torch.randn(32, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 768, device="cuda", dtype=torch.bfloat16) * 0.03
+    b = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
+
+    def call():
+        t = time.perf_counter()
+        out = dualk.linear_gelu(x, w, b)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        return time.perf_counter() - t
+
+    walls = [call()]
+    deadline = time.time() + 240
+    while triton_tune.running() and time.time() < deadline:
+        time.sleep(0.2)
+        walls.append(call())
+    later = [call() for _ in range(6)]  # loads Triton's kernel, decides, then steady calls
+    expl = dualk.explain("linear_gelu", x, w, b)
+    print(json.dumps({"walls": walls, "later": later, "backend": expl.backend,
+                      "explain": str(expl)}))
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_triton_tuned_off_the_users_thread(tmp_path):
+    """A fresh process with empty caches (GPU): no linear_gelu call with auto takes Triton's
+    compile and config search; Triton is ready and measured by the end."""
+    env = {**os.environ, "DUALK_CACHE_DIR": str(tmp_path / "dualk"),
+           "TRITON_CACHE_DIR": str(tmp_path / "triton")}  # fmt: skip
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", GPU_FIRST_CONTACT], env=env, capture_output=True,
+                         text=True, timeout=400)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "triton backend, this class: ready" in result["explain"], result["explain"]
+    assert "triton" in result["explain"].split("measured: ", 1)[1], result["explain"]
+    steady = sorted(result["later"])[len(result["later"]) // 2]
+    slowest = max(result["walls"][1:] + result["later"])
+    assert slowest - steady < 0.5, result  # the issue's goal is 0.1 s: bench/first_contact.py
