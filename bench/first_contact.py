@@ -112,6 +112,7 @@ if mode == "auto":
     calls, t_start, ready_s = [], time.perf_counter() - first_s, None
     triton_ready_s = joined_s = None
     result["triton_after_first"] = note(expl, "triton backend, this class: ")
+    last_shown = None
     while time.perf_counter() - t_start < ready_timeout:
         time.sleep(interval)
         out, s = call()
@@ -122,8 +123,11 @@ if mode == "auto":
         provisional = any(n.startswith("provisional") for n in expl.notes)
         calls.append({"t_s": round(now, 2), "call_s": round(s, 4), "backend": expl.backend,
                       "ok": ok, "cuda": st[:40], "triton": tt[:40], "provisional": provisional})
-        print(f"    {op} +{now:6.1f} s: {s * 1e3:8.1f} ms on {expl.backend:6s} cuda: {st[:30]:30s} "
-              f"triton: {tt[:30]}", flush=True)
+        shown = (expl.backend, st.split(" ", 1)[0], tt.split(" ", 1)[0], provisional)
+        if s > 0.05 or shown != last_shown:  # a slow call or a change of state: one line
+            print(f"    {op} +{now:6.1f} s: {s * 1e3:8.1f} ms on {expl.backend:6s} cuda: "
+                  f"{st[:30]:30s} triton: {tt[:30]}", flush=True)
+        last_shown = shown
         if not ok:
             print(f"  {op}: WRONG result on {expl.backend}", flush=True)
         if ready_s is None and settled(st):
