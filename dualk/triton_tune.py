@@ -398,6 +398,12 @@ def _enqueue(spec, args: tuple, key: tuple) -> None:
     _queue[key] = desc
     _state[key] = ("queued", "")
     _start()
+    # The launcher's module is imported here (tens of ms for the GEMMs' jit functions), not in
+    # the later call that loads the kernel; it compiles nothing and leaves Triton's driver alone.
+    with contextlib.suppress(Exception):
+        from .backends.triton import _module
+
+        _module(spec.name)
 
 
 MAX_REQUEUES = 3
