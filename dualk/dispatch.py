@@ -173,6 +173,10 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         for cand, reason in info.get("rejected", {}).items():
             availability[cand] = reason
         for cand, reason in info.get("pending_backends", {}).items():
+            if cand == "triton":  # its state now, not when the decision was made
+                from . import triton_tune
+
+                reason = triton_tune.pending_reason(autotune.make_key(spec, args))
             availability[cand] = f"not a candidate yet: {reason}"
         if info.get("provisional"):
             notes.append(

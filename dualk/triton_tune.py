@@ -486,6 +486,20 @@ def _pending_text(key: tuple) -> str:
     return NOT_TUNED
 
 
+def pending_reason(key: tuple) -> str:
+    """Why Triton is not (yet) among the candidates of a provisional decision, as of now (for
+    dualk.explain: the reason recorded with the decision may be older); starts nothing."""
+    poll(start=False)
+    with _lock:
+        state, text = _state.get(key, ("", ""))
+        if state == "ready":
+            return (f"{text}; it joins auto's decision of this class on one of its next calls "
+                    "(the first loads its kernel, the next decides)")  # fmt: skip
+        if state == "failed":
+            return text
+        return _pending_text(key)
+
+
 def describe(key: tuple) -> str:
     """One line for dualk.explain: Triton's state for this class in this process (starts
     nothing; takes in a finished tuner's results)."""

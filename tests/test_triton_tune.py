@@ -99,7 +99,13 @@ def test_triton_is_tuned_in_the_background_then_joins(auto, monkeypatch, tmp_pat
     assert torch.equal(dualk.add(x, x), first)  # loads Triton's kernel, runs the provisional torch
     assert ran == ["triton", "torch"] and timed == []
     assert triton_note(x, x) == "ready (compiled and tuned in the background in 0.1 s)"
-    assert any("provisional" in n for n in dualk.explain("add", x, x).notes)
+    expl = dualk.explain("add", x, x)
+    assert any("provisional" in n for n in expl.notes)
+    assert expl.availability["triton"] == (
+        "not a candidate yet: compiled and tuned in the background in 0.1 s; it joins auto's "
+        "decision of this class on one of its next calls (the first loads its kernel, the next "
+        "decides)"
+    )
     ran.clear()
     assert torch.equal(dualk.add(x, x), first)  # decides again with Triton: timed, then won
     assert "triton" in ran and set(timed) == {"triton", "torch"}
