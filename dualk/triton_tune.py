@@ -1,5 +1,5 @@
-"""Triton's compile and config search off the user's thread (issue 33, item 5; README "First
-contact").
+"""Triton's compile and config search off the user's thread (issue 33, item 5; README
+"Autotuning").
 
 A Triton launcher's first call of a problem class compiles each candidate config and times them
 (triton_src/common.py `tuned_config`): seconds for a GEMM, most of it in Triton's compiler, which
@@ -22,13 +22,16 @@ CUDA extension:
   Triton on that call's arguments, output discarded: the config from the file, the kernel from
   Triton's cache, and Triton's own first-use costs in the process) and the call after it decides
   again with Triton among the candidates, timed with the others within auto's usual budget, so
-  no call pays both. Triton's runs in a user's call are made under `no_config_search()`: a launcher that would still search (a call of the class whose exact
+  no call pays both. Triton's runs in a user's call while auto decides are made under
+  `no_config_search()`: a launcher that would still search (a call of the class whose exact
   launch differs from the tuned one) raises ConfigSearchDeferred instead, and the class goes
-  back to the queue with this call's arguments, so no config search ever lands in a user's call
-  through auto;
-- after a class is ready, the tuner also compiles the class's other specializations (`variants`:
-  the bucket's top size and the one below it, for elementwise calls and 2-D GEMM inputs), so
-  a later call of the class at another size does not compile in the user's call either;
+  back to the queue with this call's arguments (at most MAX_REQUEUES times);
+- after reporting a class ready, the tuner also compiles the class's other specialization
+  (`variants`: a size of the bucket that is, or is not, a multiple of 16, for elementwise calls
+  and 2-D GEMM inputs), so a later call of the class at such a size finds its kernel cached.
+  Not covered: once Triton has won a class, a later call of it whose launch falls in another
+  Triton class or specialization (another pointer alignment, say) compiles or searches in that
+  call, as any Triton call does;
 - a tuner that fails, raises or is killed marks its remaining classes failed with the reason and
   its log (dualk.explain shows it); those classes are decided without Triton. Two processes
   tuning one class: the second waits on the class's flock, then finds the config and the
