@@ -12,9 +12,9 @@ miss does more:
    .unavailable_reason`), torch included; never Triton's CPU interpreter, so on CPU tensors the
    only candidate is torch and nothing is timed or written.
 2. The on-disk cache (below): a winner recorded there by any earlier process is used as is.
-3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton compiles and
-   tunes its configs, the CUDA extension loads), then a few repetitions timed with CUDA events
-   within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
+3. Timing, unless it is not allowed now: each candidate runs once untimed (Triton loads its
+   tuned config and kernel, the CUDA extension loads), then a few repetitions timed with CUDA
+   events within a budget of about TUNE_BUDGET_MS per key (fewer repetitions for slow candidates), in
    TUNE_ROUNDS passes that take the candidates in turn; each pass gives a candidate's device time
    (the interquartile mean of its samples) and host time (per call, over a burst of calls in a
    row); the median device time and the least host time over the passes make its score
@@ -29,13 +29,19 @@ miss does more:
 5. Never waiting for a build (`backend_state`, README "First contact"): on a GPU, a CUDA
    family that is not built is not a candidate; the call that finds it so starts its build in a
    separate process (dualk/backends/cuda.py `auto_state`) and is decided among the others. Nor
-   does a first decision spend Triton's compile and config search in the user's call: on the
-   first timed decision of a class in a process (no cache file entry), Triton sits out; it joins
-   at the class's next call (which compiles and tunes it). A decision made while a candidate was
+   does any call spend Triton's compile and config search: a class's first timed decision in a
+   process (no cache file entry) queues it for the background Triton tuner (a separate process,
+   dualk/triton_tune.py) and is decided without Triton; the class's first call after the tuner
+   has finished it loads Triton's kernel (`triton_tune.loaded`: its config from the cache file,
+   its kernel from Triton's cache) and the next decides again with Triton timed among the
+   others; Triton's runs there are made under `triton_tune.no_config_search()`: a launch that
+   would still search sends the class back to the tuner instead. A tuner that fails
+   leaves the class to the others (the reason in explain). A decision made while a candidate was
    missing is provisional: kept in memory only (never in the cache file, nor in exact_hits, nor
-   answered by `decided`), and decided again on the class's next call once Triton can join, or
-   once a build has finished (cuda.generation() changed: one waitpid per running builder on
-   those calls). `dualk tune` (explicit) waits for builds and tunes Triton instead.
+   answered by `decided`), and decided again on the class's next call once the tuner is done
+   with it (a waitpid and a stat), or once a build has finished (cuda.generation() changed: one
+   waitpid per running builder on those calls). `dualk tune` (explicit) waits for builds and
+   tunes Triton in the call instead.
 
 Heuristic (measured on H100 and H200): torch for add/relu_scale (the CUDA kernels match its
 bandwidth at large n but cost more host time at small n), matmul (cuBLAS wins most shapes) and
@@ -94,7 +100,7 @@ from typing import Any
 
 import torch
 
-from . import backends, timing
+from . import backends, timing, triton_tune
 from .errors import user_stacklevel
 from .registry import OpSpec
 
@@ -283,8 +289,7 @@ _heuristics: dict[tuple, dict] = {}  # key -> the heuristic decision, while timi
 # key -> {"pending": {backend: why}, "gen": cuda.generation()} for a decision made while a
 # candidate was missing (module docstring, 5.); the hot path tests this dict's truth only.
 _provisional: dict[tuple, dict] = {}
-_triton_deferred: set[tuple] = set()  # keys whose first timed decision Triton sat out
-# Device types on which builds and Triton's first-call deferral apply (tests add "cpu").
+# Device types on which builds and Triton's background tuning apply (tests add "cpu").
 BACKGROUND_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 _lock = threading.RLock()
 _timer: Timer | None = None
@@ -301,22 +306,25 @@ def choose(spec: OpSpec, args: tuple) -> str:
     """The backend "auto" runs for `spec.implementation(name)(*args)`."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None or (_provisional and key in _provisional and _stale(key)):
+    if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
     return name
 
 
-def _stale(key: tuple) -> bool:
-    """Whether a provisional decision is due again: Triton sat it out (this is a later call of
-    the class), or a CUDA build finished since (poll_builds: a waitpid per running builder)."""
+def _stale(key: tuple, spec: OpSpec, args: tuple) -> bool:
+    """Whether a provisional decision is due again: Triton's background tuner has finished this
+    class (ready or failed: dualk/triton_tune.py, a waitpid and a stat) and its kernel is loaded
+    (`triton_tune.loaded`: the first call after ready loads it, the next decides, so that neither
+    pays both), or a CUDA build finished since (poll_builds: a waitpid per running builder)."""
     entry = _provisional.get(key)
     if entry is None:
         return False
     pending = entry["pending"]
-    if "triton" in pending:
-        return True
+    if "triton" in pending and triton_tune.settled(key):
+        # False when this call has just loaded Triton's kernel: the next call decides
+        return triton_tune.loaded(spec, args, key)
     if "cuda" in pending:
-        return build_generation(poll=True) != entry["gen"]
+        return _cuda_generation(poll=True) != entry["gen"]
     return False
 
 
@@ -330,7 +338,7 @@ def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
     exact_hits themselves and call this on a miss, only when dispatch.auto_unforced(spec)."""
     key = KEY_FUNCTIONS[spec.name](args)
     name = _memory.get(key)
-    if name is None or (_provisional and key in _provisional and _stale(key)):
+    if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
     with _lock:  # the decision is still the remembered one (not a heuristic, not provisional)
         if _memory.get(key) == name and key not in _provisional:
@@ -369,13 +377,26 @@ def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
         return _decide(spec, args, key, tune=True, force=force, explicit=True)
 
 
-def build_generation(poll: bool = False) -> int:
-    """The CUDA backend's build generation (it changes when a family becomes ready or fails);
-    with `poll`, running builders are reaped first (one waitpid each). Decisions made while a
-    build was running compare it (here and in dualk.module_choice)."""
+def _cuda_generation(poll: bool = False) -> int:
     from .backends import cuda  # the CUDA backend loads lazily
 
     return cuda.poll_builds() if poll else cuda.generation()
+
+
+def build_generation(poll: bool = False) -> int:
+    """Changes when a CUDA family or a class's background Triton tuning becomes ready or fails;
+    with `poll`, running builders and the Triton tuner are polled first (a waitpid each).
+    Decisions made while a candidate was missing compare it (dualk.module_choice)."""
+    if poll:
+        return _cuda_generation(poll=True) + triton_tune.poll()
+    return _cuda_generation() + triton_tune.generation()
+
+
+def reload_cache(device: torch.device) -> None:
+    """Read the device's cache file again, keeping what this process knows (another process, the
+    background Triton tuner, wrote to it)."""
+    with _lock:
+        _store_for(device).reload()
 
 
 def provisional(spec: OpSpec, args: tuple) -> bool:
@@ -417,7 +438,7 @@ def clear_memory() -> None:
         _details.clear()
         _heuristics.clear()
         _provisional.clear()
-        _triton_deferred.clear()
+        triton_tune.clear()
         _stores.clear()
         _warned.clear()
 
@@ -457,12 +478,6 @@ def backend_state(
     if state in ("building", "not built"):
         return "pending", why
     return "rejected", why
-
-
-TRITON_DEFERRED = (
-    "not compiled or tuned for this class yet: auto never spends Triton's compile and config "
-    "search in a class's first call; it joins the decision on the class's next call"
-)
 
 
 def _timing_blocked() -> str | None:
@@ -612,20 +627,34 @@ def _decide(
                 out["reason"] = f"not tuned yet: the first call times {', '.join(available)}"
             return out
 
-        # Triton's first timed decision of a class in this process sits out (module docstring).
-        if (
-            "triton" in available and not explicit and device.type in BACKGROUND_DEVICE_TYPES
-            and key not in _triton_deferred
-        ):  # fmt: skip
-            _triton_deferred.add(key)
-            available.remove("triton")
-            pending["triton"] = TRITON_DEFERRED
-            base["pending_backends"] = dict(pending)
+        # Triton joins once the background tuner has compiled and tuned this class (module
+        # docstring; dualk/triton_tune.py): until then it is pending, queued here.
+        background = not explicit and device.type in BACKGROUND_DEVICE_TYPES
+        if "triton" in available and background:
+            state, why = triton_tune.auto_state(spec, args, key, start=True)
+            if state != "ready":
+                available.remove("triton")
+                if state == "pending":
+                    pending["triton"] = why
+                    base["pending_backends"] = dict(pending)
+                else:
+                    rejected["triton"] = why
         if len(available) <= 1:  # the others are coming: this one serves until then
             only = available[0] if available else "torch"
             return _remember(key, {**base, "backend": only, "source": "only candidate"}, pending)
 
-        times, errors = _measure(spec, args, device, available)
+        with triton_tune.no_config_search() if background else contextlib.nullcontext():
+            times, errors = _measure(spec, args, device, available)
+        if triton_tune.is_deferral(errors.get("triton")):
+            # Its run here would have searched configs (a launch unlike the tuned one): back to
+            # the background tuner with this call, decided among the others meanwhile.
+            state, why = triton_tune.requeue(spec, args, key)
+            if state == "pending":
+                del errors["triton"]
+                pending["triton"] = why
+                base["pending_backends"] = dict(pending)
+            else:
+                errors["triton"] = why
         rejected = {**rejected, **errors}
         if not times:  # every candidate raised: the call itself will say why
             winner = "torch"
@@ -668,7 +697,7 @@ def _remember(key: tuple, details: dict, pending: dict | None = None) -> dict:
     exact_hits.clear()
     if pending:
         details = {**details, "provisional": True, "pending_backends": dict(pending)}
-        _provisional[key] = {"pending": dict(pending), "gen": build_generation()}
+        _provisional[key] = {"pending": dict(pending), "gen": _cuda_generation()}
     else:
         _provisional.pop(key, None)
     _details[key] = details
@@ -1064,6 +1093,17 @@ class _Store:
     def items(self) -> dict[str, dict[str, Any]]:
         self._load()
         return self.entries
+
+    def reload(self) -> None:
+        """Read the file again: its entries, then what this process holds that it lacks."""
+        known = self.entries
+        self.entries = {}
+        self.loaded = False
+        self._load()
+        for section, table in known.items():
+            target = self.entries.setdefault(section, {})
+            for k, v in table.items():
+                target.setdefault(k, v)
 
     def put(self, section: str, key: str, value: Any) -> None:
         self._load()

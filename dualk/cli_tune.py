@@ -150,7 +150,10 @@ def cache_show() -> None:
 
 
 @cache.command("clear")
-@click.option("--all", "everything", is_flag=True, help="Also remove the CUDA build cache.")
+@click.option(
+    "--all", "everything", is_flag=True,
+    help="Also remove the CUDA build cache and Triton's background tuning logs.",
+)  # fmt: skip
 def cache_clear(everything: bool) -> None:
     """Remove the autotune cache files (and with --all the CUDA builds); print what went."""
     import shutil
@@ -168,6 +171,10 @@ def cache_clear(everything: bool) -> None:
             else:  # not a name dualk gives its files: someone else's
                 kept.append(path)
     if everything:
+        tune_dir = cache_root() / "triton-tune"  # Triton's background tuner: logs, class locks
+        if tune_dir.is_dir() and not tune_dir.is_symlink():
+            shutil.rmtree(tune_dir, ignore_errors=True)
+            removed.append(tune_dir)
         builds = cache_root() / "cuda"
         if builds.is_symlink():  # a link to a shared build cache: the link goes, the builds stay
             builds.unlink()

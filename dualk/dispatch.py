@@ -173,6 +173,10 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         for cand, reason in info.get("rejected", {}).items():
             availability[cand] = reason
         for cand, reason in info.get("pending_backends", {}).items():
+            if cand == "triton":  # its state now, not when the decision was made
+                from . import triton_tune
+
+                reason = triton_tune.pending_reason(autotune.make_key(spec, args))
             availability[cand] = f"not a candidate yet: {reason}"
         if info.get("provisional"):
             notes.append(
@@ -202,6 +206,18 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
 
         family = cuda.OP_FAMILY[spec.name]
         notes.append(f"cuda backend, {family} family: {cuda.describe_state(family)}")
+    if (
+        name == "auto" and "triton" in spec.backends
+        and like.device.type in autotune.BACKGROUND_DEVICE_TYPES
+    ):  # fmt: skip
+        from . import triton_tune
+
+        key = autotune.make_key(spec, args)
+        if triton_tune.state_of(key) is None and info["source"] == "cache":
+            text = "not needed: the class's decision comes from the cache file"
+        else:
+            text = triton_tune.describe(key)
+        notes.append(f"triton backend, this class: {text}")
     expl = Explanation(spec.name, chosen, source, availability, notes)
     if availability.get(chosen) is not None:
         expl.notes.append(f"{chosen!r} cannot run this call, so the call would raise")

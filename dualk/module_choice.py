@@ -281,8 +281,8 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
         errors: dict[str, str] = {}
         for name, run in list(runs.items()):
             try:
-                # untimed, twice: the op's own auto decides its backend (Triton sits out a
-                # class's first call and joins on the next), kernels compile
+                # untimed, twice: the op's own auto decides its backend (Triton is tuned in the
+                # background and joins once ready: provisional until then), kernels load
                 run()
                 run()
             except Exception as exc:  # a path that fails is not a candidate

@@ -35,7 +35,7 @@ from test_faults import FakeLoad, compile_tiny_module, needs_cc, reset_cuda
 from torch.utils import cpp_extension
 
 import dualk
-from dualk import autotune
+from dualk import autotune, triton_tune
 from dualk.backends import cuda
 from dualk.cli import main
 from dualk.errors import BackendUnavailableError, BackendWarning, BuildNotice
@@ -99,6 +99,54 @@ def wait_for_builder(family: str, timeout: float = 60.0) -> None:
     job.proc.wait(timeout=timeout)
 
 
+TUNER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    jobfile, mode, gate = sys.argv[1:4]
+    for d in json.loads(Path(jobfile).read_text()):
+        print("dualk-triton-tune: start", d["tag"], d["op"], d["key"], flush=True)
+        if mode == "hang":
+            time.sleep(600)
+        while gate and not Path(gate).exists():
+            time.sleep(0.02)
+        if mode == "crash":
+            print("Segmentation fault in the compiler", flush=True)
+            sys.exit(139)
+        if mode == "fail":
+            print("dualk-triton-tune: failed", d["tag"], "CompilationError: ptxas said boom",
+                  flush=True)
+            continue
+        print("dualk-triton-tune: ready", d["tag"], "0.1", flush=True)
+    """
+)
+
+
+class Tuners:
+    """triton_tune.WORKER's stand-in (Triton's background tuner): the stub above, in `mode`
+    ("ok", "fail", "crash", "hang"); `release()` opens the gate; `jobs` lists each started job's
+    class descriptions."""
+
+    def __init__(self, tmp_path: Path, mode: str = "ok", gated: bool = False):
+        self.mode = mode
+        self.gate = tmp_path / "tuner-gate" if gated else None
+        self.jobs: list[list[dict]] = []
+
+    def __call__(self, jobfile: Path) -> list[str]:
+        self.jobs.append(json.loads(Path(jobfile).read_text()))
+        gate = "" if self.gate is None else str(self.gate)
+        return [sys.executable, "-c", TUNER, str(jobfile), self.mode, gate]
+
+    def release(self) -> None:
+        if self.gate is not None:
+            self.gate.touch()
+
+
+def wait_for_tuner(timeout: float = 60.0) -> None:
+    for proc in triton_tune.running():
+        proc.wait(timeout=timeout)
+
+
 @pytest.fixture
 def gpu(monkeypatch, tmp_path):
     """A modelled GPU with nvcc, an empty cache, a process that built nothing; auto's candidates
@@ -128,11 +176,16 @@ def gpu(monkeypatch, tmp_path):
     autotune.clear_memory()
     autotune.set_timer(lambda run, backend, budget_ms: (run(), {"cuda": 1.0, "triton": 2.0,
                                                                 "torch": 5.0}[backend])[1])  # fmt: skip
+    monkeypatch.setattr(triton_tune, "WORKER", Tuners(tmp_path))
     yield ran
     for job in list(cuda._jobs.values()):
         if job.proc.poll() is None:
             job.proc.kill()
             job.proc.wait()
+    for proc in triton_tune.running():
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
     autotune.set_timer(None)
     autotune.clear_memory()
 
@@ -163,7 +216,7 @@ def test_auto_serves_at_once_while_building_then_picks_up_cuda(gpu, monkeypatch,
         first_s = time.perf_counter() - t0
     torch.testing.assert_close(out, x + x, rtol=0, atol=0)
     assert first_s < 5.0, f"the first call waited {first_s:.1f} s"
-    # Served by torch: CUDA is building, Triton sits out a class's first call.
+    # Served by torch: CUDA is building, Triton is being tuned in the background.
     assert ran == ["torch"] and builders.started == [FAMILY]
     directory = cuda.build_directory(FAMILY)
     (line,) = notices(caught)
@@ -178,7 +231,12 @@ def test_auto_serves_at_once_while_building_then_picks_up_cuda(gpu, monkeypatch,
     assert stored_winners() == {}, "a decision made while cuda was missing was stored"
     assert autotune.decided(OPS["add"], (x, x, 1.0)) is None
 
-    # The next call of the class: Triton joins (timed now), CUDA is still building.
+    # Once the tuner is done: the next call loads Triton's kernel (and runs torch), the one
+    # after decides again with Triton (timed now); CUDA is still building.
+    wait_for_tuner()
+    ran.clear()
+    torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
+    assert ran == ["triton", "torch"]
     ran.clear()
     torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
     assert "triton" in ran and "cuda" not in ran
@@ -210,6 +268,7 @@ def test_builder_failure_names_the_log_and_auto_keeps_working(gpu, monkeypatch, 
         warnings.simplefilter("always")
         dualk.add(x, x)
         wait_for_builder(FAMILY)
+        wait_for_tuner()
         for _ in range(3):
             torch.testing.assert_close(dualk.add(x, x), x + x, rtol=0, atol=0)
     log = cuda.build_directory(FAMILY) / "progress.log"
@@ -372,6 +431,8 @@ def test_nothing_starts_in_the_background_when_timing_is_blocked(gpu, monkeypatc
             assert backend in ("torch", "triton")
             assert OPS[op].implementation(backend)(*args) is not None
     assert cuda._jobs == {} and ran
+    assert triton_tune.running() == [] and triton_tune.WORKER.jobs == []
+    assert triton_tune.state_of(autotune.make_key(OPS["add"], (x, x, 1.0))) is None
     assert "not built yet" in cuda.describe_state(FAMILY)
     expl = dualk.explain("add", x, x)
     assert "not a candidate yet" in expl.availability["cuda"]
@@ -431,7 +492,7 @@ def test_prebuilt_directory_is_loaded_without_compiling(gpu, monkeypatch, tmp_pa
     x = torch.randn(64)
     gpu.clear()
     dualk.add(x, x)
-    assert "cuda" in gpu and "triton" not in gpu  # Triton still sits out the first call
+    assert "cuda" in gpu and "triton" not in gpu  # Triton is tuned in the background first
 
 
 @needs_cc

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 
 import torch
 import triton
@@ -320,12 +321,33 @@ def _timing_forbidden() -> bool:
         return False
 
 
+class ConfigSearchDeferred(RuntimeError):
+    """Raised by tuned_config on a class without a stored config inside no_config_search():
+    dualk's backend="auto" tunes that class in a background process instead (dualk/triton_tune.py)."""
+
+
+_search = threading.local()
+
+
+@contextlib.contextmanager
+def no_config_search():
+    """Within the block (this thread only), tuned_config never searches: a class without a
+    stored config raises ConfigSearchDeferred (auto's timing in a user's call)."""
+    before = getattr(_search, "off", False)
+    _search.off = True
+    try:
+        yield
+    finally:
+        _search.off = before
+
+
 def tuned_config(device, namespace, class_key, candidates, launch_with, allowed=None):
     """(config, timings [(ms, config)] fastest first, keep) for one problem class: recalled from
     the store when it holds a config in ``allowed`` (default: ``candidates``), else timed with
     bench_configs and recorded. Under capture or tracing nothing is timed: the first candidate
     (each list puts its best general choice first) with keep=False, so the caller does not cache
-    it and the next ordinary call tunes."""
+    it and the next ordinary call tunes. Inside no_config_search() a class without a stored
+    config raises ConfigSearchDeferred (nothing compiled or timed)."""
     store = config_store()
     allowed = set(candidates) if allowed is None else allowed
     if store is not None:
@@ -335,6 +357,8 @@ def tuned_config(device, namespace, class_key, candidates, launch_with, allowed=
             timings = None
         if timings and timings[0][1] in allowed:
             return timings[0][1], timings, True
+    if getattr(_search, "off", False):
+        raise ConfigSearchDeferred(f"{namespace} class {class_key}: no stored config")
     if _timing_forbidden():
         return candidates[0], [], False
     timings = bench_configs(launch_with, candidates)
