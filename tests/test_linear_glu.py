@@ -464,7 +464,9 @@ def test_cuda_odd_shapes_and_routes(activation, approximate, rows, k, n, weights
     if weights == "packed":
         both = None if bg is None or bu is None else torch.cat((bg, bu))
         args = (x, torch.cat((wg, wu)), None, both, None)
-    sample = Sample(args, {"activation": activation, "approximate": approximate}, f"{rows}x{k}->{n}")
+    sample = Sample(
+        args, {"activation": activation, "approximate": approximate}, f"{rows}x{k}->{n}"
+    )
     out = dualk.linear_glu(*sample.args, **sample.kwargs, backend="cuda")
     assert out.shape == (rows, n) and out.dtype == dtype
     verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
