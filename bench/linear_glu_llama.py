@@ -402,7 +402,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing paths")
     args = p.parse_args(argv)
     if args.rep_ms is None:
-        args.rep_ms = 5.0 if args.quick else 40.0
+        args.rep_ms = 5.0 if args.quick else 25.0
     return args
 
 
