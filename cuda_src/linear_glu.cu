@@ -385,11 +385,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 enum class GluTiles { kWide, kNarrow };
 
-// The tile table's one rule (host arithmetic): the wide tile where its tiles cover every SM at
-// least once (LLaMA's n = 11008 / 14336 from 256 rows up: 172 / 224 tiles on 132 SMs); below,
-// the narrow tile, whose 4x as many tiles spread the weights' stream over every SM (16 rows:
-// 344 / 448 tiles).
+// The tile table's rule (host arithmetic): the narrow tile for at most 64 rows (decode: the
+// weights' stream sets the time, and 4x as many tiles spread it over every SM and balance the
+// last round: LLaMA's n = 11008 / 14336 at 16 rows make 344 / 448 narrow tiles, 86 / 112 wide
+// ones, fewer than 132 SMs), and wherever the wide tiles would not cover every SM once; else
+// the wide tile (LLaMA from 256 rows up: 172 / 224 tiles and more).
 inline GluTiles choose_tiles(int64_t m, int64_t n, int64_t num_sms) {
+  if (m <= GluWide::kWgRows) return GluTiles::kNarrow;
   const int64_t wide = ceil_div(m, GluWide::kBlockM) * ceil_div(n, GluWide::kHalfN);
   return wide >= num_sms ? GluTiles::kWide : GluTiles::kNarrow;
 }
