@@ -2,7 +2,7 @@
 PY ?= python3
 OUT ?= gpu-out
 
-.PHONY: install test lint format bench gpu sass build sanitize
+.PHONY: install test lint format bench bench-glu gpu sass build sanitize
 
 install:
 	$(PY) -m pip install -c constraints.txt -e ".[dev]"
@@ -22,6 +22,11 @@ build:
 
 bench:
 	$(PY) -m dualk bench --suite default --all-backends --compile --json bench.json
+
+# issue 35's run: linear_glu on LLaMA's feed-forward shapes against eager and torch.compile
+# (forward and backward, the goals marked met / NOT met; ~4 min on an H100).
+bench-glu:
+	mkdir -p $(OUT) && $(PY) bench/linear_glu_llama.py --json $(OUT)/linear_glu_llama.json
 
 gpu:
 	bash bench/gpu_check.sh $(OUT) all default --compile

@@ -1,4 +1,5 @@
-// The gemm family's extension (dualk/backends/cuda.py FAMILIES["gemm"]): matmul and linear_gelu, one tiled core.
+// The gemm family's extension (dualk/backends/cuda.py FAMILIES["gemm"]): matmul, linear_gelu and
+// linear_glu, one tiled core.
 // Torch-side helpers: binding.h.
 #include "binding.h"
 
@@ -111,10 +112,60 @@ void linear_gelu(const at::Tensor& x, const at::Tensor& weight,
   check_launch("linear_gelu", dualk::launch_linear_gelu(args, at::cuda::getCurrentCUDAStream()));
 }
 
+
+// x: (m, k); weight_gate, weight_up: (n, k) as nn.Linear holds them (unit stride along k or n);
+// biases: (n,) or None; out: (m, n). The portable route's fp32 scratch comes from PyTorch's
+// caching allocator, as split-K's does.
+dualk::GluArgs glu_args(const at::Tensor& x, const at::Tensor& weight_gate, const at::Tensor& weight_up,
+                        const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
+                        const at::Tensor& out, int64_t activation, bool allow_tf32) {
+  const char* op = "linear_glu";
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "dualk.linear_glu: 'x' and the output must be 2-dim");
+  dualk::GluArgs args{};
+  args.gate = gemm_args(op, x, dims3(op, "x", x), weight_gate, transposed_weight(op, weight_gate), out,
+                        allow_tf32);
+  args.up = gemm_args(op, x, dims3(op, "x", x), weight_up, transposed_weight(op, weight_up), out,
+                      allow_tf32);
+  const std::optional<at::Tensor>* biases[2] = {&bias_gate, &bias_up};
+  dualk::GemmArgs* gemms[2] = {&args.gate, &args.up};
+  const char* names[2] = {"bias_gate", "bias_up"};
+  for (int i = 0; i < 2; ++i) {
+    if (!biases[i]->has_value()) continue;
+    const at::Tensor& b = **biases[i];
+    check_operand(op, names[i], b, out);
+    TORCH_CHECK(b.is_contiguous() && b.numel() == args.gate.n, "dualk.linear_glu: '", names[i],
+                "' must be contiguous with out_features elements");
+    gemms[i]->bias = b.data_ptr();
+  }
+  args.gate.activation = args.up.activation = static_cast<dualk::Activation>(activation);
+  return args;
+}
+
+void linear_glu(const at::Tensor& x, const at::Tensor& weight_gate, const at::Tensor& weight_up,
+                const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
+                at::Tensor& out, int64_t activation, bool allow_tf32) {
+  const char* op = "linear_glu";
+  dualk::GluArgs args = glu_args(x, weight_gate, weight_up, bias_gate, bias_up, out, activation, allow_tf32);
+  const c10::cuda::CUDAGuard guard(out.device());
+  at::Tensor workspace;
+  if (const int64_t floats = dualk::linear_glu_workspace_floats(args); floats > 0) {
+    workspace = at::empty({floats}, out.options().dtype(at::kFloat));
+    args.workspace = workspace.data_ptr<float>();
+    args.workspace_floats = floats;
+  }
+  check_launch(op, dualk::launch_linear_glu(args, at::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dualk CUDA kernels, GEMM family (see cuda_src/launchers.h)";
   m.def("matmul", &matmul, "out[b] = a[b] @ b[b]");
   m.def("linear_gelu", &linear_gelu, "out = gelu(x @ weight_t + bias)");
+  m.def("linear_glu_route", [](const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu,
+                                const at::Tensor& out) {
+    const c10::cuda::CUDAGuard guard(out.device());
+    return std::string(dualk::linear_glu_route_name(glu_args(x, wg, wu, {}, {}, out, 4, false)));
+  }, "which route linear_glu takes for these tensors (launches nothing)");
+  m.def("linear_glu", &linear_glu, "out = act(x @ weight_gate_t + bias_gate) * (x @ weight_up_t + bias_up)");
 }

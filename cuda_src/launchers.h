@@ -43,7 +43,7 @@ cudaError_t launch_add(const StridedOperand& a, const StridedOperand& b, void* o
 cudaError_t launch_relu_scale(const StridedOperand& x, void* out, const ElementwiseShape& shape,
                               bool dense, float scale, DType dtype, cudaStream_t stream);
 
-// ---------------------------------------------------------------- GEMM family (matmul, linear_gelu)
+// ---------------------------------------------------------------- GEMM family (matmul, linear_gelu, linear_glu)
 // C[b] = act(A[b] @ B[b] + bias), fp32 accumulation, act and bias applied before the down-cast.
 //   A: (m, k) with unit stride along k (row stride stride_am).
 //   B: (k, n). b_k_major = false: unit stride along n, row stride stride_b_outer (= stride_bk).
@@ -82,6 +82,24 @@ int64_t gemm_split_k_workspace_floats(const GemmArgs& args);
 cudaError_t launch_matmul(const GemmArgs& args, cudaStream_t stream);
 // linear_gelu.cu: activation kGeluTanh or kGeluErf, bias optional.
 cudaError_t launch_linear_gelu(const GemmArgs& args, cudaStream_t stream);
+
+// linear_glu.cu: out = act(x @ Wg^T + bg) * (x @ Wu^T + bu). `gate` and `up` are the two GEMMs'
+// arguments as for linear_gelu (batch 1; the same a = x, m, n, k, dtype and c = out; each its own
+// b = W^T and bias, nullptr when absent); gate.activation is the gate's (kSilu, kGeluTanh,
+// kGeluErf or kRelu). Where the call takes the portable two-GEMM route the launcher wants
+// linear_glu_workspace_floats floats of scratch (the fp32 pre-activations of a chunk of rows);
+// without it, it runs the one-pass SIMT kernel instead. k == 0 writes act(bg) * bu (or zeros).
+struct GluArgs {
+  GemmArgs gate;
+  GemmArgs up;
+  float* workspace;
+  int64_t workspace_floats;
+};
+int64_t linear_glu_workspace_floats(const GluArgs& args);
+// Which route launch_linear_glu takes for these arguments (pointers included: alignment decides),
+// as a static string (tests and benchmarks name the kernel they measured).
+const char* linear_glu_route_name(const GluArgs& args);
+cudaError_t launch_linear_glu(const GluArgs& args, cudaStream_t stream);
 
 // ---------------------------------------------------------------- fused MLP
 constexpr int kMaxMlpLayers = 8;

@@ -515,12 +515,11 @@ OPS: Mapping[str, OpSpec] = {
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
-        # linear_glu: no CUDA kernel yet (issue 35), and nothing measured on a GPU: "auto" times
-        # Triton against PyTorch's two GEMMs and gate.
-        OpSpec("linear_glu", torch_ref.linear_glu,
-               {"triton": "triton:linear_glu", "torch": "torch_ref:linear_glu"},
-               ("triton", "torch"), _glu_cases(), _glu_cost, "gemm",
-               missing={"cuda": "no CUDA kernel for linear_glu yet"}),
+        # linear_glu: nothing measured on a GPU yet (issue 35; bench/linear_glu_llama.py is the
+        # run that decides): "auto" times the CUDA kernel (Hopper: cuda_src/linear_glu.cu's
+        # wgmma kernel), Triton and PyTorch's two GEMMs and gate.
+        OpSpec("linear_glu", torch_ref.linear_glu, _impls("linear_glu"),
+               ("cuda", "triton", "torch"), _glu_cases(), _glu_cost, "gemm"),
     )
 }  # fmt: skip
 

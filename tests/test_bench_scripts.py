@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LATENCY = ROOT / "bench" / "small_batch_latency.py"
 DDP = ROOT / "bench" / "ddp_step.py"
+GLU = ROOT / "bench" / "linear_glu_llama.py"
 
 
 def _env() -> dict:
@@ -138,3 +139,33 @@ def test_ddp_step_smoke(tmp_path):
         assert s["replica_max_abs_diff"] == 0.0
     assert data["failures"] == []
     assert "orig/fused" in proc.stdout
+
+
+def test_linear_glu_llama_quick(tmp_path):
+    """bench/linear_glu_llama.py --quick: tiny shapes end to end (forward, backward, goals, JSON);
+    on the CPU eager and auto run and are checked against eager, the GPU paths say why not."""
+    out = tmp_path / "glu.json"
+    proc = _run(GLU, "--quick", "--json", out, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout and "[goals]" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"device_name", "torch", "triton", "cuda", "date", "rows"} <= data.keys()
+    assert len(data["rows"]) == 4
+    for row in data["rows"]:
+        for kind in ("forward", "backward"):
+            paths = row[kind]
+            for name in ("eager", "auto"):
+                assert paths[name]["us"] > 0 and paths[name]["ok"], (kind, name, paths[name])
+            if not data["device"].startswith("cuda"):
+                assert paths["cuda"]["us"] is None and paths["cuda"]["reason"], paths["cuda"]
+        assert any(g["goal"].startswith("bwd") for g in row["goals"])
+
+
+def test_linear_glu_llama_plan(capsys):
+    mod = _load(GLU)
+    assert mod.main(["--dry-run", "--sweep-triton"]) == 0
+    text = capsys.readouterr().out
+    assert "8192x4096->14336: forward + backward + triton sweep" in text
+    assert [s.label for s in mod.shapes(quick=False)][:3] == [
+        "16x4096->11008", "512x4096->11008", "8192x4096->11008",
+    ]  # fmt: skip

@@ -22,6 +22,7 @@ ARCHS = ("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=
 HOPPER_KERNELS = {
     "matmul.cu": "gemm_sm90_kernel",
     "linear_gelu.cu": "gemm_sm90_kernel",
+    "linear_glu.cu": "linear_glu_sm90_kernel",
     "fused_mlp_sm90.cu": "fused_mlp_wgmma_kernel",
     "fused_mlp_wide.cu": "fused_mlp_wide_kernel",
 }

@@ -23,7 +23,8 @@ def _as3(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Launcher:
-    """binding_gemm.cpp's matmul and linear_gelu checks, then PyTorch's result written into out."""
+    """binding_gemm.cpp's matmul, linear_gelu and linear_glu checks, then PyTorch's result
+    written into out."""
 
     def __init__(self):
         self.calls: list[str] = []
@@ -51,6 +52,20 @@ class _Launcher:
         z = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
         self.calls.append("linear_gelu")
         out.copy_(F.gelu(z, approximate=approximate).to(out.dtype))
+
+    def linear_glu(
+        self, x, weight_gate, weight_up, bias_gate, bias_up, out, activation, allow_tf32
+    ):
+        assert x.dim() == 2 and weight_gate.dim() == 2 and weight_up.dim() == 2 and out.dim() == 2
+        assert weight_gate.shape == weight_up.shape
+        pre = []
+        for w, b in ((weight_gate, bias_gate), (weight_up, bias_up)):
+            self._check(_as3(x), w.t().unsqueeze(0), out)
+            assert b is None or (b.is_contiguous() and b.numel() == w.shape[0])
+            pre.append(F.linear(x.double(), w.double(), None if b is None else b.double()))
+        act = {1: torch.relu, 2: lambda v: F.gelu(v, approximate="tanh"), 3: F.gelu, 4: F.silu}
+        self.calls.append("linear_glu")
+        out.copy_((act[activation](pre[0]) * pre[1]).to(out.dtype))
 
 
 @pytest.fixture
@@ -113,7 +128,43 @@ def test_linear_gelu_wrapper_hands_the_launcher_valid_operands(launcher, case, a
     assert launcher.calls == ["linear_gelu"]
 
 
+GLU_CASES = {
+    "separate": lambda: (_r(5, 7), _r(3, 7), _r(3, 7), _r(3), _r(3)),
+    "packed [gate; up]": lambda: (_r(5, 7), _r(6, 7), None, _r(6), None),
+    "gate bias only": lambda: (_r(5, 7), _r(3, 7), _r(3, 7), _r(3), None),
+    "batched x": lambda: (_r(2, 4, 7), _r(3, 7), _r(3, 7), None, None),
+    "x strided": lambda: (_r(5, 14)[:, ::2], _r(3, 7), _r(3, 7), None, _r(3)),
+    "weights transposed views": lambda: (_r(5, 7), _r(7, 3).t(), _r(7, 3).t(), None, None),
+    "weights strided both ways (copied)": lambda: (
+        _r(5, 7), _r(6, 14)[::2, ::2], _r(6, 14)[::2, ::2], None, None,
+    ),
+    "biases strided": lambda: (_r(5, 7), _r(3, 7), _r(3, 7), _r(6)[::2], _r(6)[::2]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "activation,approximate",
+    [("silu", "tanh"), ("gelu", "tanh"), ("gelu", "none"), ("relu", "tanh")],
+)
+@pytest.mark.parametrize("case", list(GLU_CASES))
+def test_linear_glu_wrapper_hands_the_launcher_valid_operands(
+    launcher, case, activation, approximate
+):
+    from dualk.backends.torch_ref import linear_glu as reference
+
+    args = GLU_CASES[case]()
+    out = cuda_backend.linear_glu(*args, activation, approximate)
+    expected = reference(
+        *(a.double() if a is not None else None for a in args), activation, approximate
+    )
+    assert out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    assert launcher.calls == ["linear_glu"]
+
+
 def test_empty_results_launch_nothing(launcher):
     assert cuda_backend.matmul(_r(0, 7), _r(7, 3)).shape == (0, 3)
     assert cuda_backend.linear_gelu(_r(0, 7), _r(3, 7), _r(3)).shape == (0, 3)
+    assert cuda_backend.linear_glu(_r(0, 7), _r(3, 7), _r(3, 7)).shape == (0, 3)
+    assert cuda_backend.linear_glu(_r(2, 5, 7), _r(0, 7), _r(0, 7)).shape == (2, 5, 0)
     assert launcher.calls == []

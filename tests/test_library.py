@@ -21,7 +21,7 @@ BACKENDS = ("cuda", "triton", "torch")
 
 def _skip_unavailable(backend, op=None):
     missing = OPS[op].missing_reason(backend) if op is not None else None
-    if missing is not None:  # linear_glu has no CUDA kernel yet
+    if missing is not None:  # a backend without this operator (the registry says why)
         pytest.skip(missing)
     reason = unavailable_reason(backend, DEVICE)
     if reason is not None:

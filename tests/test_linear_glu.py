@@ -1,5 +1,5 @@
 """dualk.linear_glu (issue 35): the gated projection act(x @ Wg.T + bg) * (x @ Wu.T + bu) on the
-torch and Triton backends (CUDA: reported missing), its autograd formula, the registered op,
+torch, Triton and CUDA backends (CUDA tests skip without a GPU), its autograd formula, the registered op,
 dualk.nn.GatedMLP and dualk.fuse's gated-MLP pattern. The registry-driven suites (test_parity,
 test_library, test_validation) cover its sample cases too; this file covers what is specific:
 every activation x dtype x layout class, packed weights, fuse on LLaMA-style blocks."""
@@ -25,7 +25,9 @@ from dualk.registry import DTYPES, OPS, Sample, randn
 from dualk.testing import clone_inputs, float64_reference, inputs_unchanged, judge
 
 SPEC = OPS["linear_glu"]
-BACKENDS = ("torch", "triton")
+NO_GPU = "the CUDA backend needs a GPU"
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU))
+BACKENDS = ("torch", "triton", CUDA)
 ACTIVATIONS = [("silu", "tanh"), ("gelu", "tanh"), ("gelu", "none"), ("relu", "tanh")]
 LAYOUTS = ("contiguous", "packed", "transposed_weights", "strided_x", "batched_x")
 
@@ -367,17 +369,14 @@ def test_packed_and_option_errors(backend):
         dualk.linear_glu(grad_x, torch.randn(5, 3), backend=backend)
 
 
-def test_cuda_backend_reported_missing():
-    """No CUDA kernel yet: backend="cuda" raises saying so, explain lists it, auto never
-    considers it."""
+def test_cuda_backend_registered():
+    """The CUDA kernel is an implementation "auto" considers; on a machine without a GPU,
+    backend="cuda" raises saying why, and auto still answers."""
     args = _good()
-    with pytest.raises(BackendUnavailableError, match="no CUDA kernel for linear_glu yet"):
-        dualk.linear_glu(*args, backend="cuda")
-    text = str(dualk.explain("linear_glu", *args))
-    assert "cuda    unavailable: no CUDA kernel for linear_glu yet" in text
-    assert "cuda" not in SPEC.backends and "cuda" not in SPEC.auto_order
-    with dualk.use_backend("cuda"), pytest.raises(BackendUnavailableError, match="no CUDA kernel"):
-        dualk.linear_glu(*args)
+    assert "cuda" in SPEC.backends and "cuda" in SPEC.auto_order and not SPEC.missing
+    if DEVICE.type != "cuda":
+        with pytest.raises(BackendUnavailableError, match="CUDA"):
+            dualk.linear_glu(*args, backend="cuda")
     assert dualk.linear_glu(*args, backend="auto").shape == (4, 5)
 
 
@@ -391,7 +390,7 @@ def test_autotune_key_names_the_class():
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA-graph capture needs a GPU")
-@pytest.mark.parametrize("backend", ["triton", "torch", "auto"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "auto", "cuda"])
 def test_cuda_graph_capture_and_replay(backend, monkeypatch, tmp_path):
     """Captured (auto meeting its class inside the capture takes its heuristic: no timing) and
     replayed on new inputs copied into the captured ones: the float64 reference's answer."""
@@ -416,3 +415,80 @@ def test_cuda_graph_capture_and_replay(backend, monkeypatch, tmp_path):
     torch.cuda.synchronize()
     verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
     assert verdict.ok, verdict.message
+
+
+# ---- the CUDA kernel's routes (GPU only): cuda_src/linear_glu.cu
+def _cuda_route(x, wg, wu) -> str:
+    from dualk.backends import cuda
+
+    out = torch.empty((x.shape[0], wg.shape[0]), dtype=x.dtype, device=x.device)
+    return cuda.extension("gemm").linear_glu_route(x, wg, wu, out)
+
+
+# (rows, k, n, weights): odd sizes (n, k not multiples of 8 or 16), rows 1..300, weights
+# separate / packed / transposed, x strided; 16-bit calls with 16-byte rows take the Hopper
+# kernel on an H100 / H200 (wide 128 x (2 x 128) tiles once they cover every SM, else narrow),
+# others the portable routes.
+ROUTE_SHAPES = [
+    (1, 64, 64, "separate"),
+    (7, 40, 24, "separate"),
+    (13, 33, 20, "separate"),  # k odd: no 16-byte rows (one-pass SIMT for 16-bit)
+    (64, 72, 136, "packed"),
+    (100, 200, 1000, "separate"),  # k not a multiple of 64: TMA zero-fills the last k tile
+    (129, 256, 250, "packed"),  # n not a multiple of 8: the direct stores
+    (257, 96, 520, "transposed"),
+    (300, 136, 5640, "separate"),  # 3 x 45 wide tiles > 132 SMs: two tiles per CTA
+    (16, 520, 5000, "separate"),  # narrow tiles, 157 of them: more than one per CTA
+    (300, 64, 72, "strided_x"),
+]
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("rows,k,n,weights", ROUTE_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("activation,approximate", ACTIVATIONS, ids=lambda v: v)
+def test_cuda_odd_shapes_and_routes(activation, approximate, rows, k, n, weights, dtype):
+    """Every route of the CUDA kernel against the float64 reference (outputs poisoned), with and
+    without biases (one of the two only, too)."""
+    g = _gen("cuda-route", rows, k, n, weights, dtype, activation, approximate)
+    s = 1.0 / math.sqrt(k)
+    x = randn((rows, k), dtype, DEVICE, g)
+    if weights == "strided_x":
+        x = randn((rows, 2 * k), dtype, DEVICE, g)[:, ::2]
+    wg, wu = randn((n, k), dtype, DEVICE, g, s), randn((n, k), dtype, DEVICE, g, s)
+    if weights == "transposed":
+        wg, wu = wg.t().contiguous().t(), wu.t().contiguous().t()
+    bg = randn(n, dtype, DEVICE, g, 0.5) if rows % 2 else None
+    bu = randn(n, dtype, DEVICE, g, 0.5) if rows % 3 else None
+    args = (x, wg, wu, bg, bu)
+    if weights == "packed":
+        both = None if bg is None or bu is None else torch.cat((bg, bu))
+        args = (x, torch.cat((wg, wu)), None, both, None)
+    sample = Sample(
+        args, {"activation": activation, "approximate": approximate}, f"{rows}x{k}->{n}"
+    )
+    out = dualk.linear_glu(*sample.args, **sample.kwargs, backend="cuda")
+    assert out.shape == (rows, n) and out.dtype == dtype
+    verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
+    assert verdict.ok, f"[{sample.label} {weights}] {dtype}: {verdict.message}"
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
+def test_cuda_route_names():
+    """On Hopper, aligned 16-bit calls take the wgmma kernel (wide tiles at LLaMA's prefill, narrow
+    at decode); fp32 and rows off 16 bytes take the portable routes; anywhere else, portable."""
+    bf16 = torch.bfloat16
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+
+    def route(m, k, n, dtype=bf16):
+        x = torch.randn(m, k, device=DEVICE).to(dtype)
+        w = torch.randn(n, k, device=DEVICE).to(dtype)
+        return _cuda_route(x, w, w)
+
+    if hopper:
+        assert route(512, 4096, 11008) == "sm90 wgmma 128x(2x128)"
+        assert route(16, 4096, 11008) == "sm90 wgmma 128x(2x32)"
+    else:
+        assert route(512, 4096, 11008).startswith("portable")
+    assert route(64, 64, 64, torch.float32) == "portable: two fp32 GEMMs + gated epilogue"
+    assert route(64, 33, 64, torch.float16) == "portable: one-pass SIMT"

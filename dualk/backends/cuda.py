@@ -1,5 +1,6 @@
 """The "cuda" backend: torch extensions JIT-built (ninja) from cuda_src/, one per operator family
-(FAMILIES: "elementwise" = add + relu_scale, "gemm" = matmul + linear_gelu, "mlp" = fused_mlp and
+(FAMILIES: "elementwise" = add + relu_scale, "gemm" = matmul + linear_gelu + linear_glu, "mlp" =
+fused_mlp and
 its kernel variants), each built on first use of one of its operators, plus thin wrappers that
 shape each operator's tensors for its launcher.
 
@@ -95,8 +96,8 @@ FAMILIES = {
     for f in (
         Family("elementwise", ("add", "relu_scale"), "binding_elementwise.cpp",
                ("add.cu", "relu_scale.cu"), 20),
-        Family("gemm", ("matmul", "linear_gelu"), "binding_gemm.cpp",
-               ("matmul.cu", "linear_gelu.cu"), 90),
+        Family("gemm", ("matmul", "linear_gelu", "linear_glu"), "binding_gemm.cpp",
+               ("matmul.cu", "linear_gelu.cu", "linear_glu.cu"), 100),
         # fused_mlp: one operator, five translation units sharing fused_mlp_kernels.cuh
         Family("mlp", ("fused_mlp",), "binding_mlp.cpp",
                ("fused_mlp.cu", "fused_mlp_mma.cu", "fused_mlp_sm90.cu", "fused_mlp_tf32.cu",
@@ -1058,6 +1059,50 @@ def linear_gelu(
     if x.dim() == 2:
         return out
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# linear_glu's gate activations as launchers.h numbers them, by (activation, approximate).
+GLU_ACTIVATION_CODES = {
+    ("silu", "tanh"): ACTIVATION_CODES["silu"],
+    ("silu", "none"): ACTIVATION_CODES["silu"],
+    ("relu", "tanh"): ACTIVATION_CODES["relu"],
+    ("relu", "none"): ACTIVATION_CODES["relu"],
+    ("gelu", "tanh"): ACTIVATION_CODES["gelu_tanh"],
+    ("gelu", "none"): ACTIVATION_CODES["gelu_erf"],
+}
+
+
+def linear_glu(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> torch.Tensor:
+    """act(x @ weight_gate.T + bias_gate) * (x @ weight_up.T + bias_up) (cuda_src/linear_glu.cu);
+    a packed weight_gate ([gate; up], weight_up None) is passed as its two halves' views."""
+    from .torch_ref import split_glu_parameters
+
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    x2d = as_rows(x)
+    n = wg.shape[0]
+    out = _alloc.empty((x2d.shape[0], n), x.dtype, x.device)
+    if out.numel():
+        # As linear_gelu: B = W^T needs unit stride along k or n; the biases contiguous.
+        wg, wu = (
+            w if _unit_stride(w, 1) or _unit_stride(w, 0) else w.contiguous() for w in (wg, wu)
+        )
+        bg = None if bg is None else bg.contiguous()
+        bu = None if bu is None else bu.contiguous()
+        extension("gemm").linear_glu(
+            _as_gemm_a(x2d), wg, wu, bg, bu, out, GLU_ACTIVATION_CODES[(activation, approximate)],
+            allow_tf32(x.dtype),
+        )  # fmt: skip
+    if x.dim() == 2:
+        return out
+    return out.reshape(*x.shape[:-1], n)
 
 
 def fused_mlp_runner(
