@@ -11,6 +11,10 @@
 #   bench/gpu_session.sh OUT_DIR fast    # rebuild the families named in FAMILIES (default mlp)
 #                                        # into the carried prebuilt folder (OUT_DIR/prebuilt.tar.xz
 #                                        # comes back), nn tests, host_cost, small-batch vs tcnn
+#   bench/gpu_session.sh OUT_DIR tune    # fresh caches: first contact (part 1: auto while CUDA
+#                                        # builds and Triton tunes in the background), then, from
+#                                        # its cache, the linear_glu / nn / tuner GPU tests and the
+#                                        # LLaMA-shape linear_glu bench; OUT_DIR/prebuilt.tar.xz
 #   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
 #   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
@@ -115,6 +119,28 @@ fast)
   timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
   say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 22 "$OUT/small_batch_latency.log"
+  ;;
+tune)
+  t0=$(date +%s)
+  mkdir -p /tmp/fc
+  TMPDIR=/tmp/fc timeout 340 $PY bench/first_contact.py --skip-build --keep --json "$OUT/first_contact.json" \
+    > "$OUT/first_contact.log" 2>&1
+  say "first_contact (auto part): rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 25 "$OUT/first_contact.log"
+  cache=$(ls -d /tmp/fc/dualk-first-contact-*/auto-dualk-cache 2>/dev/null | head -1)
+  [ -n "$cache" ] && export DUALK_CACHE_DIR=$cache && say "DUALK_CACHE_DIR=$cache"
+  mkdir -p /tmp/pb/prebuilt && cp -r "$DUALK_CACHE_DIR/cuda" /tmp/pb/prebuilt/ \
+    && find /tmp/pb -name "*.o" -delete && XZ_OPT=-6 tar cJf "$OUT/prebuilt.tar.xz" -C /tmp/pb prebuilt \
+    && ls -la "$OUT/prebuilt.tar.xz" && ls /tmp/pb/prebuilt/cuda
+  t0=$(date +%s)
+  timeout ${TESTS_TIMEOUT:-120} $PY -m pytest -q -p no:cacheprovider tests/test_linear_glu.py tests/test_triton_tune.py \
+    tests/test_nn.py -k "cuda or gpu or fast_path or inference_plan" > "$OUT/pytest-tune.log" 2>&1
+  say "pytest (linear_glu cuda, tuner, fast path): rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest-tune.log" | head -20; tail -n 2 "$OUT/pytest-tune.log"
+  t0=$(date +%s)
+  timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > "$OUT/linear_glu_llama.log" 2>&1
+  say "linear_glu_llama: rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -n 30 "$OUT/linear_glu_llama.log"
   ;;
 models)
   [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt

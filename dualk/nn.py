@@ -397,21 +397,23 @@ class _FastPath:
     row buckets whose plan runs the CUDA kernel. The C++ side checks on every call what the
     plan's Python checks would (x; the parameters and layers still the ones planned, through
     their modules' _parameters and _modules dicts; their dtype, shape and storage read afresh;
-    gradient mode, autocast, jit tracing); `usable` checks the rest: compiling, torch.func
-    transforms, output poisoning, the module's backend and auto's decisions, the TF32 flag of
+    gradient mode, autocast, jit tracing; with poisoning on, it NaN-fills the output first);
+    `usable` checks the rest: compiling, torch.func transforms, the poisoning switch as planned,
+    the module's backend and auto's decisions, the TF32 flag of
     an fp32 plan and an absorbed Dropout that drops now."""
 
-    __slots__ = ("plan", "owner", "backend", "generation", "tf32", "buckets")
+    __slots__ = ("plan", "owner", "backend", "generation", "tf32", "buckets", "poison")
 
-    def __init__(self, plan, owner, backend, generation, tf32, buckets):
+    def __init__(self, plan, owner, backend, generation, tf32, buckets, poison):
         self.plan, self.owner, self.backend = plan, owner, backend
         self.generation, self.tf32, self.buckets = generation, tf32, buckets
+        self.poison = poison
 
     def usable(self, module) -> bool:
         return not (
             _is_compiling()
             or _transforms_active()
-            or _alloc.poisoning()
+            or _alloc.poisoning() is not self.poison
             or module.backend != self.backend
             or module.__dict__.get("_plan") is not self.owner
             or (
@@ -434,7 +436,8 @@ class _FastPath:
         tf32 = tf32 if weights[0].dtype is torch.float32 else None
         fast = module.__dict__.get("_fast")
         buckets = 1 << bucket
-        if fast is not None and fast.owner is owner and fast.tf32 == tf32:
+        poison = _alloc.poisoning()
+        if fast is not None and fast.owner is owner and fast.tf32 == tf32 and fast.poison is poison:
             if fast.buckets & buckets:
                 return
             buckets |= fast.buckets
@@ -454,10 +457,14 @@ class _FastPath:
                 return
             identities += [(params, "weight", w), (params, "bias", b)]
         try:
-            plan = cuda.fused_mlp_plan(identities, list(weights), list(biases), activation, buckets)
+            plan = cuda.fused_mlp_plan(
+                identities, list(weights), list(biases), activation, buckets, poison
+            )
         except Exception:  # an extension without MlpPlan (an older prebuilt): the Python plan
             return
-        module.__dict__["_fast"] = cls(plan, owner, owner.backend, owner.generation, tf32, buckets)
+        module.__dict__["_fast"] = cls(
+            plan, owner, owner.backend, owner.generation, tf32, buckets, poison
+        )
 
 
 class _InferencePlan:

@@ -6,6 +6,7 @@ from_linear, errors naming the offending module, torch.compile without graph bre
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -338,6 +339,11 @@ def _count_full_calls(monkeypatch):
     real = ops.fused_mlp
 
     def counting(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:  # dualk.module_choice's own timing calls (GPU) are not counted
+            if frame.f_code.co_filename.endswith("module_choice.py"):
+                return real(*args, **kwargs)
+            frame = frame.f_back
         calls.append(1)
         return real(*args, **kwargs)
 
@@ -629,20 +635,24 @@ def test_fast_path_follows_parameter_changes():
         assert torch.allclose(m(x.float()), m.to_sequential()(x.float()), atol=1e-3, rtol=1e-3)
 
 
-def test_fast_path_respects_poisoning_and_backend_changes(monkeypatch):
+def test_fast_path_follows_the_poisoning_switch_and_the_backend(monkeypatch):
     from dualk import _alloc
 
     m, x, full = _fast_module()
     served = _fast_calls(m)
-    monkeypatch.setattr(_alloc, "_poison", True)
+    planned = _alloc.poisoning()  # the test suite poisons: the plan NaN-fills its outputs
+    monkeypatch.setattr(_alloc, "_poison", not planned)
     with torch.no_grad():
-        m(x)
-    assert served == []  # poisoned outputs: the Python path allocates
-    monkeypatch.setattr(_alloc, "_poison", False)
+        assert torch.equal(m(x), full)
+    assert served == []  # planned under the other switch: the Python path
+    monkeypatch.setattr(_alloc, "_poison", planned)
+    with torch.no_grad():
+        assert torch.equal(m(x), full)
+    assert served == [True]
     m.backend = "torch"
     with torch.no_grad():
         assert torch.allclose(m(x), full, atol=2e-2, rtol=2e-2)
-    assert served == []
+    assert served == [True]
 
 
 def test_fast_path_serves_a_fused_model():

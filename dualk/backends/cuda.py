@@ -1124,13 +1124,13 @@ def fused_mlp_runner(
 
 
 def fused_mlp_plan(
-    identities: list, weights: list, biases: list, activation: str, row_buckets: int
+    identities: list, weights: list, biases: list, activation: str, row_buckets: int, poison: bool
 ):
     """The mlp extension's MlpPlan: FusedMLP's planned inference call in one C++ crossing
     (cuda_src/binding_mlp.cpp says what it checks on every call). `run(x)` returns mlp(x) or
     None where the call no longer fits the plan."""
     return extension("mlp").MlpPlan(
-        identities, weights, biases, ACTIVATION_CODES[activation], row_buckets
+        identities, weights, biases, ACTIVATION_CODES[activation], row_buckets, poison
     )
 
 
