@@ -15,6 +15,8 @@
 #                                        # builds and Triton tunes in the background), then, from
 #                                        # its cache, the linear_glu / nn / tuner GPU tests and the
 #                                        # LLaMA-shape linear_glu bench; OUT_DIR/prebuilt.tar.xz
+#   bench/gpu_session.sh OUT_DIR check   # carried prebuilt: the fast-path / fuse / tuner GPU
+#                                        # tests, host_cost, a zoo subset (ZOO_ARGS)
 #   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
 #   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
@@ -141,6 +143,26 @@ tune)
   timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > "$OUT/linear_glu_llama.log" 2>&1
   say "linear_glu_llama: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 30 "$OUT/linear_glu_llama.log"
+  ;;
+check)
+  mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
+  t0=$(date +%s)
+  timeout ${TESTS_TIMEOUT:-100} $PY -m pytest -q -p no:cacheprovider "tests/test_nn.py" -k "fast_path or inference_plan" \
+    > "$OUT/pytest-check.log" 2>&1
+  say "pytest (fast path): rc=$? in $(( $(date +%s) - t0 )) s"
+  timeout ${TESTS_TIMEOUT:-100} $PY -m pytest -q -p no:cacheprovider tests/test_triton_tune.py tests/test_fuse.py \
+    >> "$OUT/pytest-check.log" 2>&1
+  say "pytest (tuner, fuse): rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-check.log" | head -20
+  t0=$(date +%s)
+  timeout 60 $PY bench/host_cost.py --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
+  say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
+  head -n 16 "$OUT/host_cost.log"
+  t0=$(date +%s)
+  timeout ${ZOO_TIMEOUT:-120} $PY -m dualk bench ${ZOO_ARGS:---models seed_dnn,nerf_mlp,gpt2 --modes eager,compiled} \
+    --json "$OUT/zoo.json" > "$OUT/zoo.log" 2>&1
+  say "zoo: rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -B1 -A12 "^model " "$OUT/zoo.log" | head -20
   ;;
 models)
   [ -f build/prebuilt.tar.xz ] && mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
