@@ -404,6 +404,13 @@ def provisional(spec: OpSpec, args: tuple) -> bool:
     return KEY_FUNCTIONS[spec.name](args) in _provisional
 
 
+def provisional_winner(spec: OpSpec, args: tuple) -> str | None:
+    """The winner of this call's class while its decision is provisional (a candidate still
+    building or tuning), else None."""
+    key = KEY_FUNCTIONS[spec.name](args)
+    return _memory.get(key) if key in _provisional else None
+
+
 def decided(spec: OpSpec, args: tuple) -> str | None:
     """The in-memory winner for this call's key, or None (nothing is timed or loaded; a
     provisional decision, made while a candidate was missing, is None too)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -326,6 +327,8 @@ _is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the t
 _any_autocast = ops._any_autocast
 _transforms_active = ops._transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
+_monotonic = time.monotonic
+PROVISIONAL_PLAN_S = 0.25  # how long a plan of a provisional auto decision serves calls
 
 
 def _choose_path(module, op_name: str, x, weights, biases) -> str:
@@ -537,7 +540,7 @@ class _InferencePlan:
         ):  # fmt: skip
             return None
         entry = self.runners.get(self._slot(x, self.dtype))
-        if entry is None:
+        if entry is None or (entry[2] is not None and _monotonic() > entry[2]):
             return None
         module.__dict__["_last_path"] = entry[1]
         return entry[0](x)
@@ -555,14 +558,21 @@ class _InferencePlan:
             return
         activation, backend = module.kernel_activation, module.backend
         args = (x, weights, biases, activation)
+        expires = None
         if original:
             name = "original"
         elif backend == "auto":
             if not dispatch.auto_unforced(_FUSED_MLP_SPEC):
                 return
             name = autotune.decided(_FUSED_MLP_SPEC, args)
-            if name is None:  # a heuristic answer (not remembered): keep taking the full call
-                return
+            if name is None:
+                # A provisional decision (CUDA building, Triton tuning in the background) is
+                # planned for PROVISIONAL_PLAN_S at a time: the full call after that asks
+                # autotune again, which takes the final decision in when it is due.
+                name = autotune.provisional_winner(_FUSED_MLP_SPEC, args)
+                if name is None:  # a heuristic answer (not remembered): keep taking the full call
+                    return
+                expires = _monotonic() + PROVISIONAL_PLAN_S
         else:
             name = backend
         if name not in ("torch", "original") and ops.mlp_fallback_reason(name, x, weights):
@@ -582,7 +592,8 @@ class _InferencePlan:
             from .backends import cuda
 
             runner = cuda.fused_mlp_runner(weights, biases, activation)
-            _FastPath.add(module, plan, cls._slot(x, x.dtype), weights, biases, activation)
+            if expires is None:  # (a provisional plan stays in Python: it expires)
+                _FastPath.add(module, plan, cls._slot(x, x.dtype), weights, biases, activation)
         else:
             impl = _FUSED_MLP_SPEC.implementation(name)
             ws, bs = list(weights), list(biases)
@@ -593,6 +604,7 @@ class _InferencePlan:
         plan.runners[cls._slot(x, x.dtype)] = (
             runner,
             "original" if name == "original" else "fused",
+            expires,
         )
 
 

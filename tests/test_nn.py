@@ -6,7 +6,6 @@ from_linear, errors naming the offending module, torch.compile without graph bre
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
@@ -333,21 +332,20 @@ def test_modules_compile_fullgraph():
 # ---- FusedMLP's inference plan (dualk/nn.py _InferencePlan): later no-grad calls skip the full
 # checks and dispatch; every way the plan could go stale must take the full call instead.
 def _count_full_calls(monkeypatch):
-    from dualk import ops
+    """Counts FusedMLP's full calls (each asks dualk.nn._choose_path for its path; planned
+    calls do not). A plan of a provisional auto decision (a GPU whose Triton tuner or CUDA build
+    is still running) lasts an hour here instead of PROVISIONAL_PLAN_S."""
+    from dualk import nn as dnn
 
     calls = []
-    real = ops.fused_mlp
+    real = dnn._choose_path
 
     def counting(*args, **kwargs):
-        frame = sys._getframe(1)
-        while frame is not None:  # dualk.module_choice's own timing calls (GPU) are not counted
-            if frame.f_code.co_filename.endswith("module_choice.py"):
-                return real(*args, **kwargs)
-            frame = frame.f_back
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "fused_mlp", counting)
+    monkeypatch.setattr(dnn, "_choose_path", counting)
+    monkeypatch.setattr(dnn, "PROVISIONAL_PLAN_S", 3600.0)
     return calls
 
 
@@ -668,3 +666,29 @@ def test_fast_path_serves_a_fused_model():
     assert len(inner) == 1 and "_fast" in inner[0].__dict__
     for out in outs:
         assert torch.allclose(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_a_provisional_decision_is_planned_for_a_while(monkeypatch):
+    """While auto's decision for the class is provisional (a CUDA build or Triton tuning in the
+    background), the plan serves calls for PROVISIONAL_PLAN_S, then a full call asks again."""
+    from dualk import autotune
+    from dualk import nn as dnn
+
+    torch.manual_seed(5)
+    m = FusedMLP([10, 16, 4], device=DEVICE)
+    x = torch.randn(6, 10, device=DEVICE)
+    monkeypatch.setattr(autotune, "decided", lambda spec, args: None)
+    monkeypatch.setattr(autotune, "provisional_winner", lambda spec, args: "torch")
+    monkeypatch.setattr(dnn, "_choose_path", lambda *a: "fused")  # (no module_choice timing)
+    now = [1000.0]
+    monkeypatch.setattr(dnn, "_monotonic", lambda: now[0])
+    full = []
+    real = dnn.ops.fused_mlp
+    monkeypatch.setattr(dnn.ops, "fused_mlp", lambda *a, **k: (full.append(1), real(*a, **k))[1])
+    with torch.no_grad():
+        ref = m(x)
+        assert torch.equal(m(x), ref) and len(full) == 1  # planned, provisionally
+        now[0] += dnn.PROVISIONAL_PLAN_S + 0.01
+        assert torch.equal(m(x), ref) and len(full) == 2  # expired: the full call asks again
+        assert torch.equal(m(x), ref) and len(full) == 2  # planned again
+    assert "_fast" not in m.__dict__  # a provisional plan never takes the C++ fast path
