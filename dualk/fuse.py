@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import autotune, ops
-from .dispatch import check_name
-from .errors import InvalidArgumentError, InvalidTypeError
+from . import ops
+from .core.errors import InvalidArgumentError, InvalidTypeError
+from .dispatch import autotune, check_name
 from .nn import (
     FusedMLP,
     GatedMLP,

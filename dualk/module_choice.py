@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import autotune, dispatch, ops
+from . import dispatch, ops
 from .backends.torch_ref import ACTIVATIONS
+from .dispatch import autotune
 from .registry import OPS
 
 PATHS = ("fused", "original")

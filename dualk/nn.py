@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import autotune, dispatch, module_choice, ops
-from .autotune import tf32_allowed as _tf32
+from . import dispatch, module_choice, ops
 from .backends.torch_ref import ACTIVATIONS
-from .dispatch import check_name
-from .errors import DtypeError, InvalidArgumentError, InvalidTypeError
+from .core.errors import DtypeError, InvalidArgumentError, InvalidTypeError
+from .core.validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
+from .dispatch import autotune, check_name
+from .dispatch.autotune import tf32_allowed as _tf32
 from .registry import OPS
-from .validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
 
 GELU_APPROXIMATIONS = ("tanh", "none")
 MODULE_ACTIVATIONS = ("relu", "gelu", "silu", "none")

@@ -29,9 +29,11 @@ from collections.abc import Sequence
 import torch
 from torch.nn import Parameter, ParameterList
 
-from . import autotune, dispatch, validate
-from .errors import InvalidArgumentError, InvalidTypeError, ShapeError
-from .layout import as_rows
+from . import dispatch
+from .core import validate
+from .core.errors import InvalidArgumentError, InvalidTypeError, ShapeError
+from .core.layout import as_rows
+from .dispatch import autotune
 from .registry import OPS
 
 _ADD, _RELU_SCALE, _MATMUL, _LINEAR_GELU, _FUSED_MLP, _LINEAR_GLU = (
@@ -145,7 +147,7 @@ class _LazyModule:
     this module)."""
 
     def __getattr__(self, name):
-        from . import eager_autograd as module
+        from .autograd import eager as module
 
         globals()["eager_autograd"] = module
         return getattr(module, name)

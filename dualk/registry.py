@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from .backends import torch_ref
-from .errors import InvalidArgumentError
+from .core.errors import InvalidArgumentError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = DTYPES

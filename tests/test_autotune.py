@@ -21,9 +21,10 @@ import torch
 from click.testing import CliRunner
 
 import dualk
-import dualk.timing
-from dualk import autotune, cli, registry
+import dualk.core.timing
+from dualk import cli, registry
 from dualk.backends import torch_ref
+from dualk.dispatch import autotune
 from dualk.registry import OPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -371,7 +372,7 @@ def test_host_time_is_the_least_over_the_passes(fake_gpu):
 def test_interquartile_mean_weighs_both_levels_and_ignores_outliers():
     """Two-level samples (a launch-bound kernel's CUDA-event times): the median jumps with the
     mix, the interquartile mean moves with it smoothly; an outlier changes neither."""
-    iqm = dualk.timing.interquartile_mean
+    iqm = dualk.core.timing.interquartile_mean
     assert iqm([7.17] * 49 + [8.03] * 51) == pytest.approx(7.17 * 24 / 50 + 8.03 * 26 / 50)
     assert iqm([7.17] * 51 + [8.03] * 49) == pytest.approx(7.17 * 26 / 50 + 8.03 * 24 / 50)
     assert iqm([1.0] * 7 + [50.0]) == 1.0
@@ -392,7 +393,7 @@ SUBPROCESS = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     import torch
-    from dualk import autotune
+    from dualk.dispatch import autotune
     from dualk.registry import OPS
 
     sizes = json.loads(sys.argv[1])
@@ -663,12 +664,12 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
     config = tmp_path / "dualk.toml"
     config.write_text(f'[backend]\n{op} = "torch"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(config))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     try:
         assert last_backend(ran, call) == "torch"
     finally:
         monkeypatch.delenv("DUALK_CONFIG")
-        dualk.config.reload()
+        dualk.dispatch.config.reload()
     assert last_backend(ran, call) == "triton"  # and the table's answer stands again
     assert ran_cuda(lambda: run("cuda")) == "cuda"
 

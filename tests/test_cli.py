@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import HAS_CUDA
 
-from dualk import cli, render, smoke
-from dualk import compare as cmp_mod
-from dualk import report as rep
-from dualk.bench import Report, Row
+from dualk import cli
 from dualk.registry import OPS
+from dualk.tools import compare as cmp_mod
+from dualk.tools import render, smoke
+from dualk.tools import report as rep
+from dualk.tools.bench import Report, Row
 
 ENV = {
     "date": "2026-01-02T03:04:05+00:00",
@@ -334,10 +335,10 @@ def test_compare_gate_counts_wrong_or_missing_results():
 
 def test_bench_compare_on_a_gpu_run(runner, tmp_path, monkeypatch):
     """The GPU path with engine.run stood in for: table, files, comparison and the exit code."""
-    import dualk.bench
+    import dualk.tools.bench
 
     monkeypatch.setattr(cli, "_has_gpu", lambda: True)
-    monkeypatch.setattr(dualk.bench, "run", lambda *a, **k: fake_report(cuda_us=12.0))
+    monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: fake_report(cuda_us=12.0))
     old = save(fake_report(), tmp_path / "old.json")
     out = tmp_path / "out" / "new.json"
     result = invoke(

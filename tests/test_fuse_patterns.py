@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dualk
-from dualk import autotune, module_choice
+from dualk import module_choice
+from dualk.dispatch import autotune
 from dualk.fuse import fuse
 from dualk.nn import FusedMLP, LinearGELU
 

@@ -105,7 +105,7 @@ def test_fused_mlp_errors():
 # the argument, the expectation and what was given; the inputs that must work (zero-size
 # tensors, overlapping stride-0 views) give the float64 reference's answer.
 # ------------------------------------------------------------------------------------------
-from dualk.errors import (  # noqa: E402
+from dualk.core.errors import (  # noqa: E402
     DeviceMismatchError,
     DtypeError,
     DualkError,

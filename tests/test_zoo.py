@@ -11,8 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dualk import cli, zoo
-from dualk.zoo_models import MODELS, TorchLlama, unavailable
+from dualk import cli
+from dualk.tools import zoo
+from dualk.tools.zoo_models import MODELS, TorchLlama, unavailable
 
 CPU = torch.device("cpu")
 MLP_INFERENCE = ["seed_dnn", "seed_dnn_65536", "nerf_mlp"]

@@ -69,9 +69,9 @@ from pathlib import Path
 
 import torch
 
-from .. import _alloc
-from ..errors import BackendUnavailableError, BackendWarning, BuildNotice
-from ..layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
+from ..core import alloc as _alloc
+from ..core.errors import BackendUnavailableError, BackendWarning, BuildNotice
+from ..core.layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
 
 
@@ -656,7 +656,7 @@ def _notice(family: str, message: str) -> None:
     if family in _noticed:
         return
     _noticed.add(family)
-    from ..errors import user_stacklevel
+    from ..core.errors import user_stacklevel
 
     warnings.warn(message, BuildNotice, stacklevel=user_stacklevel())
 
@@ -679,7 +679,7 @@ def _fail(family: str, reason: str) -> None:
     _errors[family] = reason
     _generation += 1
     if first and reason != NO_DEVICE:
-        from ..errors import user_stacklevel
+        from ..core.errors import user_stacklevel
 
         warnings.warn(
             f"dualk: {_describe_family(family)} is unavailable: {reason}. backend='auto' runs "

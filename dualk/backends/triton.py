@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _alloc
-from ..layout import as_rows, fit_plan, plan_elementwise
+from ..core import alloc as _alloc
+from ..core.layout import as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
 
 _import_error: str | None = None

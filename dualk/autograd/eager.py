@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import library, mlp_backward, ops
+from .. import ops
+from . import library, mlp_backward
 
 # Each op: (run(*inputs) -> output, setup_context, backward), inputs in the registered op's order.
 _OPS = {

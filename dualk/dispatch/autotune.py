@@ -94,9 +94,10 @@ from typing import Any
 
 import torch
 
-from . import backends, timing
-from .errors import user_stacklevel
-from .registry import OpSpec
+from .. import backends
+from ..core import timing
+from ..core.errors import user_stacklevel
+from ..registry import OpSpec
 
 try:
     import fcntl
@@ -373,7 +374,7 @@ def build_generation(poll: bool = False) -> int:
     """The CUDA backend's build generation (it changes when a family becomes ready or fails);
     with `poll`, running builders are reaped first (one waitpid each). Decisions made while a
     build was running compare it (here and in dualk.module_choice)."""
-    from .backends import cuda  # the CUDA backend loads lazily
+    from ..backends import cuda  # the CUDA backend loads lazily
 
     return cuda.poll_builds() if poll else cuda.generation()
 
@@ -449,7 +450,7 @@ def backend_state(
     state, starting its build in the background when `start` (never waiting for it)."""
     if name != "cuda" or device.type not in BACKGROUND_DEVICE_TYPES:
         return "ok", None
-    from .backends import cuda
+    from ..backends import cuda
 
     state, why = cuda.auto_state(cuda.OP_FAMILY[spec.name], start=start)
     if state == "ready":
@@ -497,7 +498,7 @@ def _takes_wide_mlp_kernel(args: tuple) -> bool:
     x, weights, biases, activation = args
     if not x.is_cuda:  # the extension takes CUDA tensors only
         return False
-    from .backends import cuda as cuda_backend
+    from ..backends import cuda as cuda_backend
 
     try:
         with torch.cuda.device(x.device):
@@ -826,7 +827,7 @@ _device_fingerprints: dict[str, dict] = {}
 
 def source_files() -> list[Path]:
     """dualk's Python files, the Triton sources and the CUDA sources (the dualk source hash)."""
-    from .backends import cuda
+    from ..backends import cuda
 
     package = Path(__file__).resolve().parent
     dirs = [package, package / "backends", cuda.source_dir()]
@@ -917,7 +918,7 @@ def fingerprint(device: torch.device) -> dict:
 
 def cache_dir() -> Path:
     """$DUALK_CACHE_DIR/autotune (default ~/.cache/dualk/autotune)."""
-    from .backends.cuda import cache_root
+    from ..backends.cuda import cache_root
 
     return cache_root() / "autotune"
 

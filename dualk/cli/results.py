@@ -10,19 +10,19 @@ from pathlib import Path
 
 import click
 
-from . import report as results
-from .bench import Report
-from .cli_common import (
+from ..tools import report as results
+from ..tools.bench import Report
+from ..tools.compare import compare, render_compare
+from ..tools.markdown import render_markdown
+from ..tools.plot import PlotUnavailableError, plot, require_matplotlib
+from ..tools.render import render_table
+from .common import (
     EXISTING_FILE,
     FILE_PATH,
     check_compare_options,
     compare_options,
     load,
 )
-from .compare import compare, render_compare
-from .markdown import render_markdown
-from .plot import PlotUnavailableError, plot, require_matplotlib
-from .render import render_table
 
 
 def write_outputs(

@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 import torch
 
-from . import report as results
-from .bench import Report
-from .registry import OPS
+from ..registry import OPS
+from ..tools import report as results
+from ..tools.bench import Report
 
 DTYPE_NAMES = {
     "float32": torch.float32,
@@ -33,7 +33,7 @@ EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 def has_gpu() -> bool:
     """Whether a CUDA GPU is visible. Every command asks through `dualk.cli._has_gpu`, the one
     name tests replace to stand in for a GPU (or its absence)."""
-    from . import cli  # at call time: cli imports this module
+    from .. import cli  # at call time: cli imports this module
 
     return cli._has_gpu()
 

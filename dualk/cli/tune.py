@@ -9,10 +9,10 @@ import sys
 import click
 import torch
 
-from . import cli_common as common
-from .cli_common import case_options
-from .registry import OPS
-from .render import align
+from ..registry import OPS
+from ..tools.render import align
+from . import common
+from .common import case_options
 
 
 def _by_key(item: tuple[str, object]) -> list:
@@ -41,8 +41,8 @@ def tune(
     """Fill the autotune cache ahead of time: time every backend on the registry's shape cases
     and record each shape class's winner (what backend="auto" would otherwise measure on first
     use), with the Triton kernels' tuned configs. Needs a CUDA GPU."""
-    from . import autotune
-    from .bench import plan
+    from ..dispatch import autotune
+    from ..tools.bench import plan
 
     ops = ops or tuple(OPS)
     common.check_shapes(ops, shapes)
@@ -97,7 +97,7 @@ def cache() -> None:
 @cache.command("show")
 def cache_show() -> None:
     """Where the autotune cache is, this machine's fingerprint, and every file's entries."""
-    from . import autotune
+    from ..dispatch import autotune
 
     directory = autotune.cache_dir()
     device = _device()
@@ -155,8 +155,8 @@ def cache_clear(everything: bool) -> None:
     """Remove the autotune cache files (and with --all the CUDA builds); print what went."""
     import shutil
 
-    from . import autotune
-    from .backends.cuda import cache_root
+    from ..backends.cuda import cache_root
+    from ..dispatch import autotune
 
     removed, kept = [], []
     directory = autotune.cache_dir()

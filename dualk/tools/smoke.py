@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..registry import OPS, OpSpec, ShapeCase
 from .bench import Report, Row, environment
-from .registry import OPS, OpSpec, ShapeCase
 from .report import SMOKE_MODE
 
 SMOKE_CASES_PER_OP = 2  # the first non-gpu_only cases of each operator
@@ -42,7 +42,7 @@ def cannot_run(backends: Sequence[str]) -> dict[str, str]:
     """backend -> why it cannot run in the smoke check, for those of `backends` that cannot: asked
     as the check will run them, i.e. with the interpreter enabled, without enabling it for good
     (so the CLI can refuse or explain before anything changes)."""
-    from .backends import unavailable_reason
+    from ..backends import unavailable_reason
 
     unset = "TRITON_INTERPRET" not in os.environ
     enable_interpreter()
@@ -75,8 +75,8 @@ def cpu_smoke_check(
 def _check(ops, dtypes, shapes, backends, with_peers, progress) -> list[Row]:
     import dualk
 
-    from .backends import unavailable_reason
-    from .testing import float64_reference, judge
+    from ..backends import unavailable_reason
+    from ..testing import float64_reference, judge
 
     items = [
         (OPS[n], c, d)

@@ -19,15 +19,15 @@ import warnings
 
 import torch
 
-from . import ops
-from .backends import unavailable_reason
-from .layout import as_rows
+from .. import ops
+from ..backends import unavailable_reason
+from ..core.layout import as_rows
 
 _aten = torch.ops.aten
 
 
 def _activation(name: str, z: torch.Tensor) -> torch.Tensor:
-    from .backends.torch_ref import ACTIVATIONS
+    from ..backends.torch_ref import ACTIVATIONS
 
     return ACTIVATIONS[name](z)
 
@@ -65,7 +65,7 @@ def _find_fused_kernel(x: torch.Tensor, weights, backend: str):
     if unavailable_reason("triton", x.device) is not None:
         return None
     try:
-        from .triton_src import fused_mlp_backward as kernel
+        from ..triton_src import fused_mlp_backward as kernel
     except ImportError:
         return None
     widths = [weights[0].shape[1], *(w.shape[0] for w in weights)]
@@ -104,7 +104,7 @@ def recorded_backward(x, weights, biases, activation, grad, need_x_grad):
     silently wrong. PyTorch's own ops on the reference MLP give recorded gradients instead
     (slower; taken only then). Each position gets its own alias, so a tensor passed twice (tied
     layers) gets each position's gradient once, as from any other backward."""
-    from .backends import torch_ref
+    from ..backends import torch_ref
 
     x_alias = x.view_as(x)
     w_alias = [w.view_as(w) for w in weights]
@@ -132,8 +132,8 @@ def _warn_once(message: str) -> None:
 
 def _resolved(backend: str) -> tuple[str, str]:
     """The backend= value as the forward resolved it before auto (argument, env, scope...)."""
-    from . import dispatch
-    from .registry import OPS
+    from .. import dispatch
+    from ..registry import OPS
 
     return dispatch.requested(OPS["fused_mlp"], backend)
 

@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from . import ops
-from .layout import as_rows
+from .. import ops
+from ..core.layout import as_rows
 
 LIB = "dualk"
 _aten = torch.ops.aten
@@ -380,7 +380,7 @@ def _glu_act_backward(grad, pre, activation: str, approximate: str):
 
 
 def _linear_glu_backward(ctx, grad):
-    from .backends.torch_ref import glu_activation, split_glu_parameters
+    from ..backends.torch_ref import glu_activation, split_glu_parameters
 
     x, weight_gate, weight_up, bias_gate, bias_up = ctx.saved_tensors
     packed = weight_up is None

@@ -21,13 +21,13 @@ from pathlib import Path
 import click
 import torch
 
-from . import cli_common as common
-from .cli_bench import bench
-from .cli_results import report_command
-from .cli_tune import cache, tune
-from .errors import DualkError
-from .registry import OPS
-from .render import align, describe_gpu
+from ..core.errors import DualkError
+from ..registry import OPS
+from ..tools.render import align, describe_gpu
+from . import common
+from .bench import bench
+from .results import report_command
+from .tune import cache, tune
 
 
 def _has_gpu() -> bool:
@@ -54,9 +54,9 @@ def _triton_cache_dir() -> str:
 def _availability_table(device: torch.device) -> list[str]:
     """Operator x backend: "yes", "interpreter" or "no [n]" with the reasons as numbered notes,
     plus the backend "auto" picks."""
-    from .backends import unavailable_reason
-    from .backends.triton import interpreter_enabled
-    from .dispatch import auto_candidates, requested
+    from ..backends import unavailable_reason
+    from ..backends.triton import interpreter_enabled
+    from ..dispatch import auto_candidates, requested
 
     backends = list(dict.fromkeys(b for spec in OPS.values() for b in spec.backends))
     reasons: list[str] = []
@@ -104,9 +104,9 @@ def _availability_table(device: torch.device) -> list[str]:
 def info() -> None:
     """GPU, toolchain and versions; each backend's availability per operator, with reasons;
     build, tune and config locations."""
-    from . import autotune, config
-    from .backends import cuda as cuda_backend
-    from .bench import environment
+    from ..backends import cuda as cuda_backend
+    from ..dispatch import autotune, config
+    from ..tools.bench import environment
 
     env = environment()
     fields = [
@@ -165,7 +165,7 @@ def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) 
     import time
     from pathlib import Path
 
-    from .backends import cuda as cuda_backend
+    from ..backends import cuda as cuda_backend
 
     unknown = [f for f in families if f not in cuda_backend.FAMILIES]
     if unknown:

@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import registry, timing
-from .backends import unavailable_reason
-from .registry import OPS, OpSpec, Sample
-from .testing import float64_reference, judge
+from .. import registry
+from ..backends import unavailable_reason
+from ..core import timing
+from ..registry import OPS, OpSpec, Sample
+from ..testing import float64_reference, judge
 
 SUITES = ("quick", "default", "full")
 

@@ -51,9 +51,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from . import module_choice, timing
-from .fuse import fuse
-from .testing import gemm_error_budget
+from .. import module_choice
+from ..core import timing
+from ..fuse import fuse
+from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
 
 MODES = ("eager", "compiled", "train")

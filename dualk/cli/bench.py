@@ -12,16 +12,16 @@ from pathlib import Path
 import click
 import torch
 
-from . import cli_common as common
-from . import smoke
-from .bench import SUITES
-from .cli_common import FILE_PATH, case_options, check_compare_options, compare_options, load
-from .cli_results import compare_and_gate, write_outputs
-from .compare import timings_missing
-from .plot import PlotUnavailableError, require_matplotlib
-from .registry import OPS
-from .render import align, render_smoke, render_table
-from .report import failed_rows, ran
+from ..registry import OPS
+from ..tools import smoke
+from ..tools.bench import SUITES
+from ..tools.compare import timings_missing
+from ..tools.plot import PlotUnavailableError, require_matplotlib
+from ..tools.render import align, render_smoke, render_table
+from ..tools.report import failed_rows, ran
+from . import common
+from .common import FILE_PATH, case_options, check_compare_options, compare_options, load
+from .results import compare_and_gate, write_outputs
 
 BACKEND_CHOICES = ("cuda", "triton", "torch", "auto")
 ALL_BACKENDS = ("cuda", "triton", "auto")  # --all-backends, and the default
@@ -122,7 +122,7 @@ def bench(
     check on the CPU (Triton under its interpreter), no timings; options that only mean something
     for timings are named in a note, or refused where the run could not do what they ask."""
     if models or modes or quick or rounds:
-        from .cli_zoo import run_zoo
+        from .zoo import run_zoo
 
         run_zoo(click.get_current_context())
         return
@@ -156,7 +156,7 @@ def bench(
             click.echo(f"--plot {plot_path} will be skipped: {exc}", err=True)
             plot_path = None
 
-    from . import bench as engine
+    from ..tools import bench as engine
 
     with common.progress_bar("benchmarking") as progress:
         report = engine.run(
@@ -184,8 +184,8 @@ def _auto_override_note(ops: Sequence[str], backends: Sequence[str]) -> str | No
     default or the config file), said before the run: those rows then time what it names."""
     if "auto" not in backends:
         return None
-    from . import dispatch
-    from .errors import DualkError
+    from .. import dispatch
+    from ..core.errors import DualkError
 
     forced = []
     for op in ops:

@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from .errors import ConfigError, user_stacklevel
+from ..core.errors import ConfigError, user_stacklevel
 
 BACKEND_NAMES = ("cuda", "triton", "torch", "auto")
 KNOWN_TABLES = ("backend",)
@@ -74,7 +74,7 @@ def _read(path: Path, explicit: bool) -> dict[str, str]:
             f"dualk config {path}: [backend] must map operator names to backend names "
             f"(strings), got {table!r}"
         )
-    from .registry import OPS
+    from ..registry import OPS
 
     for key, value in table.items():
         if value not in BACKEND_NAMES:

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backends import BACKENDS, unavailable_reason
+from ..core.errors import BackendUnavailableError, UnknownBackendError
+from ..registry import OpSpec
 from . import autotune, config
-from .backends import BACKENDS, unavailable_reason
-from .errors import BackendUnavailableError, UnknownBackendError
-from .registry import OpSpec
 
 BACKEND_NAMES = (*BACKENDS, "auto")
 
@@ -198,7 +198,7 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     for missing, why in spec.missing.items():  # backends without this operator
         availability.setdefault(missing, why)
     if "cuda" in spec.backends and like.device.type in autotune.BACKGROUND_DEVICE_TYPES:
-        from .backends import cuda
+        from ..backends import cuda
 
         family = cuda.OP_FAMILY[spec.name]
         notes.append(f"cuda backend, {family} family: {cuda.describe_state(family)}")

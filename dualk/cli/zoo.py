@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import click
 
-from . import cli_common as common
-from . import zoo
-from .render import align
-from .zoo_models import MODELS, unavailable
+from ..tools import zoo
+from ..tools.render import align
+from ..tools.zoo_models import MODELS, unavailable
+from . import common
 
 # What the zoo reads of bench's options; any other given with --models is a usage error.
 ZOO_PARAMS = {"models", "modes", "quick", "rounds", "json_path", "list_cases"}
