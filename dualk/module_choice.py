@@ -104,7 +104,7 @@ def measurable(device: torch.device) -> str | None:
         return "not on a CUDA device"
     if torch._C._is_tracing():
         return "torch.jit is tracing"
-    return autotune._timing_blocked()
+    return autotune.timing_blocked()
 
 
 def decided(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> str | None:

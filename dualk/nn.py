@@ -28,12 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import dispatch, module_choice, ops
+from .backends import cuda
 from .backends.torch_ref import ACTIVATIONS
 from .core.errors import DtypeError, InvalidArgumentError, InvalidTypeError
 from .core.validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
 from .dispatch import autotune, check_name
 from .dispatch.autotune import tf32_allowed as _tf32
 from .registry import OPS
+from .runtime import operators, route
 
 GELU_APPROXIMATIONS = ("tanh", "none")
 MODULE_ACTIVATIONS = ("relu", "gelu", "silu", "none")
@@ -205,7 +207,7 @@ def _check_glu_activation(where: str, activation, approximate) -> None:
         )
 
 
-class _GatedBase(nn.Module):
+class GatedBase(nn.Module):
     """The gated part `act(x @ Wg.T + bg) * (x @ Wu.T + bu)` of a gated MLP, fused
     (`dualk.linear_glu`) or by PyTorch's ops, chosen by dualk.module_choice (kind
     "linear_glu"). Subclasses provide `_gate_up()` -> (gate Linear, up Linear) and set
@@ -232,7 +234,7 @@ class _GatedBase(nn.Module):
         )
 
 
-class GatedMLP(_GatedBase):
+class GatedMLP(GatedBase):
     """`down_proj(act(gate_proj(x)) * up_proj(x))` (LLaMA's MLP; SwiGLU with "silu", GeGLU with
     "gelu", ReGLU with "relu"), the gated part in one kernel (`dualk.linear_glu`). x (...,
     in_features) -> (..., out_features, default in_features); float32, float16 or bfloat16.
@@ -322,9 +324,9 @@ def _exporting() -> bool:
     return _EXPORTING_IS_ACCURATE and _is_exporting()
 
 
-_is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the trace records
-_any_autocast = ops._any_autocast
-_transforms_active = ops._transforms_active
+_is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the trace records
+_any_autocast = route.any_autocast
+_transforms_active = route.transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
 
 
@@ -490,7 +492,7 @@ class _InferencePlan:
                 return
         else:
             name = backend
-        if name not in ("torch", "original") and ops.mlp_fallback_reason(name, x, weights):
+        if name not in ("torch", "original") and operators.mlp_fallback_reason(name, x, weights):
             return  # the per-layer chain: not planned
         ptrs = cls._ptrs(weights, biases)
         plan = module.__dict__.get("_plan")
@@ -503,8 +505,6 @@ class _InferencePlan:
         if name == "original":
             runner = module._original_forward
         elif name == "cuda":
-            from .backends import cuda
-
             runner = cuda.fused_mlp_runner(weights, biases, activation)
         else:
             impl = _FUSED_MLP_SPEC.implementation(name)

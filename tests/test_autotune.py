@@ -561,7 +561,9 @@ def ran(fake_gpu, monkeypatch):
     from dualk import dispatch
 
     monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, op=None: None)
-    monkeypatch.setattr("dualk.ops.mlp_fallback_reason", lambda backend, x, weights: None)
+    monkeypatch.setattr(
+        "dualk.runtime.operators.mlp_fallback_reason", lambda backend, x, weights: None
+    )
     calls: list[str] = []
     for op in OPS:
         spec = OPS[op]
@@ -599,7 +601,7 @@ def test_exact_table_follows_new_decisions_clears_and_tuning(ran, monkeypatch):
     assert autotune.exact_hits == {}
     assert last_backend(ran, call) == "cuda"
     assert last_backend(ran, call) == "cuda"
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     res = CliRunner().invoke(cli.main, ["cache", "clear"])  # memory and files
     assert res.exit_code == 0, res.output
     assert autotune.exact_hits == {}
@@ -757,14 +759,14 @@ def test_gemm_exact_tables_keep_the_tf32_switch(ran, monkeypatch, op):
         "fused_mlp": (mlp_args(8, [16, 32, 8]), lambda a: dualk.fused_mlp(*a[:3])),
     }[op]  # fmt: skip
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
-    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     plant(op, args, "cuda")
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
     plant(op, args, "triton")
-    monkeypatch.setattr("dualk.ops._tf32", lambda: True)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: True)
     assert last_backend(ran, lambda: call(args)) == "triton"
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
-    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     assert last_backend(ran, lambda: call(args)) == "cuda"
 
 
@@ -880,7 +882,7 @@ def test_triton_candidate_lists_are_small_and_keep_the_measured_winners():
 
 # ---------------------------------------------------------------------------- CLI
 def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     runner = CliRunner()
     res = runner.invoke(cli.main, ["cache", "show"])
     assert res.exit_code == 0, res.output
@@ -926,7 +928,7 @@ def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
 
 
 def test_cli_tune_without_gpu_says_it_cannot(monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     res = CliRunner().invoke(cli.main, ["tune", "--suite", "quick"])
     assert res.exit_code == 1
     assert "No CUDA GPU found: cannot tune" in res.output
@@ -963,14 +965,14 @@ def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
     monkeypatch.setattr(autotune, "_warned", set())
     monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")
     with pytest.warns(UserWarning, match="DUALK_AUTOTUNE='maybe'") as record:
-        blocked = autotune._timing_blocked()
+        blocked = autotune.timing_blocked()
     assert blocked is None or "DUALK_AUTOTUNE" not in blocked
     assert record[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        autotune._timing_blocked()  # once per value
+        autotune.timing_blocked()  # once per value
     monkeypatch.setenv("DUALK_AUTOTUNE", "off")
-    assert autotune._timing_blocked() == "DUALK_AUTOTUNE=0"
+    assert autotune.timing_blocked() == "DUALK_AUTOTUNE=0"
 
 
 def test_cache_file_name_matches_every_name_dualk_writes():

@@ -30,7 +30,7 @@ FAST = ("--op", "add", "--dtype", "float32")  # the smallest smoke check: 2 case
 
 @pytest.fixture
 def runner(monkeypatch) -> CliRunner:
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     # The smoke check sets TRITON_INTERPRET; put it back afterwards, so that on a GPU machine later
     # tests' Triton kernels are not sent to the interpreter. (setenv records the value to restore.)
     was = os.environ.get("TRITON_INTERPRET")
@@ -169,7 +169,7 @@ def test_fail_if_slower_without_a_gpu_is_refused_unless_allowed(runner, tmp_path
 
 
 def test_gpu_bench_refuses_a_gate_against_an_untimed_file_before_running(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: True)
     monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: pytest.fail("must not run"))
     old = save(smoke_report(), tmp_path / "smoke.json")
     result = invoke(CliRunner(), "bench", "--compare", str(old), "--fail-if-slower", "5")
@@ -182,7 +182,7 @@ def test_gpu_bench_in_which_no_dualk_backend_gave_a_result_exits_1(tmp_path, mon
     for r in report.rows[:2]:  # both dualk rows
         r.us = r.ok = r.rel_err = None
         r.note = "unavailable: no extension"
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: True)
     monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: report)
     result = invoke(CliRunner(), "bench", "--op", "matmul")
     assert result.exit_code == 1, result.output

@@ -22,7 +22,7 @@ MLP_TRAIN = [n for n, s in MODELS.items() if s.modes == ("train",)]
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

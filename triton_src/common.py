@@ -296,7 +296,7 @@ def config_store():
     if not _config_store:
         store = None
         try:
-            from dualk import autotune
+            from dualk.dispatch import autotune
 
             store = autotune.triton_config_store()
         except Exception:  # dualk not importable: memory only

@@ -1,5 +1,5 @@
 """The eager route for calls that autograd must record: one torch.autograd.Function that runs an
-operator's implementation and its registered backward formula (dualk/library.py) directly.
+operator's implementation and its registered backward formula (dualk/autograd/library.py) directly.
 
 Why not the registered op: torch.library's autograd wrapper (pytree flattening, redispatch, the
 aliasing checks, the dynamo-disable wrappers) cost ~0.5 ms per call on CPU and ~1 ms on an H100
@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
+from ..runtime.operators import run_fused_mlp
 from . import library, mlp_backward
 
 # Each op: (run(*inputs) -> output, setup_context, backward), inputs in the registered op's order.
 _OPS = {
-    "add": (library.run_add, library._add_setup, library._add_backward),
-    "relu_scale": (library.run_relu_scale, library._relu_scale_setup, library._relu_scale_backward),
-    "matmul": (library.run_matmul, library._matmul_setup, library._matmul_backward),
-    "linear_gelu": (library.run_linear_gelu, library._linear_gelu_setup, library._linear_gelu_backward),
-    "fused_mlp": (library.run_fused_mlp, library._fused_mlp_setup, library._fused_mlp_backward),
-    "linear_glu": (library.run_linear_glu, library._linear_glu_setup, library._linear_glu_backward),
+    "add": (library.run_add, library.add_setup, library.add_formula),
+    "relu_scale": (library.run_relu_scale, library.relu_scale_setup, library.relu_scale_formula),
+    "matmul": (library.run_matmul, library.matmul_setup, library.matmul_formula),
+    "linear_gelu": (library.run_linear_gelu, library.linear_gelu_setup, library.linear_gelu_formula),
+    "fused_mlp": (library.run_fused_mlp, library.fused_mlp_setup, library.fused_mlp_formula),
+    "linear_glu": (library.run_linear_glu, library.linear_glu_setup, library.linear_glu_formula),
 }  # fmt: skip
 
 
@@ -104,13 +104,13 @@ def apply(name: str, *inputs):
 class _FusedMlpFunction(torch.autograd.Function):
     """fused_mlp's eager route without the generic packing above: the training hot path (one
     call per step of every dualk.nn.FusedMLP). Same implementation and backward as the
-    registered op (ops._run_fused_mlp, mlp_backward.fused_mlp_backward, which
+    registered op (runtime.operators.run_fused_mlp, mlp_backward.fused_mlp_backward, which
     library.run_fused_mlp / run_fused_mlp_backward wrap)."""
 
     @staticmethod
     def forward(ctx, x, activation: str, backend: str, layers: int, *params):
         weights, biases = list(params[:layers]), list(params[layers:])
-        out = library._fresh(ops._run_fused_mlp(x, weights, biases, activation, backend))
+        out = library.fresh(run_fused_mlp(x, weights, biases, activation, backend))
         ctx.save_for_backward(x, *params)  # None biases are saved as None
         ctx.activation, ctx.backend, ctx.layers = activation, backend, layers
         return out

@@ -2,14 +2,14 @@
 implementations for torch.compile / export and autograd formulas.
 
 Schemas: every op takes its tensors, its options and `backend: str` last. The implementation of
-each op is `dualk.ops._run_<op>`: it validates, resolves the backend (argument, environment,
+each op is `run_<op>` of dualk/runtime/operators.py: it validates, resolves the backend (argument, environment,
 scope, config, autotuning) and runs the kernel, when the op *runs*, so a traced graph holds only
 `dualk::<op>(..., backend)` and never the dispatcher's lookups. Outputs are always fresh and
 contiguous (the fake implementations promise exactly that).
 
 Backward formulas run on dualk's own operators with the forward's `backend=` value, so a
 backend named for the forward also computes its gradients: matmul and linear_gelu use
-`dualk.matmul`; fused_mlp has a fused Triton backward (triton_src/fused_mlp_backward.py) where
+`dualk.matmul` (through dualk/autograd/calls.py); fused_mlp has a fused Triton backward (triton_src/fused_mlp_backward.py) where
 its kernel fits, else recomputes the layers and walks them back with `dualk.matmul`. The
 elementwise derivatives (sums over broadcast dims, masks, GELU/SiLU derivatives) are PyTorch's
 own ATen backward functions, so they round exactly as PyTorch's autograd does.
@@ -21,20 +21,24 @@ from typing import Optional
 
 import torch
 
-from .. import ops
+from ..backends.torch_ref import glu_activation, split_glu_parameters
 from ..core.layout import as_rows
+from ..runtime import operators
+from . import calls
+from .mlp_backward import fused_mlp_backward as _mlp_backward_run
+from .mlp_backward import recorded_backward
 
 LIB = "dualk"
 _aten = torch.ops.aten
 
 
-def _fresh(out: torch.Tensor) -> torch.Tensor:
+def fresh(out: torch.Tensor) -> torch.Tensor:
     return out if out.is_contiguous() else out.contiguous()
 
 
 # ---------------------------------------------------------------------------------------- add
 def run_add(a, b, alpha, backend):
-    return _fresh(ops._run_add(a, b, alpha, backend))
+    return fresh(operators.run_add(a, b, alpha, backend))
 
 
 @torch.library.custom_op(f"{LIB}::add", mutates_args=())
@@ -44,7 +48,7 @@ def add(a: torch.Tensor, b: torch.Tensor, alpha: float, backend: str) -> torch.T
 
 @add.register_fake
 def _(a, b, alpha, backend):
-    ops._check_add(a, b, alpha)
+    operators.check_add(a, b, alpha)
     return a.new_empty(torch.broadcast_shapes(a.shape, b.shape))
 
 
@@ -52,12 +56,12 @@ def _sum_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grad if grad.shape == shape else grad.sum_to_size(shape)
 
 
-def _add_setup(ctx, inputs, output):
+def add_setup(ctx, inputs, output):
     a, b, alpha, _ = inputs
     ctx.shapes, ctx.alpha = (a.shape, b.shape), alpha
 
 
-def _add_backward(ctx, grad):
+def add_formula(ctx, grad):
     shape_a, shape_b = ctx.shapes
     grad_a = _sum_to(grad, shape_a) if ctx.needs_input_grad[0] else None
     grad_b = None
@@ -66,12 +70,12 @@ def _add_backward(ctx, grad):
     return grad_a, grad_b, None, None
 
 
-add.register_autograd(_add_backward, setup_context=_add_setup)
+add.register_autograd(add_formula, setup_context=add_setup)
 
 
 # ---------------------------------------------------------------------------------- relu_scale
 def run_relu_scale(x, scale, backend):
-    return _fresh(ops._run_relu_scale(x, scale, backend))
+    return fresh(operators.run_relu_scale(x, scale, backend))
 
 
 @torch.library.custom_op(f"{LIB}::relu_scale", mutates_args=())
@@ -81,28 +85,28 @@ def relu_scale(x: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
 
 @relu_scale.register_fake
 def _(x, scale, backend):
-    ops._check_relu_scale(x, scale)
+    operators.check_relu_scale(x, scale)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _relu_scale_setup(ctx, inputs, output):
+def relu_scale_setup(ctx, inputs, output):
     x, scale, _ = inputs
     ctx.save_for_backward(x)
     ctx.scale = scale
 
 
-def _relu_scale_backward(ctx, grad):
+def relu_scale_formula(ctx, grad):
     (x,) = ctx.saved_tensors
     # As autograd of relu(x) * scale: (grad * scale) where x > 0, else 0 (NaN x gives 0).
     return _aten.threshold_backward(grad * ctx.scale, x, 0), None, None
 
 
-relu_scale.register_autograd(_relu_scale_backward, setup_context=_relu_scale_setup)
+relu_scale.register_autograd(relu_scale_formula, setup_context=relu_scale_setup)
 
 
 # -------------------------------------------------------------------------------------- matmul
 def run_matmul(a, b, backend):
-    return _fresh(ops._run_matmul(a, b, backend))
+    return fresh(operators.run_matmul(a, b, backend))
 
 
 @torch.library.custom_op(f"{LIB}::matmul", mutates_args=())
@@ -112,18 +116,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, backend: str) -> torch.Tensor:
 
 @matmul.register_fake
 def _(a, b, backend):
-    ops._check_matmul(a, b)
+    operators.check_matmul(a, b)
     batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
 
 
-def _matmul_setup(ctx, inputs, output):
+def matmul_setup(ctx, inputs, output):
     a, b, backend = inputs
     ctx.save_for_backward(a, b)
     ctx.backend = backend
 
 
-def _matmul_backward(ctx, grad):
+def matmul_formula(ctx, grad):
     a, b = ctx.saved_tensors
     mm = _matmul_with(ctx.backend)
     grad_a = grad_b = None
@@ -141,15 +145,15 @@ def _matmul_backward(ctx, grad):
 
 
 def _matmul_with(backend: str):
-    return lambda p, q: ops.matmul(p, q, backend=backend)
+    return lambda p, q: calls.matmul(p, q, backend)
 
 
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+matmul.register_autograd(matmul_formula, setup_context=matmul_setup)
 
 
 # --------------------------------------------------------------------------------- linear_gelu
 def run_linear_gelu(x, weight, bias, approximate, backend):
-    return _fresh(ops._run_linear_gelu(x, weight, bias, approximate, backend))
+    return fresh(operators.run_linear_gelu(x, weight, bias, approximate, backend))
 
 
 @torch.library.custom_op(f"{LIB}::linear_gelu", mutates_args=())
@@ -165,17 +169,17 @@ def linear_gelu(
 
 @linear_gelu.register_fake
 def _(x, weight, bias, approximate, backend):
-    ops._check_linear("linear_gelu", x, weight, bias)
+    operators.check_linear("linear_gelu", x, weight, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _linear_gelu_setup(ctx, inputs, output):
+def linear_gelu_setup(ctx, inputs, output):
     x, weight, bias, approximate, backend = inputs
     ctx.save_for_backward(x, weight, bias)
     ctx.approximate, ctx.backend = approximate, backend
 
 
-def _linear_gelu_backward(ctx, grad):
+def linear_gelu_formula(ctx, grad):
     x, weight, bias = ctx.saved_tensors
     mm = _matmul_with(ctx.backend)
     x2d = as_rows(x)
@@ -191,7 +195,7 @@ def _linear_gelu_backward(ctx, grad):
     return grad_x, grad_w, grad_b, None, None
 
 
-linear_gelu.register_autograd(_linear_gelu_backward, setup_context=_linear_gelu_setup)
+linear_gelu.register_autograd(linear_gelu_formula, setup_context=linear_gelu_setup)
 
 
 # ----------------------------------------------------------------------------------- fused_mlp
@@ -216,7 +220,7 @@ def _unpack_biases(layers: int, biases, bias_mask: int) -> list:
 
 def run_fused_mlp(x, weights, biases, bias_mask, activation, backend):
     full = _unpack_biases(len(weights), biases, bias_mask)
-    return _fresh(ops._run_fused_mlp(x, list(weights), full, activation, backend))
+    return fresh(operators.run_fused_mlp(x, list(weights), full, activation, backend))
 
 
 @torch.library.custom_op(f"{LIB}::fused_mlp", mutates_args=())
@@ -233,19 +237,19 @@ def fused_mlp(
 
 @fused_mlp.register_fake
 def _(x, weights, biases, bias_mask, activation, backend):
-    weights, full = ops._mlp_lists(weights, _unpack_biases(len(weights), biases, bias_mask))
-    ops._check_mlp(x, weights, full, activation)
+    weights, full = operators.mlp_lists(weights, _unpack_biases(len(weights), biases, bias_mask))
+    operators.check_mlp(x, weights, full, activation)
     return x.new_empty((*x.shape[:-1], weights[-1].shape[0]))
 
 
-def _fused_mlp_setup(ctx, inputs, output):
+def fused_mlp_setup(ctx, inputs, output):
     x, weights, biases, bias_mask, activation, backend = inputs
     ctx.layers, ctx.bias_mask = len(weights), bias_mask
     ctx.save_for_backward(x, *weights, *biases)
     ctx.activation, ctx.backend = activation, backend
 
 
-def _fused_mlp_backward(ctx, grad):
+def fused_mlp_formula(ctx, grad):
     saved = ctx.saved_tensors
     n = ctx.layers
     x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
@@ -254,8 +258,6 @@ def _fused_mlp_backward(ctx, grad):
     args = (x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
             ctx.needs_input_grad[0])  # fmt: skip
     if torch.is_grad_enabled():  # create_graph=True: a backward autograd records
-        from .mlp_backward import recorded_backward
-
         full = _unpack_biases(n, biases, ctx.bias_mask)
         grad_x, grad_w, grad_full = recorded_backward(
             x, weights, full, ctx.activation, grad, ctx.needs_input_grad[0]
@@ -278,15 +280,15 @@ def run_fused_mlp_backward(
     """(grad_x (empty when not needed), grad of each weight, grad of each present bias).
     own_outputs: copy gradients that are views (of the fused kernel's one output buffer) into
     tensors of their own, as a registered op's outputs must be."""
-    from .mlp_backward import fused_mlp_backward as run
-
     n = len(weights)
     full = _unpack_biases(n, biases, bias_mask)
-    grad_x, grad_w, grad_b = run(x, list(weights), full, activation, grad, backend, need_x_grad)
+    grad_x, grad_w, grad_b = _mlp_backward_run(
+        x, list(weights), full, activation, grad, backend, need_x_grad
+    )
     if grad_x is None:
         grad_x = x.new_empty((0,))
     grad_b = [grad_b[i] for i in _bias_layers(n, bias_mask)]
-    grad_x = _fresh(grad_x)
+    grad_x = fresh(grad_x)
     if own_outputs:  # an op's outputs may alias neither its inputs nor one another
         taken = {t.untyped_storage().data_ptr() for t in (x, *weights, *biases, grad, grad_x)}
         grad_w = [_own(g, taken) for g in grad_w]
@@ -317,7 +319,7 @@ def _own(t: torch.Tensor, taken: set[int]) -> torch.Tensor:
     views made under a TorchDispatchMode (opcheck's SchemaCheckMode) have no _base."""
     storage = t.untyped_storage()
     shared = storage.data_ptr() in taken or storage.nbytes() != t.numel() * t.element_size()
-    t = t.clone() if shared else _fresh(t)
+    t = t.clone() if shared else fresh(t)
     taken.add(t.untyped_storage().data_ptr())
     return t
 
@@ -328,13 +330,13 @@ def _(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
     return grad_x, [w.new_empty(w.shape) for w in weights], [b.new_empty(b.shape) for b in biases]
 
 
-fused_mlp.register_autograd(_fused_mlp_backward, setup_context=_fused_mlp_setup)
+fused_mlp.register_autograd(fused_mlp_formula, setup_context=fused_mlp_setup)
 
 
 # ---------------------------------------------------------------------------------- linear_glu
 def run_linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
-    return _fresh(
-        ops._run_linear_glu(
+    return fresh(
+        operators.run_linear_glu(
             x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
         )
     )
@@ -358,13 +360,13 @@ def linear_glu(
 
 @linear_glu.register_fake
 def _(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
-    _, _, _, n = ops._check_linear_glu(
+    _, _, _, n = operators.check_linear_glu(
         x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
     )
     return x.new_empty((*x.shape[:-1], n))
 
 
-def _linear_glu_setup(ctx, inputs, output):
+def linear_glu_setup(ctx, inputs, output):
     x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend = inputs
     ctx.save_for_backward(x, weight_gate, weight_up, bias_gate, bias_up)
     ctx.activation, ctx.approximate, ctx.backend = activation, approximate, backend
@@ -379,9 +381,7 @@ def _glu_act_backward(grad, pre, activation: str, approximate: str):
     return _aten.threshold_backward(grad, pre, 0)
 
 
-def _linear_glu_backward(ctx, grad):
-    from ..backends.torch_ref import glu_activation, split_glu_parameters
-
+def linear_glu_formula(ctx, grad):
     x, weight_gate, weight_up, bias_gate, bias_up = ctx.saved_tensors
     packed = weight_up is None
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
@@ -418,4 +418,4 @@ def _linear_glu_backward(ctx, grad):
     return grad_x, grad_wg, grad_wu, grad_bg, grad_bu, None, None, None
 
 
-linear_glu.register_autograd(_linear_glu_backward, setup_context=_linear_glu_setup)
+linear_glu.register_autograd(linear_glu_formula, setup_context=linear_glu_setup)

@@ -1,4 +1,4 @@
-"""The backward of `dualk.fused_mlp` (used by its autograd formula in dualk/library.py).
+"""The backward of `dualk.fused_mlp` (used by its autograd formulas in dualk/autograd/library.py and eager.py).
 
 Two ways, chosen per call:
 - fused (Triton, triton_src/fused_mlp_backward.py): one persistent kernel recomputes each row
@@ -19,16 +19,17 @@ import warnings
 
 import torch
 
-from .. import ops
-from ..backends import unavailable_reason
+from .. import dispatch
+from ..backends import torch_ref, unavailable_reason
+from ..backends.torch_ref import ACTIVATIONS
 from ..core.layout import as_rows
+from ..registry import OPS
+from . import calls
 
 _aten = torch.ops.aten
 
 
 def _activation(name: str, z: torch.Tensor) -> torch.Tensor:
-    from ..backends.torch_ref import ACTIVATIONS
-
     return ACTIVATIONS[name](z)
 
 
@@ -104,8 +105,6 @@ def recorded_backward(x, weights, biases, activation, grad, need_x_grad):
     silently wrong. PyTorch's own ops on the reference MLP give recorded gradients instead
     (slower; taken only then). Each position gets its own alias, so a tensor passed twice (tied
     layers) gets each position's gradient once, as from any other backward."""
-    from ..backends import torch_ref
-
     x_alias = x.view_as(x)
     w_alias = [w.view_as(w) for w in weights]
     b_alias = [None if b is None else b.view_as(b) for b in biases]
@@ -132,15 +131,12 @@ def _warn_once(message: str) -> None:
 
 def _resolved(backend: str) -> tuple[str, str]:
     """The backend= value as the forward resolved it before auto (argument, env, scope...)."""
-    from .. import dispatch
-    from ..registry import OPS
-
     return dispatch.requested(OPS["fused_mlp"], backend)
 
 
 def _layer_chain(x2d, weights, biases, activation, g2d, backend, need_x_grad):
     def mm(p, q):
-        return ops.matmul(p, q, backend=backend)
+        return calls.matmul(p, q, backend)
 
     last = len(weights) - 1
     inputs, pre = [x2d], []  # H_i (each layer's input) and Z_i (hidden pre-activations)
@@ -148,7 +144,7 @@ def _layer_chain(x2d, weights, biases, activation, g2d, backend, need_x_grad):
         # One layer of the backend's fused MLP: x W^T + b rounded once, as the forward kernel
         # and F.linear do (a matmul then "+ b" rounds twice in 16-bit, which can flip the sign
         # of a pre-activation near 0 and with it a ReLU mask).
-        z = ops.fused_mlp(inputs[i], [w], [b], activation="none", backend=backend)
+        z = calls.linear(inputs[i], w, b, backend)
         pre.append(z)
         inputs.append(_activation(activation, z))
     grad_w: list = [None] * len(weights)

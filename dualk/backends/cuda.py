@@ -70,7 +70,7 @@ from pathlib import Path
 import torch
 
 from ..core import alloc as _alloc
-from ..core.errors import BackendUnavailableError, BackendWarning, BuildNotice
+from ..core.errors import BackendUnavailableError, BackendWarning, BuildNotice, user_stacklevel
 from ..core.layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
 
@@ -118,7 +118,7 @@ _extensions: dict[str, object] = {}  # family -> its loaded module
 _loaded_from: dict[str, Path] = {}  # family -> the directory it was loaded from
 _errors: dict[str, str] = {}  # family -> why it cannot be had in this process
 _ignored: dict[str, list[tuple[str, str]]] = {}  # family -> [(directory, why not loaded)]
-_jobs: dict[str, _Job] = {}  # family -> its background builder
+_jobs: dict[str, Job] = {}  # family -> its background builder
 _noticed: set[str] = set()
 _generation = 0
 NO_DEVICE = "no CUDA device is visible to PyTorch"
@@ -656,8 +656,6 @@ def _notice(family: str, message: str) -> None:
     if family in _noticed:
         return
     _noticed.add(family)
-    from ..core.errors import user_stacklevel
-
     warnings.warn(message, BuildNotice, stacklevel=user_stacklevel())
 
 
@@ -679,8 +677,6 @@ def _fail(family: str, reason: str) -> None:
     _errors[family] = reason
     _generation += 1
     if first and reason != NO_DEVICE:
-        from ..core.errors import user_stacklevel
-
         warnings.warn(
             f"dualk: {_describe_family(family)} is unavailable: {reason}. backend='auto' runs "
             "the other backends; backend='cuda' raises BackendUnavailableError.",
@@ -760,6 +756,11 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def nvcc_path() -> str | None:
+    """nvcc's path (CUDA_HOME's, else the one on PATH), or None when there is none."""
+    return _nvcc()
+
+
 def _toolchain_reason() -> str | None:
     if not torch.cuda.is_available():
         return NO_DEVICE
@@ -792,7 +793,7 @@ def builder_env() -> dict[str, str]:
 
 
 @dataclass
-class _Job:
+class Job:
     proc: subprocess.Popen
     started: float  # time.time()
     directory: Path
@@ -819,7 +820,7 @@ class _Job:
         return "no output"
 
 
-def start_build(family: str) -> _Job:
+def start_build(family: str) -> Job:
     """Start the family's builder process (it writes its output to <build dir>/progress.log)."""
     archs = target_archs()
     directory = build_directory(family, archs)
@@ -830,7 +831,7 @@ def start_build(family: str) -> _Job:
             builder_command(family, archs), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, env=builder_env(), start_new_session=True,
         )  # fmt: skip
-    job = _jobs[family] = _Job(proc, time.time(), directory, log)
+    job = _jobs[family] = Job(proc, time.time(), directory, log)
     return job
 
 

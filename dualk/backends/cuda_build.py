@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         archs = cuda.parse_archs(args.arch) if args.arch else cuda.target_archs()
         if not archs:
             raise ValueError("no architecture to build for (no GPU visible; name one with --arch)")
-        if cuda._nvcc() is None:
+        if cuda.nvcc_path() is None:
             raise RuntimeError("nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
         root = None if args.out is None else Path(args.out)
         print(

@@ -17,6 +17,7 @@ import torch
 from ..core import alloc as _alloc
 from ..core.layout import as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
+from .torch_ref import split_glu_parameters
 
 _import_error: str | None = None
 _triton_checked = False
@@ -133,8 +134,6 @@ def linear_glu(
     activation: str = "silu",
     approximate: str = "tanh",
 ) -> torch.Tensor:
-    from .torch_ref import split_glu_parameters
-
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     x2d = as_rows(x)
     with _device_guard(x):

@@ -15,24 +15,26 @@ Torch is imported with the package; Triton and matplotlib only when a command ne
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
 import torch
 
+from ..backends import cuda as cuda_backend
+from ..backends import unavailable_reason
+from ..backends.triton import interpreter_enabled
 from ..core.errors import DualkError
+from ..dispatch import auto_candidates, autotune, config, requested
 from ..registry import OPS
+from ..tools.bench import environment
 from ..tools.render import align, describe_gpu
 from . import common
 from .bench import bench
 from .results import report_command
 from .tune import cache, tune
-
-
-def _has_gpu() -> bool:
-    """Every command asks here (through cli_common.has_gpu): the one name tests replace."""
-    return torch.cuda.is_available()
 
 
 @click.group()
@@ -54,10 +56,6 @@ def _triton_cache_dir() -> str:
 def _availability_table(device: torch.device) -> list[str]:
     """Operator x backend: "yes", "interpreter" or "no [n]" with the reasons as numbered notes,
     plus the backend "auto" picks."""
-    from ..backends import unavailable_reason
-    from ..backends.triton import interpreter_enabled
-    from ..dispatch import auto_candidates, requested
-
     backends = list(dict.fromkeys(b for spec in OPS.values() for b in spec.backends))
     reasons: list[str] = []
     body = []
@@ -104,10 +102,6 @@ def _availability_table(device: torch.device) -> list[str]:
 def info() -> None:
     """GPU, toolchain and versions; each backend's availability per operator, with reasons;
     build, tune and config locations."""
-    from ..backends import cuda as cuda_backend
-    from ..dispatch import autotune, config
-    from ..tools.bench import environment
-
     env = environment()
     fields = [
         ("dualk", env["dualk"]),
@@ -161,12 +155,6 @@ def info() -> None:
 def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) -> None:
     """Build the CUDA extension families ahead of time, each in its own builder process, all at
     once: one line per family as it starts, and as it is done (seconds) or failed (its log)."""
-    import subprocess
-    import time
-    from pathlib import Path
-
-    from ..backends import cuda as cuda_backend
-
     unknown = [f for f in families if f not in cuda_backend.FAMILIES]
     if unknown:
         click.echo(
@@ -180,7 +168,7 @@ def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) 
         click.echo(str(exc), err=True)
         sys.exit(2)
     if archs is None:
-        if not _has_gpu():  # nothing was attempted: the default targets the GPU it finds
+        if not common.has_gpu():  # nothing was attempted: the default targets the GPU it finds
             click.echo(
                 f"nothing built: {cuda_backend.NO_DEVICE} (name the architectures with --arch, "
                 "e.g. --arch sm_90a, to build without a GPU)",
@@ -231,7 +219,7 @@ def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) 
                 click.echo(f"{family}: done in {seconds:.1f} s")
                 continue
             failed += 1
-            job = cuda_backend._Job(proc, 0.0, log.parent, log)
+            job = cuda_backend.Job(proc, 0.0, log.parent, log)
             why = job.last_line() if output is not None else f"exit status {rc}"
             click.echo(f"{family}: failed after {seconds:.1f} s: {why} (log: {log})")
     if failed:

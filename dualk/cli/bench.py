@@ -12,7 +12,10 @@ from pathlib import Path
 import click
 import torch
 
+from .. import dispatch
+from ..core.errors import DualkError
 from ..registry import OPS
+from ..tools import bench as engine
 from ..tools import smoke
 from ..tools.bench import SUITES
 from ..tools.compare import timings_missing
@@ -22,6 +25,7 @@ from ..tools.report import failed_rows, ran
 from . import common
 from .common import FILE_PATH, case_options, check_compare_options, compare_options, load
 from .results import compare_and_gate, write_outputs
+from .zoo import run_zoo
 
 BACKEND_CHOICES = ("cuda", "triton", "torch", "auto")
 ALL_BACKENDS = ("cuda", "triton", "auto")  # --all-backends, and the default
@@ -122,8 +126,6 @@ def bench(
     check on the CPU (Triton under its interpreter), no timings; options that only mean something
     for timings are named in a note, or refused where the run could not do what they ask."""
     if models or modes or quick or rounds:
-        from .zoo import run_zoo
-
         run_zoo(click.get_current_context())
         return
     ops = ops or tuple(OPS)
@@ -156,8 +158,6 @@ def bench(
             click.echo(f"--plot {plot_path} will be skipped: {exc}", err=True)
             plot_path = None
 
-    from ..tools import bench as engine
-
     with common.progress_bar("benchmarking") as progress:
         report = engine.run(
             ops,
@@ -184,9 +184,6 @@ def _auto_override_note(ops: Sequence[str], backends: Sequence[str]) -> str | No
     default or the config file), said before the run: those rows then time what it names."""
     if "auto" not in backends:
         return None
-    from .. import dispatch
-    from ..core.errors import DualkError
-
     forced = []
     for op in ops:
         try:

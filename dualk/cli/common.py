@@ -31,11 +31,9 @@ EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 def has_gpu() -> bool:
-    """Whether a CUDA GPU is visible. Every command asks through `dualk.cli._has_gpu`, the one
-    name tests replace to stand in for a GPU (or its absence)."""
-    from .. import cli  # at call time: cli imports this module
-
-    return cli._has_gpu()
+    """Whether a CUDA GPU is visible. Every command asks here: the one name tests replace
+    (`dualk.cli.common.has_gpu`) to stand in for a GPU (or its absence)."""
+    return torch.cuda.is_available()
 
 
 def _apply(options: Sequence[Callable]) -> Callable:

@@ -4,12 +4,16 @@ the autotune cache and, with `clear --all`, the CUDA build cache)."""
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 
 import click
 import torch
 
+from ..backends.cuda import cache_root
+from ..dispatch import autotune
 from ..registry import OPS
+from ..tools.bench import plan
 from ..tools.render import align
 from . import common
 from .common import case_options
@@ -41,9 +45,6 @@ def tune(
     """Fill the autotune cache ahead of time: time every backend on the registry's shape cases
     and record each shape class's winner (what backend="auto" would otherwise measure on first
     use), with the Triton kernels' tuned configs. Needs a CUDA GPU."""
-    from ..dispatch import autotune
-    from ..tools.bench import plan
-
     ops = ops or tuple(OPS)
     common.check_shapes(ops, shapes)
     items = plan(ops, suite, common.dtype_list(dtypes), shapes)
@@ -97,8 +98,6 @@ def cache() -> None:
 @cache.command("show")
 def cache_show() -> None:
     """Where the autotune cache is, this machine's fingerprint, and every file's entries."""
-    from ..dispatch import autotune
-
     directory = autotune.cache_dir()
     device = _device()
     current = autotune.cache_file(device)
@@ -153,11 +152,6 @@ def cache_show() -> None:
 @click.option("--all", "everything", is_flag=True, help="Also remove the CUDA build cache.")
 def cache_clear(everything: bool) -> None:
     """Remove the autotune cache files (and with --all the CUDA builds); print what went."""
-    import shutil
-
-    from ..backends.cuda import cache_root
-    from ..dispatch import autotune
-
     removed, kept = [], []
     directory = autotune.cache_dir()
     if directory.is_dir():

@@ -4,6 +4,11 @@ Every validation error is a `DualkError` that is also the builtin a Python user 
 `except TypeError` catches a wrong dtype or a non-tensor argument, `except ValueError` a wrong
 shape, device or option, and `except dualk.DualkError` catches all of them."""
 
+import os
+import sys
+
+import torch
+
 
 class DualkError(RuntimeError):
     """Base class for dualk's errors."""
@@ -50,12 +55,7 @@ def user_stacklevel() -> int:
     """warnings.warn's stacklevel, for a dualk function about to warn, that names the first frame
     above it outside dualk and torch: a warning raised deep in dispatch (a config read on the
     first call, the autotune cache) points at the user's line whichever route got there."""
-    import os
-    import sys
-
-    import torch
-
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dualk package
     inside = (here, os.path.dirname(os.path.abspath(torch.__file__)))
     frame, level = sys._getframe(2), 2  # frame 1 is the function calling warnings.warn
     while frame is not None and frame.f_code.co_filename.startswith(inside):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backends import BACKENDS, unavailable_reason
+from ..backends import BACKENDS, cuda, unavailable_reason
 from ..core.errors import BackendUnavailableError, UnknownBackendError
 from ..registry import OpSpec
 from . import autotune, config
@@ -125,7 +125,7 @@ def auto_unforced(spec: OpSpec) -> bool:
         and _ENV_BYTES is not None
         and spec.env_key not in _ENV_BYTES
         and b"DUALK_BACKEND" not in _ENV_BYTES
-        and not (config._cache if config._cache is not None else config.backend_defaults())
+        and not (config.loaded if config.loaded is not None else config.backend_defaults())
     )
 
 
@@ -198,8 +198,6 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
     for missing, why in spec.missing.items():  # backends without this operator
         availability.setdefault(missing, why)
     if "cuda" in spec.backends and like.device.type in autotune.BACKGROUND_DEVICE_TYPES:
-        from ..backends import cuda
-
         family = cuda.OP_FAMILY[spec.name]
         notes.append(f"cuda backend, {family} family: {cuda.describe_state(family)}")
     expl = Explanation(spec.name, chosen, source, availability, notes)

@@ -78,8 +78,10 @@ in memory.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -89,12 +91,15 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import backends
+from ..backends import cuda
 from ..core import timing
 from ..core.errors import user_stacklevel
 from ..registry import OpSpec
@@ -374,8 +379,6 @@ def build_generation(poll: bool = False) -> int:
     """The CUDA backend's build generation (it changes when a family becomes ready or fails);
     with `poll`, running builders are reaped first (one waitpid each). Decisions made while a
     build was running compare it (here and in dualk.module_choice)."""
-    from ..backends import cuda  # the CUDA backend loads lazily
-
     return cuda.poll_builds() if poll else cuda.generation()
 
 
@@ -450,8 +453,6 @@ def backend_state(
     state, starting its build in the background when `start` (never waiting for it)."""
     if name != "cuda" or device.type not in BACKGROUND_DEVICE_TYPES:
         return "ok", None
-    from ..backends import cuda
-
     state, why = cuda.auto_state(cuda.OP_FAMILY[spec.name], start=start)
     if state == "ready":
         return "ok", None
@@ -466,7 +467,7 @@ TRITON_DEFERRED = (
 )
 
 
-def _timing_blocked() -> str | None:
+def timing_blocked() -> str | None:
     """Why no timing may happen now (None when it may)."""
     flag = os.environ.get("DUALK_AUTOTUNE", "").strip().lower()
     if flag in ("0", "false", "no", "off"):
@@ -498,11 +499,9 @@ def _takes_wide_mlp_kernel(args: tuple) -> bool:
     x, weights, biases, activation = args
     if not x.is_cuda:  # the extension takes CUDA tensors only
         return False
-    from ..backends import cuda as cuda_backend
-
     try:
         with torch.cuda.device(x.device):
-            kernel = cuda_backend.fused_mlp_kernel(x, weights, biases, activation)
+            kernel = cuda.fused_mlp_kernel(x, weights, biases, activation)
     except RuntimeError:  # the extension cannot say: the rule stays with torch
         return False
     return kernel is not None and "wide" in kernel
@@ -555,11 +554,11 @@ def _decide(
         # Timing blocked (DUALK_AUTOTUNE=0 for the whole run): a decided heuristic is cheap.
         cached = _heuristics.get(key)
         if cached is not None and tune and not explicit:
-            blocked = _timing_blocked()
+            blocked = timing_blocked()
             if blocked is not None:
                 return {**cached, "reason": f"not timed: {blocked}"}
         device = _device_of(args)
-        blocked = _timing_blocked()
+        blocked = timing_blocked()
         if explicit and blocked == "DUALK_AUTOTUNE=0":
             blocked = None
         rejected: dict[str, str] = dict(spec.missing)  # backends without this operator
@@ -827,13 +826,10 @@ _device_fingerprints: dict[str, dict] = {}
 
 def source_files() -> list[Path]:
     """dualk's Python files, the Triton sources and the CUDA sources (the dualk source hash)."""
-    from ..backends import cuda
-
-    package = Path(__file__).resolve().parent
-    dirs = [package, package / "backends", cuda.source_dir()]
+    package = Path(__file__).resolve().parents[1]  # dualk/, with its layer subpackages
+    subpackages = sorted(d for d in package.iterdir() if (d / "__init__.py").is_file())
+    dirs = [package, *subpackages, cuda.source_dir()]
     try:
-        from importlib.util import find_spec
-
         found = find_spec("dualk.triton_src")
         if found is not None and found.submodule_search_locations:
             dirs.append(Path(next(iter(found.submodule_search_locations))))
@@ -862,8 +858,6 @@ def source_hash() -> str:
 
 
 def _driver_version() -> str | None:
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() == 0:
@@ -886,9 +880,7 @@ def _driver_version() -> str | None:
 
 def _package_version(name: str) -> str | None:
     try:
-        from importlib.metadata import version
-
-        return version(name)
+        return metadata.version(name)
     except Exception:  # not installed
         return None
 
@@ -918,9 +910,7 @@ def fingerprint(device: torch.device) -> dict:
 
 def cache_dir() -> Path:
     """$DUALK_CACHE_DIR/autotune (default ~/.cache/dualk/autotune)."""
-    from ..backends.cuda import cache_root
-
-    return cache_root() / "autotune"
+    return cuda.cache_root() / "autotune"
 
 
 # The cache's files: the cache itself (cache_file), its lock, one moved aside as corrupt, a write
@@ -1174,8 +1164,6 @@ def triton_config_store() -> TritonConfigStore:
 # ---------------------------------------------------------------------------- CLI helpers
 def implementation_args(spec: OpSpec, args: tuple, kwargs: dict) -> tuple:
     """A registry Sample's (args, kwargs) as the positional tuple the implementations take."""
-    import inspect
-
     bound = inspect.signature(spec.reference).bind(*args, **kwargs)
     bound.apply_defaults()
     out = []

@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 from ..core.errors import ConfigError, user_stacklevel
+from ..registry import OPS
 
 BACKEND_NAMES = ("cuda", "triton", "torch", "auto")
 KNOWN_TABLES = ("backend",)
@@ -32,7 +33,7 @@ class ConfigWarning(UserWarning):
 
 # The [backend] table once read (None: not yet). dispatch.auto_unforced reads it directly, one
 # function call less on every auto call; everything else goes through backend_defaults().
-_cache: dict[str, str] | None = None
+loaded: dict[str, str] | None = None
 _cache_path: Path | None = None
 
 
@@ -74,8 +75,6 @@ def _read(path: Path, explicit: bool) -> dict[str, str]:
             f"dualk config {path}: [backend] must map operator names to backend names "
             f"(strings), got {table!r}"
         )
-    from ..registry import OPS
-
     for key, value in table.items():
         if value not in BACKEND_NAMES:
             raise ConfigError(
@@ -94,11 +93,11 @@ def _read(path: Path, explicit: bool) -> dict[str, str]:
 
 def backend_defaults() -> dict[str, str]:
     """The [backend] table: operator name (or "default") -> backend name."""
-    global _cache, _cache_path
-    if _cache is None:
+    global loaded, _cache_path
+    if loaded is None:
         _cache_path = config_path()
-        _cache = _read(_cache_path, explicit=bool(os.environ.get("DUALK_CONFIG")))
-    return _cache
+        loaded = _read(_cache_path, explicit=bool(os.environ.get("DUALK_CONFIG")))
+    return loaded
 
 
 def loaded_from() -> Path | None:
@@ -108,8 +107,8 @@ def loaded_from() -> Path | None:
 
 def invalidate() -> None:
     """Forget the table; the next lookup reads the file again."""
-    global _cache
-    _cache = None
+    global loaded
+    loaded = None
 
 
 def reload() -> dict[str, str]:

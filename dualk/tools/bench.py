@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn.functional as F
+
+import dualk
 
 from .. import registry
 from ..backends import unavailable_reason
@@ -64,8 +67,6 @@ class Report:
 
 # ---------------------------------------------------------------------------- environment
 def environment() -> dict:
-    import dualk
-
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dualk": dualk.__version__,
@@ -249,8 +250,6 @@ def peers(
 ) -> dict[str, tuple[Callable[[], torch.Tensor], bool]]:
     """PyTorch's own ways of computing the same thing: name -> (function, time as a CUDA-graph
     replay). The first entry is eager PyTorch, the base of every speedup."""
-    import torch.nn.functional as F
-
     args, kwargs = sample.args, sample.kwargs
     out: dict[str, Callable[[], torch.Tensor]] = {}
     graphed: set[str] = set()
@@ -328,8 +327,6 @@ def _roofline(row: Row, flops: float, nbytes: float, ceilings: dict, dtype: torc
 def run_case(spec: OpSpec, case, dtype, backends, *, with_peers=True, with_compile=False,
              cuda_graph=False, ceilings=None, seed=0) -> list[Row]:  # fmt: skip
     """Rows for one (op, shape, dtype): each dualk backend, then each peer."""
-    import dualk
-
     device = torch.device("cuda")
     sample = case.make(dtype, device, torch.Generator().manual_seed(seed))
     cost = spec.cost(sample)
@@ -394,8 +391,6 @@ def run_case(spec: OpSpec, case, dtype, backends, *, with_peers=True, with_compi
 
 def _auto_choice(spec: OpSpec, sample: Sample) -> str:
     """The backend "auto" ran for this sample (dualk.explain), for the row's note."""
-    import dualk
-
     try:
         explained = dualk.explain(spec.name, *sample.args, **sample.kwargs)
     except Exception as exc:  # the note is informative only
@@ -406,8 +401,6 @@ def _auto_choice(spec: OpSpec, sample: Sample) -> str:
 
 def dispatch_overhead(calls: int = 2000) -> list[Row]:
     """Host microseconds per call of a 16-element add: dualk (auto, cached) vs bare torch.add."""
-    import dualk
-
     a = torch.randn(16, device="cuda")
     b = torch.randn(16, device="cuda")
     rows = []

@@ -11,7 +11,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+import dualk
+
+from ..backends import unavailable_reason
 from ..registry import OPS, OpSpec, ShapeCase
+from ..testing import float64_reference, judge
 from .bench import Report, Row, environment
 from .report import SMOKE_MODE
 
@@ -42,8 +46,6 @@ def cannot_run(backends: Sequence[str]) -> dict[str, str]:
     """backend -> why it cannot run in the smoke check, for those of `backends` that cannot: asked
     as the check will run them, i.e. with the interpreter enabled, without enabling it for good
     (so the CLI can refuse or explain before anything changes)."""
-    from ..backends import unavailable_reason
-
     unset = "TRITON_INTERPRET" not in os.environ
     enable_interpreter()
     try:
@@ -73,11 +75,6 @@ def cpu_smoke_check(
 
 
 def _check(ops, dtypes, shapes, backends, with_peers, progress) -> list[Row]:
-    import dualk
-
-    from ..backends import unavailable_reason
-    from ..testing import float64_reference, judge
-
     items = [
         (OPS[n], c, d)
         for n in ops

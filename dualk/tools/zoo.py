@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+import dualk
+
 from .. import module_choice
 from ..core import timing
 from ..fuse import fuse
@@ -541,8 +543,6 @@ def _burst(fn, calls: int, device, flush) -> tuple[float, float]:
 def environment(device: str | torch.device | None = None) -> dict:
     """Where the run happened (the zoo's own: dualk.bench's environment is the command line's
     layer, which the library does not import)."""
-    import dualk
-
     dev = torch.device(
         device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     )
