@@ -491,10 +491,10 @@ def _impls(function: str) -> dict[str, str]:
 OPS: Mapping[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        # auto orders come from H200 measurements (bench/results/): the CUDA elementwise path has
+        # auto orders come from H200 measurements (`dualk bench`): the CUDA elementwise path has
         # the lowest host cost per call (11 us vs Triton's 26 us for a 16-element add) at equal
         # bandwidth; no dualk matmul beats cuBLAS on every shape yet (16-bit at 4096-8192, two
-        # session-3 runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
+        # runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
         # matmul's auto is PyTorch; Triton wins linear_gelu.
         OpSpec("add", torch_ref.add, _impls("add"),
                ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
@@ -506,11 +506,11 @@ OPS: Mapping[str, OpSpec] = {
                {**_impls("linear_gelu"), "torch": "torch_ref:linear_gelu_fastest"},
                ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
-        # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
+        # (`dualk bench`, default suite): fp32 seed model 9.6 vs 22.9 us
         # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
         # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. 16-bit widths
         # 129-256 on Hopper (the wide kernel, fused_mlp_wide.cu), H100: 256x3_b2^18 bf16 CUDA 155 us,
-        # Triton 848, eager 471 (bench/results/2026-11-25-h100-fused-mlp-s10). Not benchmarked: the
+        # Triton 848, eager 471 (`dualk bench --op fused_mlp`). Not benchmarked: the
         # wide kernel on an H200, and GPUs before Hopper, where the padded mma.sync kernel (100 us
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),

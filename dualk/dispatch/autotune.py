@@ -717,7 +717,7 @@ def _measure(
     # page fault) only ever adds time. The median needed two quiet bursts of three: on an H100
     # whose host was busy, cuBLASLt's linear_gelu 32x768->3072 bf16 read 47.3 us per call against
     # dualk's CUDA 33.5 (the bench's 200-call bursts: 30.0 and 36.1), and auto ran the CUDA
-    # kernel, 14.3 us on the GPU against 9.25 (bench/results/2026-11-26-h100-default-s18).
+    # kernel, 14.3 us on the GPU against 9.25 (`dualk bench`, default suite).
     parts = {
         name: (statistics.median(p[0] for p in ps), min(p[1] for p in ps))
         for name, ps in passes.items() if name not in errors
@@ -751,7 +751,7 @@ def scores(parts: dict[str, tuple[float, float]]) -> dict[str, tuple[float, floa
     max(device, host) instead ranked launch-bound calls by host-time noise: on an H100 whose host
     took 21-39 us per GEMM call, auto ran dualk's CUDA linear_gelu at 32x768->3072 bf16 (device
     14.6 us, host 27.5) over cuBLASLt's fused epilogue (9.1 us, host 28.7), 1.48x slower on the
-    GPU (bench/results/2026-11-25-h100-default-s12-b-auto-vs-best.md)."""
+    GPU (`dualk bench`, default suite, auto against the best path)."""
     if not parts:
         return {}
     floor = min(host for _, host in parts.values())

@@ -76,7 +76,7 @@ def environment() -> dict:
         "platform": platform.platform(),
         "allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         # per pass, of one implementation's CUDA-event samples (time_device); a row's time is the
-        # median of its passes. A run without this key took medians (before 2026-11-25 18:15 UTC).
+        # median of its passes. A run without this key took medians (runs recorded before the key existed).
         "estimator": "interquartile mean",
         "timing": "each eager call after an L2 flush and a GPU sleep longer than its host time",
     }
