@@ -33,7 +33,7 @@ from ..tools.bench import environment
 from ..tools.render import align, describe_gpu
 from . import common
 from .bench import bench
-from .results import report_command
+from .results import report_command, results_group
 from .tune import cache, tune
 
 
@@ -228,5 +228,5 @@ def build(verbose: bool, arch: str, out: str | None, families: tuple[str, ...]) 
         click.echo(f"built into {root}; at run time: DUALK_PREBUILT_DIR={root}")
 
 
-for command in (bench, report_command, tune, cache):
+for command in (bench, report_command, results_group, tune, cache):
     main.add_command(command)

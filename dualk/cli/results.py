@@ -1,8 +1,9 @@
-"""Saved runs on the command line: `dualk report FILE.json` (the table, CSV, plot, BENCHMARKS.md or
+"""Saved runs on the command line: `dualk results ...` (the keyed dataset), `dualk report FILE.json` (the table, CSV, plot, BENCHMARKS.md or
 a comparison), and the file writing and old-vs-new regression gate that `dualk bench` shares."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import click
 
+from ..tools import dataset as dataset_store
 from ..tools import report as results
 from ..tools.bench import Report
 from ..tools.compare import compare, render_compare
 from ..tools.markdown import render_markdown
 from ..tools.plot import PlotUnavailableError, plot, require_matplotlib
-from ..tools.render import render_table
+from ..tools.render import align, render_table
 from .common import (
     EXISTING_FILE,
     FILE_PATH,
@@ -169,3 +171,79 @@ def report_command(
         click.echo(f"wrote {markdown_path}")
     if compare_path is not None:
         compare_and_gate(compare_path, report, fail_if_slower, allow_no_compare, str(json_file))
+
+
+# ------------------------------------------------------------------------ the keyed dataset
+@click.group("results")
+def results_group() -> None:
+    """The benchmark dataset: one JSON-lines file per GPU (bench/results/<gpu>.jsonl) holding
+    every recorded run, keyed by op, case, dtype, backend, GPU, date and commit."""
+
+
+@results_group.command("list")
+@click.argument("dataset", type=EXISTING_FILE)
+def results_list(dataset: Path) -> None:
+    """The runs of DATASET: name, date, commit and rows."""
+    runs, rows = dataset_store.read(dataset)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["run"]] = counts.get(row["run"], 0) + 1
+    lines = [(name, meta.get("date") or "-", meta.get("commit") or "-", str(counts.get(name, 0)))
+             for name, meta in runs.items()]  # fmt: skip
+    click.echo("\n".join(align(("run", "date", "commit", "rows"), lines, right=(3,))))
+
+
+@results_group.command("add")
+@click.argument("dataset", type=FILE_PATH)
+@click.argument("json_file", type=EXISTING_FILE)
+@click.option("--run", "run_name", help="The run's name (default: JSON_FILE's stem).")
+@click.option("--commit", help="The commit the run measured.")
+def results_add(dataset: Path, json_file: Path, run_name: str | None, commit: str | None) -> None:
+    """Append a `dualk bench --json` run to DATASET (created if missing)."""
+    report = json.loads(json_file.read_text())
+    try:
+        added = dataset_store.add(dataset, report, run_name or json_file.stem, commit)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{dataset}: added {added} rows as {run_name or json_file.stem!r}")
+
+
+@results_group.command("export")
+@click.argument("dataset", type=EXISTING_FILE)
+@click.argument("run")
+@click.option("-o", "--out", "out", type=FILE_PATH, help="Write here (default: stdout).")
+def results_export(dataset: Path, run: str, out: Path | None) -> None:
+    """RUN of DATASET in `dualk bench --json`'s form (`dualk report` renders it)."""
+    try:
+        text = json.dumps(dataset_store.export(dataset, run), indent=1) + "\n"
+    except KeyError as exc:
+        raise click.ClickException(exc.args[0]) from None
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}")
+
+
+@results_group.command("plot")
+@click.argument("dataset", type=EXISTING_FILE)
+@click.option("-o", "--out", "out", type=FILE_PATH, required=True, help="The PNG to write.")
+@click.option("--op", help="Operator (default: all).")
+@click.option("--dtype", help="float32, float16 or bfloat16 (default: all).")
+@click.option("--case", help="One shape case (default: all).")
+@click.option("--backend", "backends", multiple=True, help="Backends to draw (repeatable).")
+@click.option("--run", "runs", multiple=True, help="Runs to draw (repeatable; default: all).")
+@click.option("--metric", default="us", show_default=True, type=click.Choice(dataset_store.METRICS))
+def results_plot(dataset, out, op, dtype, case, backends, runs, metric) -> None:
+    """One metric across the recorded runs: a panel per (op, case, dtype), a line per backend."""
+    try:
+        require_matplotlib()
+    except PlotUnavailableError as exc:
+        raise click.ClickException(str(exc)) from None
+    _, rows = dataset_store.read(dataset)
+    chosen = dataset_store.select(rows, op=op, dtype=dtype, case=case, backends=backends, runs=runs)
+    try:
+        panels = dataset_store.plot(chosen, out, metric)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out} ({panels} panels)")
