@@ -276,6 +276,8 @@ def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
     """(the backend implementation's positional arguments, the backend= value) of a public call
     `dualk.<op_name>(*args, **kwargs)`, validated; positional and keyword arguments alike."""
     get(op_name)
+    if op_name not in _PUBLIC:  # added by registry.register()
+        return _registered_args(op_name, args, kwargs, backend_default="auto")
     try:
         bound = inspect.signature(_PUBLIC[op_name]).bind(*args, **kwargs)
     except TypeError as exc:
@@ -306,6 +308,23 @@ def implementation_args(op_name: str, *args, **kwargs) -> tuple[tuple, str]:
         _check_mlp(a["x"], weights, biases, a["activation"])
         return (a["x"], weights, biases, a["activation"]), backend
     raise NotImplementedError(f"dualk.explain: no argument mapping for operator {op_name!r}")
+
+
+def _registered_args(op_name: str, args: tuple, kwargs: dict, backend_default: str) -> tuple:
+    """An operator known from its registry entry alone: the arguments bound to its reference's
+    signature (backend= apart), checked by the entry's check."""
+    spec = get(op_name)
+    kwargs = dict(kwargs)
+    backend = kwargs.pop("backend", backend_default)
+    try:
+        bound = inspect.signature(spec.reference).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"dualk.explain({op_name!r}, ...): {exc}") from None
+    bound.apply_defaults()
+    impl_args = tuple(bound.args)
+    if spec.check is not None:
+        spec.check(*impl_args)
+    return impl_args, backend
 
 
 def explain(op_name: str, *args, **kwargs) -> dispatch.Explanation:

@@ -83,6 +83,14 @@ class OpSpec:
     auto_order_by_dtype: Mapping[torch.dtype, tuple[str, ...]] = field(default_factory=dict)
     # backends that have no implementation of this op yet -> why (dispatch reports it)
     missing: Mapping[str, str] = field(default_factory=dict)
+    # autotune's shape-class key of the implementations' arguments: (name, device index, dtype,
+    # tf32, *fields), key_fields naming the fields (the six built-in operators' keys live in
+    # dualk/dispatch/autotune.py, KEY_FUNCTIONS); required of an operator added by register()
+    key: Callable[[tuple], tuple] | None = None
+    key_fields: tuple[str, ...] = ()
+    # raises a DualkError unless the implementations' arguments make a valid call (explain and
+    # runtime.operators.run call it; the built-in operators check in dualk/runtime/operators.py)
+    check: Callable[..., Any] | None = None
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
@@ -107,8 +115,12 @@ class OpSpec:
     def implementation(self, backend: str) -> Callable[..., Any]:
         fn = self._resolved.get(backend)
         if fn is None:
-            module, name = self.implementations[backend].split(":")
-            fn = getattr(importlib.import_module(f"dualk.backends.{module}"), name)
+            target = self.implementations[backend]  # "module:function", or the function itself
+            if callable(target):
+                fn = target
+            else:
+                module, name = target.split(":")
+                fn = getattr(importlib.import_module(f"dualk.backends.{module}"), name)
             self._resolved[backend] = fn
         return fn
 
@@ -523,6 +535,33 @@ OPS: Mapping[str, OpSpec] = {
                missing={"cuda": "no CUDA kernel for linear_glu yet"}),
     )
 }  # fmt: skip
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add an operator to OPS: from then on dispatch, auto, explain, `runtime.operators.run`,
+    the benchmark and the parity tests know it. Its entry must carry what the built-in operators
+    keep elsewhere: `key` and `key_fields` (auto's shape classes) and `check` (argument checks).
+    The public function, the registered custom op (fake and autograd formula) and auto's
+    exact-signature fast path are per-operator code (CONTRIBUTING.md, "Adding an operator")."""
+    if not isinstance(spec, OpSpec):
+        raise InvalidArgumentError(f"register() takes an OpSpec, got {type(spec).__name__}")
+    if spec.name in OPS:
+        raise InvalidArgumentError(f"operator {spec.name!r} is already registered")
+    if spec.key is None or not spec.key_fields:
+        raise InvalidArgumentError(f"operator {spec.name!r} needs key and key_fields (autotune)")
+    unknown = [b for b in spec.auto_order if b not in spec.implementations]
+    if unknown:
+        raise InvalidArgumentError(
+            f"operator {spec.name!r}: auto_order names backends without an implementation: "
+            f"{unknown}"
+        )
+    OPS[spec.name] = spec  # type: ignore[index]
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove an operator that register() added (tests)."""
+    OPS.pop(name)  # type: ignore[attr-defined]
 
 
 def get(name: str) -> OpSpec:

@@ -102,7 +102,7 @@ from .. import backends
 from ..backends import cuda
 from ..core import timing
 from ..core.errors import user_stacklevel
-from ..registry import OpSpec
+from ..registry import OPS, OpSpec
 
 try:
     import fcntl
@@ -225,6 +225,20 @@ def _key_linear_glu(args) -> tuple:
     )  # fmt: skip
 
 
+class _FromRegistry(dict):
+    """The built-in operators' entries; another operator's come from its registry entry."""
+
+    def __init__(self, attribute: str, entries: dict):
+        super().__init__(entries)
+        self.attribute = attribute
+
+    def __missing__(self, op: str):
+        value = getattr(OPS[op], self.attribute) if op in OPS else None
+        if not value:
+            raise KeyError(op)
+        return value
+
+
 KEY_FUNCTIONS: dict[str, Callable[[tuple], tuple]] = {
     "add": _key_add,
     "relu_scale": _key_relu_scale,
@@ -241,6 +255,9 @@ FIELDS = {
     "fused_mlp": ("m", "widths", "biases", "activation", "layout"),
     "linear_glu": ("m", "k", "n_exact", "biases", "activation", "layout"),
 }
+# An operator added with registry.register() brings its own key and fields.
+KEY_FUNCTIONS = _FromRegistry("key", KEY_FUNCTIONS)
+FIELDS = _FromRegistry("key_fields", FIELDS)
 
 
 def _bucket(e: int) -> str:

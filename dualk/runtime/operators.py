@@ -451,3 +451,13 @@ def _mlp_chain(backend, x, weights, biases, activation) -> torch.Tensor:
         if i != last:
             h = ACTIVATIONS[activation](h)
     return h.reshape(*x.shape[:-1], weights[-1].shape[0])
+
+
+# ------------------------------------------------------------------------- any registered op
+def run(spec, args: tuple, backend: str) -> torch.Tensor:
+    """An operator that its registry entry alone describes (registry.register): its check, the
+    dispatcher's choice (argument, environment, scope, config, auto with the entry's key), and
+    that backend's implementation on the implementation's arguments `args`."""
+    if spec.check is not None:
+        spec.check(*args)
+    return spec.implementation(dispatch.choose(spec, backend, args))(*args)
