@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import cuda
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dualk.backends.cuda_build")
@@ -25,8 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="root directory (default: the cache)")
     parser.add_argument("--quiet", action="store_true", help="no compiler output")
     args = parser.parse_args(argv)
-
-    from . import cuda
 
     t0 = time.perf_counter()
     try:
