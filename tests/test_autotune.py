@@ -1,4 +1,4 @@
-"""The autotuned backend="auto" (dualk/autotune.py) on the CPU: keys and bucketing, the choice of
+"""The autotuned backend="auto" (dualk/dispatch/autotune.py) on the CPU: keys and bucketing, the choice of
 the fastest candidate by a FAKE timer (no GPU here: candidates are made available by patching
 `autotune.candidate_reason`, and cuda/triton stand in as the torch reference), persistence
 across processes, corruption recovery, concurrent writers, no timing when it is not allowed, the

@@ -421,7 +421,7 @@ def test_readme_examples_run():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(OPS))
 def test_eager_autograd_route_equals_registered_op(op, backend):
-    """Calls that autograd records take dualk/eager_autograd.py in eager mode (cheaper than the
+    """Calls that autograd records take dualk/autograd/eager.py in eager mode (cheaper than the
     registered op's autograd wrapper): same output and same gradients, bit for bit."""
     _skip_unavailable(backend, op)
     sample = _samples(op, torch.float32)[0]

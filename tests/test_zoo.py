@@ -1,4 +1,4 @@
-"""The model zoo (dualk/zoo.py, dualk/zoo_models.py, `dualk bench --models`) on the CPU: every
+"""The model zoo (dualk/tools/zoo.py, dualk/tools/zoo_models.py, `dualk bench --models`) on the CPU: every
 entry builds (at the CPU size, and at the GPU size on the meta device, so a bad config fails here
 rather than in a GPU run), the MLP models' fused outputs and gradients match the originals',
 a wrong fused model fails the check, missing packages give skipped rows with the reason, the

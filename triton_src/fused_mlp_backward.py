@@ -778,7 +778,7 @@ def fused_mlp_backward(
         tune_key = (device, plan_key, _m_bucket(M), spec)
         cfg = _best_config.get(tune_key)
         if cfg is None:
-            # One persistent record per problem class (dualk/autotune.py's cache file): a later
+            # One persistent record per problem class (dualk/dispatch/autotune.py's cache file): a later
             # process reuses it instead of compiling and timing every config again.
             class_key = "|".join(str(v) for v in (plan_key, _m_bucket(M), *spec[:3]))
             candidates = _candidate_configs(M, dtype)

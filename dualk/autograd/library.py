@@ -253,7 +253,7 @@ def fused_mlp_formula(ctx, grad):
     saved = ctx.saved_tensors
     n = ctx.layers
     x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
-    # The eager route (dualk/eager_autograd.py) calls the implementation itself; traced
+    # The eager route (dualk/autograd/eager.py) calls the implementation itself; traced
     # backwards need the registered op.
     args = (x, weights, biases, ctx.bias_mask, ctx.activation, grad, ctx.backend,
             ctx.needs_input_grad[0])  # fmt: skip

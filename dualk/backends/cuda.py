@@ -25,7 +25,7 @@ Builds (README "The CUDA build"):
 - backend="auto" never waits for a build (`auto_state`): it starts one in a separate process
   (`python -m dualk.backends.cuda_build <family>`, its output in `<build dir>/build.log`), gives
   one BuildNotice, and runs the other backends until the process has finished (polled on the
-  calls that meet a provisional decision, dualk/autotune.py); `generation()` changes when a
+  calls that meet a provisional decision, dualk/dispatch/autotune.py); `generation()` changes when a
   family becomes ready or fails. An explicit backend="cuda" builds in the call (`extension`),
   after a BuildNotice naming the family, the directory and how long its last build took
   (DUALK_VERBOSE=1: the compiler's output on the terminal); a background build already running

@@ -2,11 +2,11 @@
 
 - `dualk info`: GPU, toolchain and versions; each backend's availability per operator; caches.
 - `dualk build`: build the CUDA extension ahead of time.
-- `dualk bench` (dualk/cli_bench.py): time every backend against PyTorch on this GPU (on a machine
+- `dualk bench` (dualk/cli/bench.py): time every backend against PyTorch on this GPU (on a machine
   without one: a CPU correctness smoke check, no timings); table, JSON, CSV, plot, comparison.
-- `dualk report FILE.json` (dualk/cli_results.py): the same table, CSV, plot or BENCHMARKS.md from
+- `dualk report FILE.json` (dualk/cli/results.py): the same table, CSV, plot or BENCHMARKS.md from
   a saved run, or its comparison with an older one.
-- `dualk tune`, `dualk cache` (dualk/cli_tune.py): the autotune cache.
+- `dualk tune`, `dualk cache` (dualk/cli/tune.py): the autotune cache.
 
 Torch is imported with the package; Triton and matplotlib only when a command needs them, so
 `dualk --help` stays quick.

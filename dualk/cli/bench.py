@@ -1,5 +1,5 @@
 """`dualk bench`: time dualk's backends against PyTorch on this GPU; on a machine without one, the
-CPU smoke check (dualk/smoke.py). Either way it says what it did not do: an option it cannot honour
+CPU smoke check (dualk/tools/smoke.py). Either way it says what it did not do: an option it cannot honour
 is a usage error or a note printed before anything runs, a backend that cannot run is listed as
 not run (never as a check), and a run in which no dualk check ran exits non-zero."""
 
@@ -91,7 +91,7 @@ def _list_cases(ops: Sequence[str]) -> None:
     multiple=True,
     metavar="NAMES",
     help="Run the model zoo instead: model names, comma-separated or repeated, or 'all' "
-    "(`--models all --list` lists them; dualk/cli_zoo.py).",
+    "(`--models all --list` lists them; dualk/cli/zoo.py).",
 )
 @click.option(
     "--modes", metavar="MODES", help="With --models: eager,compiled,train (default: all three)."

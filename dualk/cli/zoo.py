@@ -1,4 +1,4 @@
-"""`dualk bench --models`: the model zoo (dualk/zoo.py) from the command line. Progress lines on
+"""`dualk bench --models`: the model zoo (dualk/tools/zoo.py) from the command line. Progress lines on
 stderr, a table on stdout, `--json` the results with the environment. Exits 1 when a model's
 fused output fails its check or a model raised; a model whose package is missing is a skipped
 row, not a failure. Without a GPU it runs the zoo's CPU sizes: correctness and the fuse report

@@ -1,6 +1,6 @@
 """Input checks shared by every operator: one place, messages that name the argument, what was
 expected and what was given. Every error is a dualk.DualkError that is also a TypeError or a
-ValueError (dualk/errors.py). Any torch.Tensor is accepted (nn.Parameter, tensors that require
+ValueError (dualk/core/errors.py). Any torch.Tensor is accepted (nn.Parameter, tensors that require
 grad, subclasses); only its dtype, device and shape are judged."""
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ Precedence, first match wins (README has the same table; tests/test_dispatch.py 
   3. DUALK_BACKEND, read at call time
   4. the innermost `with dualk.use_backend(name):` scope (per thread / task)
   5. the process-wide default from `dualk.set_default_backend(name)`
-  6. the config file's [backend] table: the operator's key, then "default" (dualk/config.py)
+  6. the config file's [backend] table: the operator's key, then "default" (dualk/dispatch/config.py)
   7. "auto"
 A named backend (from any of 1-6) that cannot run this call is an error that says why. "auto"
-asks dualk/autotune.py: the winner of timing every available backend (torch included) once per
+asks dualk/dispatch/autotune.py: the winner of timing every available backend (torch included) once per
 shape class and device, remembered in memory and on disk; a documented heuristic where timing is
 not allowed (CUDA-graph capture, torch.compile tracing, DUALK_AUTOTUNE=0).
 
@@ -131,7 +131,7 @@ def auto_unforced(spec: OpSpec) -> bool:
 
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:
     """The backend that runs `spec`'s implementation on `args` (its positional arguments);
-    raises when a named one cannot. "auto" asks the autotuner (dualk/autotune.py)."""
+    raises when a named one cannot. "auto" asks the autotuner (dualk/dispatch/autotune.py)."""
     if backend == "auto":
         if auto_unforced(spec):  # the common call: no tuple building
             return autotune.choose(spec, args)

@@ -1,5 +1,5 @@
 """The BENCHMARKS.md page behind `dualk report --markdown`: a saved run as markdown tables, with
-the same columns and cells as the terminal table (dualk/render.py) minus the host time."""
+the same columns and cells as the terminal table (dualk/tools/render.py) minus the host time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Plain-text rendering of benchmark results for the terminal: the environment lines, the table of a
 timed run, the table of a CPU smoke check, and the cells and column layout that the BENCHMARKS.md
-page (dualk/markdown.py) shares with them.
+page (dualk/tools/markdown.py) shares with them.
 
 Nothing here measures anything: every function takes a Report (or rows) and renders it, so it all
 works, and is tested, on a machine without a GPU.

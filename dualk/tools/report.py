@@ -1,7 +1,7 @@
-"""Benchmark result files (`dualk.bench.Report` on disk) and the questions every presentation asks
+"""Benchmark result files (`dualk.tools.bench.Report` on disk) and the questions every presentation asks
 of their rows (which ran, which failed, which is the fastest correct one). No text layout here:
-dualk/render.py draws the terminal tables, dualk/markdown.py the BENCHMARKS.md page,
-dualk/plot.py the speedup plot, dualk/compare.py the old-vs-new comparison.
+dualk/tools/render.py draws the terminal tables, dualk/tools/markdown.py the BENCHMARKS.md page,
+dualk/tools/plot.py the speedup plot, dualk/tools/compare.py the old-vs-new comparison.
 
 JSON: ``Report.to_json()``, i.e. ``{"env": {...}, "ceilings": {...}, "rows": [{Row fields}]}``;
 `load_report` reads it back. CSV: one line per Row with the Row fields in order, then one column

@@ -1,4 +1,4 @@
-"""The model zoo: `dualk.fuse` on real model architectures (dualk/zoo_models.py), each model timed
+"""The model zoo: `dualk.fuse` on real model architectures (dualk/tools/zoo_models.py), each model timed
 against its original in one process, its output judged against the original's, and what fuse
 replaced taken from its report. `dualk bench --models` runs it from the command line.
 
@@ -19,7 +19,7 @@ so a clock or host drifting during the run weighs on both alike. In each round, 
   to *enqueue* a call. It is the Python and launch cost of a call while the GPU keeps up with
   the queue; where the GPU is the bottleneck the launch queue fills and it approaches wall.
 - device: CUDA events around each of min(N, 20) calls, each after a GPU sleep longer than the
-  call's host time (dualk/timing.py), L2 flushed once before them: the GPU's own time per call,
+  call's host time (dualk/core/timing.py), L2 flushed once before them: the GPU's own time per call,
   without the gaps in which it waits for the host (events around N back-to-back calls of a
   host-bound model would time the host instead).
 N is chosen per model so that one burst lasts about `target_ms`; every figure is the median over
@@ -541,7 +541,7 @@ def _burst(fn, calls: int, device, flush) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------------- JSON
 def environment(device: str | torch.device | None = None) -> dict:
-    """Where the run happened (the zoo's own: dualk.bench's environment is the command line's
+    """Where the run happened (the zoo's own: dualk.tools.bench's environment is the command line's
     layer, which the library does not import)."""
     dev = torch.device(
         device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,4 +1,4 @@
-"""The model zoo's registry (dualk/zoo.py runs it): models from configs with random weights, never
+"""The model zoo's registry (dualk/tools/zoo.py runs it): models from configs with random weights, never
 downloaded, each at two sizes, "gpu" (the sizes issue 32 measured) and "cpu" (a few rows, small
 widths and 1-2 layers where the config allows, so the whole zoo runs on a CPU in a minute or two).
 
