@@ -118,3 +118,65 @@ def test_no_private_names_of_other_modules():
                     f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}"
                 )
     assert offenders == []
+
+
+# The layers a dualk module belongs to, top to bottom (pyproject.toml's contract, by folder).
+_LAYER_ORDER = ("cli", "zoo", "tools", "fuse", "nn", "module_choice", "ops", "testing", "config",
+                "autograd", "runtime", "dispatch", "registry", "backends", "core")  # fmt: skip
+_RANK = {name: i for i, name in enumerate(_LAYER_ORDER)}
+
+
+def _layer(filename: str) -> str | None:
+    package = str(ROOT / "dualk") + "/"
+    if not filename.startswith(package):
+        return None
+    head = filename[len(package) :].split("/")[0].removesuffix(".py")
+    return head if head in _RANK else None
+
+
+def _climbs(fn) -> tuple[list, list]:
+    """(the calls inside dualk while fn() runs that go to a higher layer than their caller's,
+    the layers entered in order)."""
+    calls: list[tuple[str | None, str, str]] = []
+
+    def profile(frame, event, arg):
+        if event != "call" or (callee := _layer(frame.f_code.co_filename)) is None:
+            return
+        caller = frame.f_back
+        while caller is not None and _layer(caller.f_code.co_filename) is None:
+            caller = caller.f_back
+        calls.append((caller and _layer(caller.f_code.co_filename), callee, frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    entered = [
+        callee for i, (_, callee, _) in enumerate(calls) if i == 0 or calls[i - 1][1] != callee
+    ]
+    return [c for c in calls if c[0] and _RANK[c[1]] < _RANK[c[0]]], entered
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_a_call_never_climbs_back_to_a_layer_it_left(backend):
+    """dualk.linear_gelu and dualk.fused_mlp, forward and backward: every call inside dualk goes
+    to the caller's layer or one below (the eager autograd route and the backward formulas
+    reach operators through the runtime, not through dualk.ops)."""
+    import torch
+
+    import dualk
+
+    x = torch.randn(8, 16, requires_grad=True)
+    w, b = torch.randn(32, 16), torch.randn(32)
+    ws, bs = [torch.randn(24, 16), torch.randn(4, 24)], [torch.randn(24), None]
+    for fn in (
+        lambda: dualk.linear_gelu(x.detach(), w, b, backend=backend),
+        lambda: dualk.linear_gelu(x, w, b, backend=backend).sum().backward(),
+        lambda: dualk.fused_mlp(x, ws, bs, backend=backend).sum().backward(),
+        lambda: dualk.add(x.detach(), x.detach(), backend=backend),
+    ):
+        fn()  # warm: auto's decision, lazy imports
+        climbs, entered = _climbs(fn)
+        assert climbs == [], (climbs, entered)
+        assert entered[0] == "ops"
