@@ -2,7 +2,7 @@
 PY ?= python3
 OUT ?= gpu-out
 
-.PHONY: install test lint format bench bench-glu gpu sass build sanitize
+.PHONY: install test lint format format-cuda bench bench-glu gpu sass build sanitize
 
 install:
 	$(PY) -m pip install -c constraints.txt -e ".[dev]"
@@ -13,9 +13,14 @@ test:
 lint:
 	ruff check dualk triton_src tests bench experiments
 	ruff format --check dualk triton_src tests bench experiments
+	lint-imports
+	.ci/check_cuda_format
 
 format:
 	ruff format dualk triton_src tests bench experiments
+
+format-cuda:
+	clang-format -i cuda_src/*.cu cuda_src/*.cuh cuda_src/*.h cuda_src/*.cpp
 
 build:
 	$(PY) -m dualk build

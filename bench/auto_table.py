@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from dualk.bench import torch_backend_peer
+from dualk.tools.bench import torch_backend_peer
 
 
 def rows_by_case(report: dict) -> dict:

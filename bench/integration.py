@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import dualk
-from dualk.bench import environment, time_host
+from dualk.tools.bench import environment, time_host
 
 
 def _median_host_us(fn, calls=300, repeats=5) -> float:
@@ -152,7 +152,7 @@ def host_costs() -> list[dict]:
             row.update(_alternating(lambda fn: time_host(fn, 50), fns, rounds=15))
             op = name.split()[0]
             row["auto's choice"] = ", ".join(sorted(
-                {v for k, v in dualk.autotune.exact_hits.items() if k[0] == op})) or "not remembered"  # fmt: skip
+                {v for k, v in dualk.dispatch.autotune.exact_hits.items() if k[0] == op})) or "not remembered"  # fmt: skip
             torch._dynamo.reset()
             compiled_ref = torch.compile(ref_fn)
             compiled_ours = torch.compile(ours_fn, fullgraph=True)
@@ -174,8 +174,9 @@ def host_breakdown() -> dict:
     import io
     import pstats
 
-    from dualk import autotune, dispatch, ops
+    from dualk import dispatch, ops
     from dualk.backends import cuda as cuda_backend
+    from dualk.dispatch import autotune
     from dualk.registry import OPS
 
     dev = torch.device("cuda")
@@ -348,7 +349,7 @@ def training_step() -> dict:
     bs = [m.bias.detach() for m in fused.layers]
     out["auto's forward choice"] = str(dualk.explain("fused_mlp", x, ws, bs, activation="relu"))
     g = torch.randn(2**18, widths[-1], device=dev, dtype=dtype)
-    from dualk.library import fused_mlp_backward as bwd_op
+    from dualk.autograd.library import fused_mlp_backward as bwd_op
 
     for be in ("auto", "triton", "torch"):
         try:
@@ -387,7 +388,7 @@ def _training_host_breakdown(fused, seq, step, x, target, ws, bs, g, kernel) -> 
     """Where a training step's host time goes (a step is host-bound when this exceeds its
     GPU time): whole steps, forward with autograd recording, backward() alone, and the layers
     of the fused backward below autograd."""
-    from dualk import library, mlp_backward
+    from dualk.autograd import library, mlp_backward
 
     mse = torch.nn.functional.mse_loss
     fused.backend = "auto"
@@ -473,7 +474,7 @@ def fuse_inference() -> dict:
 
 # ------------------------------------------------------------------------------------- auto
 def autotune_costs() -> dict:
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     dev = torch.device("cuda")
     out = {}

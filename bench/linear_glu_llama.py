@@ -15,7 +15,7 @@ Paths, each timed in the same process:
 Forward under torch.no_grad(); backward: torch.autograd.grad of the same output (a fixed random
 upstream gradient) with respect to x, Wg and Wu, the forward run once outside the timed window
 (retain_graph), so the backward alone is timed; dualk's backward is its registered formula.
-Timing: dualk.bench.time_device (CUDA events, an L2 flush and a GPU sleep before each call,
+Timing: dualk.tools.bench.time_device (CUDA events, an L2 flush and a GPU sleep before each call,
 interquartile mean), ROUNDS passes over the paths, a row's time is the median of its passes.
 Checks: every output (and every gradient) against eager's, relative Frobenius error within the
 dtype's tolerance (bf16 2e-2); FAIL lines, exit status 1 on any failure (after table and JSON).
@@ -100,7 +100,7 @@ class Row:
 def _timer(device: torch.device, quick_reps: int):
     """A function (fn) -> (us, iqr_us): dualk's CUDA-event timer on a GPU, wall clock on the CPU."""
     if device.type == "cuda":
-        from dualk.bench import time_device
+        from dualk.tools.bench import time_device
 
         return lambda fn, rep_ms: time_device(fn, rep_ms=rep_ms)
 
@@ -383,7 +383,7 @@ def environment(device: torch.device) -> dict:
     except Exception as exc:
         env["triton"] = f"unavailable ({type(exc).__name__})"
     if device.type == "cuda":
-        from dualk.bench import environment as bench_environment
+        from dualk.tools.bench import environment as bench_environment
 
         env["details"] = bench_environment()
     return env

@@ -16,7 +16,7 @@ import torch
 
 from dualk import module_choice
 from dualk.fuse import fuse
-from dualk.zoo_models import MODELS
+from dualk.tools.zoo_models import MODELS
 
 
 def _wall(fn, n=20):

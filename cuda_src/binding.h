@@ -1,7 +1,7 @@
 // The torch side shared by dualk's CUDA bindings (binding_<family>.cpp, one extension per
 // operator family: elementwise, gemm, mlp; dualk/backends/cuda.py FAMILIES). With the bindings,
 // the only files of cuda_src/ that include torch: they check what the Python layer hands over (a
-// second line of defence: dualk/validate.py already gave the user-facing errors), take the
+// second line of defence: dualk/core/validate.py already gave the user-facing errors), take the
 // output tensor's device guard and current stream, and call the plain-C++ launchers.
 #pragma once
 

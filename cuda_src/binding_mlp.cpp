@@ -111,7 +111,7 @@ class MlpPlan {
   // (.data assignment changes a parameter's storage, dtype or shape in place); row_buckets: bit
   // b set where calls of (rows - 1).bit_length() == b take this kernel.
   // poison: outputs are NaN-filled before the launch (the test suite's check that every
-  // element is written; dualk/_alloc.py).
+  // element is written; dualk/core/alloc.py).
   MlpPlan(const py::list& identities, const py::list& weights, const py::list& biases,
           int64_t activation, int64_t row_buckets, bool poison)
       : row_buckets_(static_cast<uint64_t>(row_buckets)), poison_(poison) {

@@ -62,7 +62,7 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 // with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
 // backend's TMA epilogue). Was v / (1 + 2^(-2z log2 e)): ex2 and a reciprocal, two MUFU ops
 // per element, which bounded the GEMM epilogue (16 MUFU results per clock per SM; the
-// 128 x 256 linear_gelu tile's epilogue cost ~4 us, NOTES-gemm-sm90.md session 16). The error
+// 128 x 256 linear_gelu tile's epilogue cost ~4 us, experiments/NOTES-gemm-sm90.md). The error
 // it adds is absolute, up to ~|v| 2^-12: below bf16's rounding, but a few fp16 ulps where gelu
 // is small (v near -2: ~5e-4 on -0.045), and a large *relative* error where gelu is near 0
 // (v < -3), all far below 2^-12 max|v|. On an H200 its max abs error equalled cuBLASLt's fused

@@ -6,7 +6,7 @@
 // Why: the mma.sync kernel reloads weight groups per row tile when 256-wide layers do not fit in
 // shared memory together (256-256-256-64 bf16 at 2^18 rows, H100, dualk bench: 579 us, eager
 // PyTorch 471 us); this kernel takes 150 us there in its harness
-// (experiments/results/2026-11-25-h100-mlp-wide-s10.txt; a cuBLAS + bias/activation chain: 794 us).
+// (experiments/mlp_wide_sm90.cu; a cuBLAS + bias/activation chain: 794 us).
 // What it needs of the MLP (unfit_reason checks it): 2 to kMaxLayers layers, every layer's input
 // width a multiple of 8 (TMA rows of 16 bytes) and every width at most 256, contiguous weights
 // (out, in) with 16-byte aligned bases, x rows with a 16-byte aligned base and stride.

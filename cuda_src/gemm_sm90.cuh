@@ -137,7 +137,7 @@ struct TileConfig {
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
 // PingPong64x128Tma, the pairs Tile128x256TmaC2 and PingPong64x128TmaC2, and the 2 x 2 clusters
 // PingPong64x128TmaC4. The others are the candidates experiments/gemm_sm90_bench.cu compares them
-// with (session 9 in NOTES-gemm-sm90.md), kept so that a new GPU can be swept again.
+// with (experiments/NOTES-gemm-sm90.md), kept so that a new GPU can be swept again.
 // 128 x 256, 4 stages (193 KB): the brief's starting point, one wgmma m64n256 per k16 per consumer.
 using Tile128x256 = TileConfig<128, 256, 4>;
 // 128 x 128, 6 stages (193 KB): more CTAs for grids the 128 x 256 tile cannot fill.
@@ -168,18 +168,18 @@ using PingPong64x128TmaC2 = TileConfig<64, 128, 6, true, true, 2>;
 using PingPong64x128TmaC4 = TileConfig<64, 128, 6, true, true, 4>;
 // The same three with 8 stages, the most that fit beside two staging buffers (226 KB of 227):
 // harness candidates for few-tile grids, where cuBLAS's own 64 x 128 pairs keep 8 k-blocks in
-// flight (nvjet_sm90_tst_64x128_64x8_2x1 at matmul 700x512x1000; NOTES-gemm-sm90.md, session 19).
+// flight (nvjet_sm90_tst_64x128_64x8_2x1 at matmul 700x512x1000; experiments/NOTES-gemm-sm90.md).
 using PingPong64x128TmaS8 = TileConfig<64, 128, 8, true, true>;
 using PingPong64x128TmaC2S8 = TileConfig<64, 128, 8, true, true, 2>;
 using PingPong64x128TmaC4S8 = TileConfig<64, 128, 8, true, true, 4>;
 // Cooperative 128 x 64 tiles in pairs along n multicasting A, 8 stages of 24 KB: what cuBLASLt
 // runs at linear_gelu 1000^3 (nvjet_sm90_tst_128x64_64x8_1x2, 12.7 us against our pairs' 13.4 on
-// an H100); a harness candidate (NOTES-gemm-sm90.md, session 19).
+// an H100); a harness candidate (experiments/NOTES-gemm-sm90.md).
 using Tile128x64TmaPairN = TileConfig<128, 64, 8, false, true, 2, 2>;
 using Tile128x64Tma = TileConfig<128, 64, 8, false, true>;  // the same tile without clusters
 // 2 x 2 clusters of ping-pong 64 x 192 tiles, 5 stages of 32 KB: 1000 columns in 6 tiles, so
 // linear_gelu 1000^3 needs 24 clusters (one wave of the 30 that fit on an H100 or H200) where 64 x
-// 128 tiles need 32; a harness candidate (NOTES-gemm-sm90.md, session 19).
+// 128 tiles need 32; a harness candidate (experiments/NOTES-gemm-sm90.md).
 using PingPong64x192TmaC4 = TileConfig<64, 192, 5, true, true, 4>;
 using PingPong64x192Tma = TileConfig<64, 192, 5, true, true>;  // the same tile without clusters
 // 256 x 128, 4 stages: launch()'s gelu config before the TMA stores (0.66x / 0.89x cuBLASLt
@@ -245,7 +245,7 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 }
 // Arrive on the mbarrier at `bar` in CTA `rank` of the cluster (this CTA's own included), with
 // the default (.release.cta) semantics: the ".release.cluster" form measured ~1.5 us per k tile
-// on an H100 (session 14, NOTES-gemm-sm90.md); this one is what CUTLASS's ClusterBarrier uses.
+// on an H100 (experiments/NOTES-gemm-sm90.md); this one is what CUTLASS's ClusterBarrier uses.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
@@ -861,7 +861,7 @@ inline bool can_run(const GemmArgs& args) {
 }
 
 // The config heuristic, from the H100 sweep of experiments/gemm_sm90_bench.cu
-// (NOTES-gemm-sm90.md, session 9). Every production config stores C by TMA (2-12% faster on
+// (experiments/NOTES-gemm-sm90.md). Every production config stores C by TMA (2-12% faster on
 // large shapes and 1.5x on short k than the direct stores, which remain its fallback for C that
 // TMA cannot address). t256 / t128 count 128 x 256 / 128 x 128 tiles:
 //   * 128 x 256 (cooperative) when its tiles fill at least 3/4 of the SMs in a wave; with an
@@ -873,16 +873,16 @@ inline bool can_run(const GemmArgs& args) {
 //     tile, so the second consumer idles: the gain is the CTA count, not the overlap (a
 //     one-consumer 64 x 128 config with more stages is untried);
 //   * else 128 x 128 (cooperative).
-// CTA pairs (session 15): where B's row pitch is an odd multiple of 16 bytes, every other row
+// CTA pairs: where B's row pitch is an odd multiple of 16 bytes, every other row
 // starts 16 bytes off a 32-byte sector and TMA splits its box rows into many small L2 requests
-// (ncu at m3000 n5000 k2000: 12.2 M requests instead of 4.6 M, NOTES-gemm-sm90.md session 14).
+// (ncu at m3000 n5000 k2000: 12.2 M requests instead of 4.6 M, experiments/NOTES-gemm-sm90.md).
 // Pairs multicasting B read it from L2 half as often: the 128 x 256 branch then runs
 // Tile128x256TmaC2 (m3000 n5000 k2000 on an H200: 99.6 vs 124.2 us, cuBLAS 93.0) and the
 // few-tile branch PingPong64x128TmaC2, with an activation too (linear_gelu 1000^3: 13.2 vs
 // 15.2 us). On aligned rows pairs gained nothing (4096^3 178.5 vs 177.7 us; 1024^3 10.3 vs 9.5),
 // so they are taken only there, and only with two tile rows or more (else one CTA of each pair
 // would only compute zeros). If the device cannot run clusters, the single configs run.
-// 2 x 2 clusters (session 18): in the same few-tile case, with two tile columns or more too,
+// 2 x 2 clusters: in the same few-tile case, with two tile columns or more too,
 // PingPong64x128TmaC4 multicasts A as well, where all its clusters are resident at once
 // (linear_gelu 896 x 1000 -> 1024, 28 clusters on an H100: 12.0 us, pairs 13.2, cuBLASLt 12.5).
 // A GPC holds whole clusters, so only 30 of them fit on an H100's 132 SMs; a second wave for the

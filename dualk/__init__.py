@@ -1,9 +1,9 @@
 """dualk: PyTorch operators with two hand-written GPU backends (CUDA C++ and Triton) behind one
 dispatcher. Start with `dualk.ops`, `dualk.explain` and `dualk.use_backend`."""
 
-from . import library, nn, ops  # library registers torch.ops.dualk.<op>
-from .dispatch import set_default_backend, use_backend
-from .errors import (
+from . import nn, ops
+from .autograd import library  # library registers torch.ops.dualk.<op>
+from .core.errors import (
     BackendUnavailableError,
     BackendWarning,
     BuildNotice,
@@ -16,6 +16,7 @@ from .errors import (
     ShapeError,
     UnknownBackendError,
 )
+from .dispatch import set_default_backend, use_backend
 from .fuse import FuseReport, fuse
 from .ops import add, explain, fused_mlp, linear_gelu, linear_glu, matmul, relu_scale
 from .registry import OPS

@@ -48,14 +48,14 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import autotune, ops
-from .dispatch import check_name
-from .errors import InvalidArgumentError, InvalidTypeError
+from . import ops
+from .core.errors import InvalidArgumentError, InvalidTypeError
+from .dispatch import autotune, check_name
 from .nn import (
     FusedMLP,
+    GatedBase,
     GatedMLP,
     LinearGELU,
-    _GatedBase,
     hooks_of,
     kernel_activation,
     linear_problem,
@@ -243,7 +243,7 @@ def _report_every_linear(result: nn.Module, ctx: _Context) -> None:
     for m in result.modules():
         if isinstance(m, FusedMLP):
             already.update(id(lin) for lin in m.layers)
-        elif isinstance(m, (LinearGELU, _GatedBase)) and isinstance(
+        elif isinstance(m, (LinearGELU, GatedBase)) and isinstance(
             getattr(m, "_shared", None), tuple
         ):
             already.update(id(lin) for lin in m._shared)
@@ -848,7 +848,7 @@ class _SharedLinearGELU(LinearGELU):
         return f"{super().extra_repr()}, linear={self.shared_names[0]} (shared)"
 
 
-class _SharedLinearGLU(_GatedBase):
+class _SharedLinearGLU(GatedBase):
     """The gated part `act(gate(x)) * up(x)` of a model's gated MLP over its own gate and up
     Linears, which stay registered where the model has them (held in a tuple, as
     _SharedLinearGELU: state_dict() keeps the original keys)."""
@@ -878,7 +878,7 @@ class _SharedLinearGLU(_GatedBase):
 
 
 # Modules fuse() keeps as leaves and counts as fused.
-_FUSED_TYPES = (FusedMLP, LinearGELU, _GatedBase, GatedMLP)
+_FUSED_TYPES = (FusedMLP, LinearGELU, GatedBase, GatedMLP)
 
 
 # ------------------------------------------------------------------------ untraceable models

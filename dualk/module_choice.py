@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import autotune, dispatch, ops
+from . import dispatch, ops
 from .backends.torch_ref import ACTIVATIONS
+from .dispatch import autotune
 from .registry import OPS
 
 PATHS = ("fused", "original")
@@ -103,7 +104,7 @@ def measurable(device: torch.device) -> str | None:
         return "not on a CUDA device"
     if torch._C._is_tracing():
         return "torch.jit is tracing"
-    return autotune._timing_blocked()
+    return autotune.timing_blocked()
 
 
 def decided(mode: str, shape: tuple, rows: int | None, x_grad: bool) -> str | None:

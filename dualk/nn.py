@@ -28,13 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _alloc, autotune, dispatch, module_choice, ops
-from .autotune import tf32_allowed as _tf32
+from . import dispatch, module_choice, ops
+from .backends import cuda
 from .backends.torch_ref import ACTIVATIONS
-from .dispatch import check_name
-from .errors import DtypeError, InvalidArgumentError, InvalidTypeError
+from .core import alloc
+from .core.errors import DtypeError, InvalidArgumentError, InvalidTypeError
+from .core.validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
+from .dispatch import autotune, check_name
+from .dispatch.autotune import tf32_allowed as _tf32
 from .registry import OPS
-from .validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
+from .runtime import operators, route
 
 GELU_APPROXIMATIONS = ("tanh", "none")
 MODULE_ACTIVATIONS = ("relu", "gelu", "silu", "none")
@@ -206,7 +209,7 @@ def _check_glu_activation(where: str, activation, approximate) -> None:
         )
 
 
-class _GatedBase(nn.Module):
+class GatedBase(nn.Module):
     """The gated part `act(x @ Wg.T + bg) * (x @ Wu.T + bu)` of a gated MLP, fused
     (`dualk.linear_glu`) or by PyTorch's ops, chosen by dualk.module_choice (kind
     "linear_glu"). Subclasses provide `_gate_up()` -> (gate Linear, up Linear) and set
@@ -233,7 +236,7 @@ class _GatedBase(nn.Module):
         )
 
 
-class GatedMLP(_GatedBase):
+class GatedMLP(GatedBase):
     """`down_proj(act(gate_proj(x)) * up_proj(x))` (LLaMA's MLP; SwiGLU with "silu", GeGLU with
     "gelu", ReGLU with "relu"), the gated part in one kernel (`dualk.linear_glu`). x (...,
     in_features) -> (..., out_features, default in_features); float32, float16 or bfloat16.
@@ -323,9 +326,9 @@ def _exporting() -> bool:
     return _EXPORTING_IS_ACCURATE and _is_exporting()
 
 
-_is_tracing = ops._is_tracing  # torch.jit.trace: the registered op, which the trace records
-_any_autocast = ops._any_autocast
-_transforms_active = ops._transforms_active
+_is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the trace records
+_any_autocast = route.any_autocast
+_transforms_active = route.transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
 _monotonic = time.monotonic
 PROVISIONAL_PLAN_S = 0.25  # how long a plan of a provisional auto decision serves calls
@@ -416,7 +419,7 @@ class _FastPath:
         return not (
             _is_compiling()
             or _transforms_active()
-            or _alloc.poisoning() is not self.poison
+            or alloc.poisoning() is not self.poison
             or module.backend != self.backend
             or module.__dict__.get("_plan") is not self.owner
             or (
@@ -433,13 +436,11 @@ class _FastPath:
     @classmethod
     def add(cls, module, owner, slot, weights, biases, activation) -> None:
         """Adds `slot`'s row bucket (planned to run the CUDA kernel) to the module's fast path."""
-        from .backends import cuda
-
         bucket, tf32 = slot
         tf32 = tf32 if weights[0].dtype is torch.float32 else None
         fast = module.__dict__.get("_fast")
         buckets = 1 << bucket
-        poison = _alloc.poisoning()
+        poison = alloc.poisoning()
         if fast is not None and fast.owner is owner and fast.tf32 == tf32 and fast.poison is poison:
             if fast.buckets & buckets:
                 return
@@ -575,7 +576,7 @@ class _InferencePlan:
                 expires = _monotonic() + PROVISIONAL_PLAN_S
         else:
             name = backend
-        if name not in ("torch", "original") and ops.mlp_fallback_reason(name, x, weights):
+        if name not in ("torch", "original") and operators.mlp_fallback_reason(name, x, weights):
             return  # the per-layer chain: not planned
         ptrs = cls._ptrs(weights, biases)
         plan = module.__dict__.get("_plan")
@@ -589,8 +590,6 @@ class _InferencePlan:
         if name == "original":
             runner = module._original_forward
         elif name == "cuda":
-            from .backends import cuda
-
             runner = cuda.fused_mlp_runner(weights, biases, activation)
             if expires is None:  # (a provisional plan stays in Python: it expires)
                 _FastPath.add(module, plan, cls._slot(x, x.dtype), weights, biases, activation)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from .backends import torch_ref
-from .errors import InvalidArgumentError
+from .core.errors import InvalidArgumentError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = DTYPES
@@ -83,6 +83,14 @@ class OpSpec:
     auto_order_by_dtype: Mapping[torch.dtype, tuple[str, ...]] = field(default_factory=dict)
     # backends that have no implementation of this op yet -> why (dispatch reports it)
     missing: Mapping[str, str] = field(default_factory=dict)
+    # autotune's shape-class key of the implementations' arguments: (name, device index, dtype,
+    # tf32, *fields), key_fields naming the fields (the six built-in operators' keys live in
+    # dualk/dispatch/autotune.py, KEY_FUNCTIONS); required of an operator added by register()
+    key: Callable[[tuple], tuple] | None = None
+    key_fields: tuple[str, ...] = ()
+    # raises a DualkError unless the implementations' arguments make a valid call (explain and
+    # runtime.operators.run call it; the built-in operators check in dualk/runtime/operators.py)
+    check: Callable[..., Any] | None = None
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
@@ -107,8 +115,12 @@ class OpSpec:
     def implementation(self, backend: str) -> Callable[..., Any]:
         fn = self._resolved.get(backend)
         if fn is None:
-            module, name = self.implementations[backend].split(":")
-            fn = getattr(importlib.import_module(f"dualk.backends.{module}"), name)
+            target = self.implementations[backend]  # "module:function", or the function itself
+            if callable(target):
+                fn = target
+            else:
+                module, name = target.split(":")
+                fn = getattr(importlib.import_module(f"dualk.backends.{module}"), name)
             self._resolved[backend] = fn
         return fn
 
@@ -491,10 +503,10 @@ def _impls(function: str) -> dict[str, str]:
 OPS: Mapping[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        # auto orders come from H200 measurements (bench/results/): the CUDA elementwise path has
+        # auto orders come from H200 measurements (`dualk bench`): the CUDA elementwise path has
         # the lowest host cost per call (11 us vs Triton's 26 us for a 16-element add) at equal
         # bandwidth; no dualk matmul beats cuBLAS on every shape yet (16-bit at 4096-8192, two
-        # session-3 runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
+        # runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
         # matmul's auto is PyTorch; Triton wins linear_gelu.
         OpSpec("add", torch_ref.add, _impls("add"),
                ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
@@ -506,11 +518,11 @@ OPS: Mapping[str, OpSpec] = {
                {**_impls("linear_gelu"), "torch": "torch_ref:linear_gelu_fastest"},
                ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
-        # (bench/results/2026-11-21-h200-default-s5-tf32.json): fp32 seed model 9.6 vs 22.9 us
+        # (`dualk bench`, default suite): fp32 seed model 9.6 vs 22.9 us
         # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
         # wgmma kernel) 60.4 vs 86.4 us at 64 wide, 176.5 vs 257.2 us at 128 wide. 16-bit widths
         # 129-256 on Hopper (the wide kernel, fused_mlp_wide.cu), H100: 256x3_b2^18 bf16 CUDA 155 us,
-        # Triton 848, eager 471 (bench/results/2026-11-25-h100-fused-mlp-s10). Not benchmarked: the
+        # Triton 848, eager 471 (`dualk bench --op fused_mlp`). Not benchmarked: the
         # wide kernel on an H200, and GPUs before Hopper, where the padded mma.sync kernel (100 us
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
@@ -522,6 +534,33 @@ OPS: Mapping[str, OpSpec] = {
                ("cuda", "triton", "torch"), _glu_cases(), _glu_cost, "gemm"),
     )
 }  # fmt: skip
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add an operator to OPS: from then on dispatch, auto, explain, `runtime.operators.run`,
+    the benchmark and the parity tests know it. Its entry must carry what the built-in operators
+    keep elsewhere: `key` and `key_fields` (auto's shape classes) and `check` (argument checks).
+    The public function, the registered custom op (fake and autograd formula) and auto's
+    exact-signature fast path are per-operator code (CONTRIBUTING.md, "Adding an operator")."""
+    if not isinstance(spec, OpSpec):
+        raise InvalidArgumentError(f"register() takes an OpSpec, got {type(spec).__name__}")
+    if spec.name in OPS:
+        raise InvalidArgumentError(f"operator {spec.name!r} is already registered")
+    if spec.key is None or not spec.key_fields:
+        raise InvalidArgumentError(f"operator {spec.name!r} needs key and key_fields (autotune)")
+    unknown = [b for b in spec.auto_order if b not in spec.implementations]
+    if unknown:
+        raise InvalidArgumentError(
+            f"operator {spec.name!r}: auto_order names backends without an implementation: "
+            f"{unknown}"
+        )
+    OPS[spec.name] = spec  # type: ignore[index]
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove an operator that register() added (tests)."""
+    OPS.pop(name)  # type: ignore[attr-defined]
 
 
 def get(name: str) -> OpSpec:

@@ -11,7 +11,7 @@ import triton
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dualk.layout import plan_elementwise  # noqa: E402
+from dualk.core.layout import plan_elementwise  # noqa: E402
 from dualk.triton_src import add as add_mod  # noqa: E402
 from dualk.triton_src import relu_scale as relu_mod  # noqa: E402
 from dualk.triton_src.elementwise import padded_plan  # noqa: E402

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dualk  # noqa: E402
-from dualk import autotune  # noqa: E402
+from dualk.dispatch import autotune
 from dualk.backends import cuda as cuda_backend  # noqa: E402
 from dualk.backends import triton as triton_backend  # noqa: E402
 from dualk.registry import OPS  # noqa: E402

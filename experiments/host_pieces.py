@@ -49,7 +49,8 @@ class _Given(torch.autograd.Function):
 
 
 def main() -> dict:
-    from dualk import library, mlp_backward
+    from dualk.autograd import library
+    from dualk.autograd import mlp_backward
     from dualk.triton_src import fused_mlp_backward as kernel
     from dualk.triton_src.common import ptr_spec
 

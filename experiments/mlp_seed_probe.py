@@ -5,7 +5,7 @@ with the standalone harness (experiments/mlp_bench.cu), which times the kernel a
 import torch
 
 import dualk
-from dualk.bench import time_device
+from dualk.tools.bench import time_device
 
 torch.manual_seed(0)
 widths = (100, 128, 64, 10)

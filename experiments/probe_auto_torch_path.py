@@ -5,7 +5,7 @@ torch path at matmul 128x8192x128 bf16 in 11.93 us, where the cuBLAS row (torch.
 operands) took 10.79; the H200 s17-b run had 11.2 against 10.4. dualk's torch backend is
 torch.matmul itself, so either the kernels differ (cuBLAS's heuristic sees something else) or the
 timing does. Per shape, alternating rounds of: torch.matmul, dualk.matmul(backend="torch") and
-(backend="auto"), each timed as `dualk bench` times a row (dualk.bench.time_device), then the
+(backend="auto"), each timed as `dualk bench` times a row (dualk.tools.bench.time_device), then the
 kernels each one launches (torch.profiler).
 
     python3 experiments/probe_auto_torch_path.py
@@ -17,7 +17,7 @@ import torch
 
 import dualk
 from dualk.backends import torch_ref
-from dualk.bench import time_device
+from dualk.tools.bench import time_device
 from probe_linear_gelu import kernel_names  # experiments/ is the script's directory
 
 SHAPES = [

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dualk.backends import cuda as cuda_backend  # noqa: E402
 from dualk.backends import triton as triton_backend  # noqa: E402
-from dualk.bench import time_device  # noqa: E402
+from dualk.tools.bench import time_device  # noqa: E402
 
 
 def alignment(lines: list[str]) -> None:

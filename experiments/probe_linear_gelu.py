@@ -4,7 +4,7 @@ matmul of the same operands without the epilogue (x @ W^T, cuda: the same Hopper
 layout), cuBLASLt's epilogue (torch._addmm_activation) and cuBLAS's matmul; the epilogue's share
 is linear_gelu minus matmul, on each side.
 
-    python3 experiments/probe_linear_gelu.py [--json PATH]   # timings (dualk.bench.time_device)
+    python3 experiments/probe_linear_gelu.py [--json PATH]   # timings (dualk.tools.bench.time_device)
     python3 experiments/probe_linear_gelu.py --ncu-cases     # for ncu: per shape, a warm-up and
                                                              # one launch of each dualk case
     python3 experiments/probe_linear_gelu.py --kernels       # the kernels (names: tile shapes,
@@ -91,7 +91,7 @@ def main() -> None:
                 named[name]()  # the profiled one
             torch.cuda.synchronize()
             continue
-        from dualk.bench import time_device
+        from dualk.tools.bench import time_device
 
         row = {"M": M, "K": K, "N": N}
         for name, fn in named.items():

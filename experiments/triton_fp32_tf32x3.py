@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dualk.bench import time_device
+from dualk.tools.bench import time_device
 from dualk.triton_src.matmul import accumulate_dot, split_tf32
 
 

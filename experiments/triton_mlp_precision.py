@@ -1,13 +1,13 @@
 """Triton fused MLP, fp32: exact fp32 dots (input_precision="ieee", the default) against 3xTF32
 tensor-core dots ("tf32x3"), on the GPU: accuracy by dualk's GEMM rule (within 2x PyTorch's own
-error against float64) and time (dualk.bench.time_device, L2 flushed) per shape.
+error against float64) and time (dualk.tools.bench.time_device, L2 flushed) per shape.
 Usage (GPU machine): python experiments/triton_mlp_precision.py"""
 
 import torch
 
 import dualk
 import dualk.triton_src.fused_mlp as tmlp
-from dualk.bench import time_device
+from dualk.tools.bench import time_device
 from dualk.registry import OPS, Sample, mlp_parameters
 from dualk.testing import judge
 

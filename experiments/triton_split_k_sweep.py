@@ -5,7 +5,7 @@ next to torch (cuBLAS / cuBLASLt), and the error against a float64 reference nex
     python3 experiments/triton_split_k_sweep.py --plans [--json PATH]
 
 --plans: on PLAN_CASES, every small tensor-core config x split count forced in place of
-split_k_plan's choice, timed as `dualk bench` times (dualk.bench.time_device: an L2 flush and a
+split_k_plan's choice, timed as `dualk bench` times (dualk.tools.bench.time_device: an L2 flush and a
 GPU sleep before each call, so the two launches' host time stays out), next to torch.
 
 Imports triton_src directly (repo root on sys.path), as experiments/triton_bench.py does. Times are
@@ -80,7 +80,7 @@ def problem(op: str, M: int, K: int, N: int, dt, gen, allow_tf32: bool):
 
 def plan_sweep(gen, tf32) -> list[dict]:
     """Every small tensor-core config x PLAN_SPLITS forced on PLAN_CASES (16-bit only)."""
-    from dualk.bench import time_device
+    from dualk.tools.bench import time_device
 
     chosen = mm.split_k_plan
     rows = []

@@ -133,7 +133,7 @@ def main() -> None:
             ref = a.double() @ b.double()
             row = {"M": M, "K": K, "N": N, "dtype": str(dt)[6:]}
             if not interpret:
-                from dualk.bench import time_device
+                from dualk.tools.bench import time_device
                 from triton_src import matmul as mm
 
                 row["torch_us"] = time_device(lambda: a @ b)[0]

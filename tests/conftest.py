@@ -39,9 +39,9 @@ def _private_autotune_cache() -> None:
 
 _private_autotune_cache()
 
-import dualk._alloc  # noqa: E402
+import dualk.core.alloc  # noqa: E402
 
-dualk._alloc.set_poison(True)
+dualk.core.alloc.set_poison(True)
 
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
@@ -79,11 +79,11 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
     # No config file: DUALK_CONFIG unset and the default path under an empty directory.
     monkeypatch.delenv("DUALK_CONFIG", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
-    import dualk.config
     import dualk.dispatch
+    import dualk.dispatch.config
 
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     dualk.dispatch.set_default_backend(None)
     yield
     dualk.dispatch.set_default_backend(None)
-    dualk.config.invalidate()  # the environment is restored after this fixture ends
+    dualk.dispatch.config.invalidate()  # the environment is restored after this fixture ends

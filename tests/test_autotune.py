@@ -1,4 +1,4 @@
-"""The autotuned backend="auto" (dualk/autotune.py) on the CPU: keys and bucketing, the choice of
+"""The autotuned backend="auto" (dualk/dispatch/autotune.py) on the CPU: keys and bucketing, the choice of
 the fastest candidate by a FAKE timer (no GPU here: candidates are made available by patching
 `autotune.candidate_reason`, and cuda/triton stand in as the torch reference), persistence
 across processes, corruption recovery, concurrent writers, no timing when it is not allowed, the
@@ -21,9 +21,10 @@ import torch
 from click.testing import CliRunner
 
 import dualk
-import dualk.timing
-from dualk import autotune, cli, registry
+import dualk.core.timing
+from dualk import cli, registry
 from dualk.backends import torch_ref
+from dualk.dispatch import autotune
 from dualk.registry import OPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -371,7 +372,7 @@ def test_host_time_is_the_least_over_the_passes(fake_gpu):
 def test_interquartile_mean_weighs_both_levels_and_ignores_outliers():
     """Two-level samples (a launch-bound kernel's CUDA-event times): the median jumps with the
     mix, the interquartile mean moves with it smoothly; an outlier changes neither."""
-    iqm = dualk.timing.interquartile_mean
+    iqm = dualk.core.timing.interquartile_mean
     assert iqm([7.17] * 49 + [8.03] * 51) == pytest.approx(7.17 * 24 / 50 + 8.03 * 26 / 50)
     assert iqm([7.17] * 51 + [8.03] * 49) == pytest.approx(7.17 * 26 / 50 + 8.03 * 24 / 50)
     assert iqm([1.0] * 7 + [50.0]) == 1.0
@@ -392,7 +393,7 @@ SUBPROCESS = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     import torch
-    from dualk import autotune
+    from dualk.dispatch import autotune
     from dualk.registry import OPS
 
     sizes = json.loads(sys.argv[1])
@@ -560,7 +561,9 @@ def ran(fake_gpu, monkeypatch):
     from dualk import dispatch
 
     monkeypatch.setattr(dispatch, "unavailable_reason", lambda backend, device, op=None: None)
-    monkeypatch.setattr("dualk.ops.mlp_fallback_reason", lambda backend, x, weights: None)
+    monkeypatch.setattr(
+        "dualk.runtime.operators.mlp_fallback_reason", lambda backend, x, weights: None
+    )
     calls: list[str] = []
     for op in OPS:
         spec = OPS[op]
@@ -598,7 +601,7 @@ def test_exact_table_follows_new_decisions_clears_and_tuning(ran, monkeypatch):
     assert autotune.exact_hits == {}
     assert last_backend(ran, call) == "cuda"
     assert last_backend(ran, call) == "cuda"
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     res = CliRunner().invoke(cli.main, ["cache", "clear"])  # memory and files
     assert res.exit_code == 0, res.output
     assert autotune.exact_hits == {}
@@ -663,12 +666,12 @@ def test_exact_table_never_outranks_an_override(op, ran, monkeypatch, tmp_path):
     config = tmp_path / "dualk.toml"
     config.write_text(f'[backend]\n{op} = "torch"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(config))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     try:
         assert last_backend(ran, call) == "torch"
     finally:
         monkeypatch.delenv("DUALK_CONFIG")
-        dualk.config.reload()
+        dualk.dispatch.config.reload()
     assert last_backend(ran, call) == "triton"  # and the table's answer stands again
     assert ran_cuda(lambda: run("cuda")) == "cuda"
 
@@ -756,14 +759,14 @@ def test_gemm_exact_tables_keep_the_tf32_switch(ran, monkeypatch, op):
         "fused_mlp": (mlp_args(8, [16, 32, 8]), lambda a: dualk.fused_mlp(*a[:3])),
     }[op]  # fmt: skip
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
-    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     plant(op, args, "cuda")
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
     plant(op, args, "triton")
-    monkeypatch.setattr("dualk.ops._tf32", lambda: True)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: True)
     assert last_backend(ran, lambda: call(args)) == "triton"
     monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
-    monkeypatch.setattr("dualk.ops._tf32", lambda: False)
+    monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     assert last_backend(ran, lambda: call(args)) == "cuda"
 
 
@@ -879,7 +882,7 @@ def test_triton_candidate_lists_are_small_and_keep_the_measured_winners():
 
 # ---------------------------------------------------------------------------- CLI
 def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     runner = CliRunner()
     res = runner.invoke(cli.main, ["cache", "show"])
     assert res.exit_code == 0, res.output
@@ -925,7 +928,7 @@ def test_cli_cache_show_and_clear(fake_gpu, tmp_path, monkeypatch):
 
 
 def test_cli_tune_without_gpu_says_it_cannot(monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     res = CliRunner().invoke(cli.main, ["tune", "--suite", "quick"])
     assert res.exit_code == 1
     assert "No CUDA GPU found: cannot tune" in res.output
@@ -962,14 +965,14 @@ def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
     monkeypatch.setattr(autotune, "_warned", set())
     monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")
     with pytest.warns(UserWarning, match="DUALK_AUTOTUNE='maybe'") as record:
-        blocked = autotune._timing_blocked()
+        blocked = autotune.timing_blocked()
     assert blocked is None or "DUALK_AUTOTUNE" not in blocked
     assert record[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        autotune._timing_blocked()  # once per value
+        autotune.timing_blocked()  # once per value
     monkeypatch.setenv("DUALK_AUTOTUNE", "off")
-    assert autotune._timing_blocked() == "DUALK_AUTOTUNE=0"
+    assert autotune.timing_blocked() == "DUALK_AUTOTUNE=0"
 
 
 def test_cache_file_name_matches_every_name_dualk_writes():

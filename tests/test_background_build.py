@@ -35,10 +35,10 @@ from test_faults import FakeLoad, compile_tiny_module, needs_cc, reset_cuda
 from torch.utils import cpp_extension
 
 import dualk
-from dualk import autotune, triton_tune
 from dualk.backends import cuda
 from dualk.cli import main
-from dualk.errors import BackendUnavailableError, BackendWarning, BuildNotice
+from dualk.core.errors import BackendUnavailableError, BackendWarning, BuildNotice
+from dualk.dispatch import autotune, triton_tune
 from dualk.registry import OPS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""dualk bench's device timer (dualk.bench.time_device): on fake CUDA primitives (CPU), the order
+"""dualk bench's device timer (dualk.tools.bench.time_device): on fake CUDA primitives (CPU), the order
 of flush, sleep and events and the interquartile mean; on a GPU, that a slow launch path is not
 timed as kernel time."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import HAS_CUDA
 
-import dualk.bench
-import dualk.timing
+import dualk.core.timing
+import dualk.tools.bench
 
 
 def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mean(monkeypatch):
@@ -48,13 +48,13 @@ def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mea
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
-    monkeypatch.setattr(dualk.bench, "_flush_buffer", Flush)
-    us, iqr = dualk.bench.time_device(fn, rep_ms=5.0)
+    monkeypatch.setattr(dualk.tools.bench, "_flush_buffer", Flush)
+    us, iqr = dualk.tools.bench.time_device(fn, rep_ms=5.0)
     first_sleep = next(i for i, x in enumerate(log) if isinstance(x, tuple))
     steady = log[first_sleep - 1 :]
     assert steady[:5] == ["flush", steady[1], "record", "call", "record"]
     cycles = steady[1][1]
-    assert cycles >= 10 * dualk.timing.CYCLES_PER_US  # at least the 10 us floor
+    assert cycles >= 10 * dualk.core.timing.CYCLES_PER_US  # at least the 10 us floor
     assert len(steady) % 5 == 0 and all(
         steady[i : i + 5] == ["flush", ("sleep", cycles), "record", "call", "record"]
         for i in range(0, len(steady), 5)
@@ -69,14 +69,14 @@ def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mea
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", old_graph_bench)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    assert dualk.bench.time_device(fn, cuda_graph=True) == pytest.approx((7.5, 0.8))
+    assert dualk.tools.bench.time_device(fn, cuda_graph=True) == pytest.approx((7.5, 0.8))
 
 
 def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
     """auto's timer (autotune.cuda_event_timer) on fake CUDA primitives: the repetitions that fit
     its budget are counted with each one's L2 flush and GPU sleep, not the kernel alone (a first
     call on an unseen class took 96 ms of a 60 ms budget on an H100 that way)."""
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     clock = [0.0]  # GPU milliseconds
     calls = []
@@ -99,7 +99,7 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
             clock[0] += 0.05
 
     def sleep(cycles):
-        clock[0] += cycles / dualk.timing.CYCLES_PER_US / 1e3
+        clock[0] += cycles / dualk.core.timing.CYCLES_PER_US / 1e3
 
     def kernel():
         calls.append(1)
@@ -115,7 +115,7 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
         autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0] / 1e3)
     )
     # The sleep as sized for a fast launch (the real host time of kernel() would vary it)
-    monkeypatch.setattr(dualk.timing, "sleep_cycles", lambda host_us, at_least_us=0.0: int(at_least_us * dualk.timing.CYCLES_PER_US))  # fmt: skip
+    monkeypatch.setattr(dualk.core.timing, "sleep_cycles", lambda host_us, at_least_us=0.0: int(at_least_us * dualk.core.timing.CYCLES_PER_US))  # fmt: skip
     device_us, host_us = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
     assert device_us == pytest.approx(20.0) and host_us > 0
     # After the probe (0.02 ms kernel + 0.05 flush + 0.1 sleep, autotune._MIN_SLEEP_US): a burst
@@ -147,7 +147,7 @@ def test_a_slow_launch_is_not_timed_as_kernel_time():
             pass
         return x.add(1.0)
 
-    kernel_us, _ = dualk.bench.time_device(lambda: x.add(1.0), rep_ms=20.0)
-    slow_us, _ = dualk.bench.time_device(slow_launch, rep_ms=20.0)
+    kernel_us, _ = dualk.tools.bench.time_device(lambda: x.add(1.0), rep_ms=20.0)
+    slow_us, _ = dualk.tools.bench.time_device(slow_launch, rep_ms=20.0)
     assert 0 < kernel_us < 50
     assert slow_us < kernel_us + 20, (slow_us, kernel_us)

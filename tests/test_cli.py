@@ -12,11 +12,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import HAS_CUDA
 
-from dualk import cli, render, smoke
-from dualk import compare as cmp_mod
-from dualk import report as rep
-from dualk.bench import Report, Row
+from dualk import cli
 from dualk.registry import OPS
+from dualk.tools import compare as cmp_mod
+from dualk.tools import render, smoke
+from dualk.tools import report as rep
+from dualk.tools.bench import Report, Row
 
 ENV = {
     "date": "2026-01-02T03:04:05+00:00",
@@ -148,7 +149,7 @@ def test_list_shows_every_case_of_the_chosen_operators(runner):
 # benchmark runs instead; the smoke check's Triton rows are only meaningful without a GPU.
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU smoke check runs Triton under its interpreter")
 def test_without_gpu_bench_runs_the_cpu_smoke_check_and_exits_0(runner, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     out_json, out_csv = tmp_path / "smoke.json", tmp_path / "smoke.csv"
     result = invoke(
         runner,
@@ -193,7 +194,7 @@ def test_without_gpu_bench_runs_the_cpu_smoke_check_and_exits_0(runner, tmp_path
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU smoke check runs Triton under its interpreter")
 def test_without_gpu_the_default_run_checks_every_operator(runner, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     result = invoke(runner, "bench")
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if not ln.startswith("note:")]
@@ -334,10 +335,10 @@ def test_compare_gate_counts_wrong_or_missing_results():
 
 def test_bench_compare_on_a_gpu_run(runner, tmp_path, monkeypatch):
     """The GPU path with engine.run stood in for: table, files, comparison and the exit code."""
-    import dualk.bench
+    import dualk.tools.bench
 
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
-    monkeypatch.setattr(dualk.bench, "run", lambda *a, **k: fake_report(cuda_us=12.0))
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: True)
+    monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: fake_report(cuda_us=12.0))
     old = save(fake_report(), tmp_path / "old.json")
     out = tmp_path / "out" / "new.json"
     result = invoke(
@@ -409,7 +410,7 @@ def test_plot_without_matplotlib_says_how_to_install(runner, tmp_path, monkeypat
     assert result.exit_code == 2 and "pip install 'dualk[plot]'" in result.output
 
     # Without a GPU there is nothing to plot, whether or not matplotlib is there.
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     result = invoke(
         runner, "bench", "--op", "add", "--backend", "torch", "--plot", str(tmp_path / "p.png")
     )

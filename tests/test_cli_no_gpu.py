@@ -17,10 +17,11 @@ from click.testing import CliRunner
 from conftest import HAS_CUDA
 from test_cli import fake_report, invoke, save
 
-import dualk.bench
-from dualk import cli, render, smoke
-from dualk.bench import Report, Row
+import dualk.tools.bench
+from dualk import cli
 from dualk.registry import OPS
+from dualk.tools import render, smoke
+from dualk.tools.bench import Report, Row
 
 # On a GPU machine Triton compiles for the GPU, not the interpreter; these runs mean the CPU.
 cpu_only = pytest.mark.skipif(HAS_CUDA, reason="the CPU smoke check runs Triton's interpreter")
@@ -29,7 +30,7 @@ FAST = ("--op", "add", "--dtype", "float32")  # the smallest smoke check: 2 case
 
 @pytest.fixture
 def runner(monkeypatch) -> CliRunner:
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
     # The smoke check sets TRITON_INTERPRET; put it back afterwards, so that on a GPU machine later
     # tests' Triton kernels are not sent to the interpreter. (setenv records the value to restore.)
     was = os.environ.get("TRITON_INTERPRET")
@@ -168,8 +169,8 @@ def test_fail_if_slower_without_a_gpu_is_refused_unless_allowed(runner, tmp_path
 
 
 def test_gpu_bench_refuses_a_gate_against_an_untimed_file_before_running(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
-    monkeypatch.setattr(dualk.bench, "run", lambda *a, **k: pytest.fail("must not run"))
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: True)
+    monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: pytest.fail("must not run"))
     old = save(smoke_report(), tmp_path / "smoke.json")
     result = invoke(CliRunner(), "bench", "--compare", str(old), "--fail-if-slower", "5")
     assert result.exit_code == 2, result.output
@@ -181,8 +182,8 @@ def test_gpu_bench_in_which_no_dualk_backend_gave_a_result_exits_1(tmp_path, mon
     for r in report.rows[:2]:  # both dualk rows
         r.us = r.ok = r.rel_err = None
         r.note = "unavailable: no extension"
-    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
-    monkeypatch.setattr(dualk.bench, "run", lambda *a, **k: report)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: True)
+    monkeypatch.setattr(dualk.tools.bench, "run", lambda *a, **k: report)
     result = invoke(CliRunner(), "bench", "--op", "matmul")
     assert result.exit_code == 1, result.output
     assert "no dualk backend produced a checked result" in result.output

@@ -12,7 +12,7 @@ from conftest import DEVICE, HAS_CUDA
 import dualk
 from dualk import dispatch
 from dualk.backends import unavailable_reason
-from dualk.errors import BackendUnavailableError, UnknownBackendError
+from dualk.core.errors import BackendUnavailableError, UnknownBackendError
 from dualk.registry import OPS
 
 SPEC = OPS["relu_scale"]
@@ -30,7 +30,7 @@ def test_precedence_top_to_bottom(monkeypatch, tmp_path):
     cfg = tmp_path / "dualk.toml"
     cfg.write_text('[backend]\ndefault = "cuda"\nrelu_scale = "triton"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     assert source() == ("triton", "config")  # the op's own key beats the config's default
     dualk.set_default_backend("cuda")
     assert source() == ("cuda", "set_default_backend()")
@@ -49,7 +49,7 @@ def test_config_default_key_applies_to_every_op(monkeypatch, tmp_path):
     cfg = tmp_path / "dualk.toml"
     cfg.write_text('[backend]\ndefault = "torch"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     assert dispatch.requested(OPS["add"], "auto") == ("torch", "config")
 
 
@@ -59,7 +59,7 @@ def test_explain_names_the_config_file_and_each_named_backends_availability(monk
     cfg = tmp_path / "dualk.toml"
     cfg.write_text('[backend]\ndefault = "torch"\n')
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     x = torch.randn(4, 4, device=DEVICE)
     expl = dualk.explain("add", x, x)
     assert expl.source == "config" and any(str(cfg) in n for n in expl.notes), str(expl)
@@ -122,7 +122,7 @@ def test_auto_on_cpu_is_torch():
 def test_auto_on_gpu_times_every_backend_and_runs_the_fastest():
     """On a GPU tensor auto times cuda, triton and torch, and runs one whose score is within the
     tie margin of the least."""
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     x = torch.randn(3000, device="cuda")
     try:
@@ -171,7 +171,7 @@ def test_missing_config_named_by_env_is_an_error_naming_it(monkeypatch, tmp_path
     missing = tmp_path / "nope.toml"
     monkeypatch.setenv("DUALK_CONFIG", str(missing))
     with pytest.raises(dualk.ConfigError, match="nope.toml"):
-        dualk.config.reload()
+        dualk.dispatch.config.reload()
     with pytest.raises(ValueError, match="nope.toml"):  # ConfigError is a ValueError too
         dualk.add(torch.randn(3), torch.randn(3))
 
@@ -189,7 +189,7 @@ def test_malformed_config_is_an_error_naming_the_file(monkeypatch, tmp_path, tex
     cfg.write_text(text)
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
     with pytest.raises(dualk.ConfigError, match=match) as info:
-        dualk.config.reload()
+        dualk.dispatch.config.reload()
     assert str(cfg) in str(info.value)
 
 
@@ -197,8 +197,8 @@ def test_unknown_config_keys_warn_once_naming_file_and_key(monkeypatch, tmp_path
     cfg = tmp_path / "extra.toml"
     cfg.write_text('[backend]\nconv2d = "cuda"\n[tuning]\nx = 1\n')
     monkeypatch.setenv("DUALK_CONFIG", str(cfg))
-    with pytest.warns(dualk.config.ConfigWarning) as record:
-        assert dualk.config.reload() == {"conv2d": "cuda"}
+    with pytest.warns(dualk.dispatch.config.ConfigWarning) as record:
+        assert dualk.dispatch.config.reload() == {"conv2d": "cuda"}
     texts = [str(w.message) for w in record]
     assert any("'conv2d'" in t and str(cfg) in t for t in texts)
     assert any("[tuning]" in t for t in texts)
@@ -246,7 +246,10 @@ def test_every_per_operator_table_covers_exactly_the_registry():
     """The registry is the one list of operators; the few tables keyed by operator elsewhere
     (hot-path code that cannot afford a registry lookup, autotune's key functions) must name
     exactly its operators, or a new operator would fail far from where it was added."""
-    from dualk import autotune, eager_autograd, library, ops
+    from dualk import ops
+    from dualk.autograd import eager as eager_autograd
+    from dualk.autograd import library
+    from dualk.dispatch import autotune
     from dualk.registry import OPS
 
     names = set(OPS)
@@ -277,10 +280,10 @@ def test_default_config_and_cache_locations(monkeypatch, tmp_path):
         cfg.write_text(f'[backend]\nrelu_scale = "{value}"\n')
     monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
     monkeypatch.setenv("HOME", str(home))
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     assert source() == ("torch", "config")
     monkeypatch.delenv("XDG_CONFIG_HOME")
-    dualk.config.reload()
+    dualk.dispatch.config.reload()
     assert source() == ("triton", "config")
 
     monkeypatch.delenv("DUALK_CACHE_DIR", raising=False)

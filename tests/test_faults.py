@@ -40,9 +40,10 @@ from conftest import HAS_CUDA
 from torch.utils import cpp_extension
 
 import dualk
-from dualk import autotune, dispatch
+from dualk import dispatch
 from dualk.backends import cuda
-from dualk.errors import BackendUnavailableError, BackendWarning
+from dualk.core.errors import BackendUnavailableError, BackendWarning
+from dualk.dispatch import autotune
 from dualk.registry import OPS
 from dualk.testing import judge
 

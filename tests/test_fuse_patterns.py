@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dualk
-from dualk import autotune, module_choice
+from dualk import module_choice
+from dualk.dispatch import autotune
 from dualk.fuse import fuse
 from dualk.nn import FusedMLP, LinearGELU
 
@@ -247,7 +248,7 @@ def test_choice_is_remembered_in_the_cache_file(measured):
 
 def test_choice_respects_named_backends_and_overrides(measured, monkeypatch):
     costs, timed = measured
-    monkeypatch.setattr(module_choice, "measurable", lambda device: autotune._timing_blocked())
+    monkeypatch.setattr(module_choice, "measurable", lambda device: autotune.timing_blocked())
     x = torch.randn(4, 9)
     with torch.no_grad():
         FusedMLP((9, 16, 8), backend="torch")(x)

@@ -52,7 +52,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import dualk  # noqa: E402
 from dualk.backends import unavailable_reason  # noqa: E402
-from dualk.layout import as_rows  # noqa: E402
+from dualk.core.layout import as_rows  # noqa: E402
 from dualk.registry import OPS, Sample  # noqa: E402
 from dualk.testing import float64_reference, judge  # noqa: E402
 

@@ -187,7 +187,7 @@ def test_second_derivatives_match_float64_autograd(op, backend):
         if op == "fused_mlp":
 
             def registered(x, weights, biases, activation):
-                present, mask = dualk.library.pack_biases(biases)
+                present, mask = dualk.autograd.library.pack_biases(biases)
                 return torch.ops.dualk.fused_mlp(x, weights, present, mask, activation, backend)
 
             routes["registered op"] = registered
@@ -249,7 +249,7 @@ def _op_args(op, sample) -> tuple:
     if op == "linear_glu":
         return (*a, k.get("activation", "silu"), k.get("approximate", "tanh"))
     x, weights, biases = a
-    present, mask = dualk.library.pack_biases(biases)
+    present, mask = dualk.autograd.library.pack_biases(biases)
     return (x, weights, present, mask, k.get("activation", "relu"))
 
 
@@ -284,7 +284,7 @@ def test_opcheck_fused_mlp_backward(need_x_grad):
         None,
         torch.randn(4, generator=gen).to(DEVICE),
     ]
-    present, mask = dualk.library.pack_biases(biases)
+    present, mask = dualk.autograd.library.pack_biases(biases)
     grad = torch.randn(8, 4, generator=gen).to(DEVICE)
     for backend in backends:
         if unavailable_reason(backend, DEVICE) is not None:
@@ -421,7 +421,7 @@ def test_readme_examples_run():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(OPS))
 def test_eager_autograd_route_equals_registered_op(op, backend):
-    """Calls that autograd records take dualk/eager_autograd.py in eager mode (cheaper than the
+    """Calls that autograd records take dualk/autograd/eager.py in eager mode (cheaper than the
     registered op's autograd wrapper): same output and same gradients, bit for bit."""
     _skip_unavailable(backend, op)
     sample = _samples(op, torch.float32)[0]

@@ -14,7 +14,7 @@ from conftest import DEVICE
 from torch import nn
 
 import dualk
-from dualk.errors import (
+from dualk.core.errors import (
     BackendUnavailableError,
     DeviceMismatchError,
     DtypeError,
@@ -381,7 +381,7 @@ def test_cuda_backend_registered():
 
 
 def test_autotune_key_names_the_class():
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     x, wg, wu, bg, bu = _good()
     key = autotune.make_key(SPEC, (x, torch.cat((wg, wu)), None, bg, None, "gelu", "none"))
@@ -394,7 +394,7 @@ def test_autotune_key_names_the_class():
 def test_cuda_graph_capture_and_replay(backend, monkeypatch, tmp_path):
     """Captured (auto meeting its class inside the capture takes its heuristic: no timing) and
     replayed on new inputs copied into the captured ones: the float64 reference's answer."""
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path))
     autotune.clear_memory()

@@ -626,7 +626,7 @@ def test_fast_path_follows_parameter_changes():
         m.layers[0].bias = None  # bias removed
         assert torch.allclose(m(x), m.to_sequential()(x), atol=2e-2, rtol=2e-2)
         m.layers[1].weight.data = m.layers[1].weight.data.float()  # .data: another dtype
-        with pytest.raises(dualk.errors.DtypeError):
+        with pytest.raises(dualk.DtypeError):
             m(x)  # the full call's dtype check, not a launch on float32 weights
     m.float()
     with torch.no_grad():
@@ -634,7 +634,7 @@ def test_fast_path_follows_parameter_changes():
 
 
 def test_fast_path_follows_the_poisoning_switch_and_the_backend(monkeypatch):
-    from dualk import _alloc
+    from dualk.core import alloc as _alloc
 
     m, x, full = _fast_module()
     served = _fast_calls(m)
@@ -671,8 +671,8 @@ def test_fast_path_serves_a_fused_model():
 def test_a_provisional_decision_is_planned_for_a_while(monkeypatch):
     """While auto's decision for the class is provisional (a CUDA build or Triton tuning in the
     background), the plan serves calls for PROVISIONAL_PLAN_S, then a full call asks again."""
-    from dualk import autotune
     from dualk import nn as dnn
+    from dualk.dispatch import autotune
 
     torch.manual_seed(5)
     m = FusedMLP([10, 16, 4], device=DEVICE)

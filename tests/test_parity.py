@@ -125,7 +125,7 @@ def test_wide_fused_mlp_cases_take_the_kernel_they_test(case_name, dtype):
     notes = dualk.explain("fused_mlp", x, weights, biases, activation=activation, backend="cuda")
     assert f"CUDA kernel: {kernel}" in notes.notes, notes
     # auto's untimed rule (capture, tracing, DUALK_AUTOTUNE=0) follows the planner.
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     args = (x, weights, biases, activation)
     chosen, rule = autotune.heuristic(OPS["fused_mlp"], args, ["cuda", "triton", "torch"])
@@ -138,7 +138,7 @@ def test_matches_without_poisoning(op, backend):
     """Users run with outputs unpoisoned (no NaN fill; on a GPU add/relu_scale then allocate and
     launch in one C++ call): that path gives the float64 reference's answer too, and for the
     elementwise ops the poisoned path's, bit for bit."""
-    from dualk import _alloc
+    from dualk.core import alloc as _alloc
 
     spec = OPS[op]
     reason = unavailable_reason(backend, DEVICE)

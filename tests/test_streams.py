@@ -103,7 +103,7 @@ def test_inputs_overwritten_on_another_stream_are_a_race_not_a_crash(op, case_na
 def test_auto_under_capture_never_times(op, case_name, monkeypatch, tmp_path):
     """ "auto" meeting a shape class for the first time inside a CUDA-graph capture takes its
     heuristic (timing would break the capture) and the graph replays correctly."""
-    from dualk import autotune
+    from dualk.dispatch import autotune
 
     monkeypatch.setenv("DUALK_CACHE_DIR", str(tmp_path))
     autotune.clear_memory()
@@ -130,7 +130,7 @@ def test_auto_under_capture_never_times(op, case_name, monkeypatch, tmp_path):
 def test_dense_entry_without_poisoning(op, dtype):
     """The C++ dense entry (same-shape contiguous operands, output allocated in C++) runs only
     when outputs are not poisoned: check it against the float64 reference with poisoning off."""
-    from dualk import _alloc
+    from dualk.core import alloc as _alloc
 
     device = torch.device("cuda")
     if unavailable_reason("cuda", device) is not None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dualk.backends import triton as triton_backend
-from dualk.layout import plan_elementwise
+from dualk.core.layout import plan_elementwise
 
 elementwise = pytest.importorskip("dualk.triton_src.elementwise")
 add_module = pytest.importorskip("dualk.triton_src.add")

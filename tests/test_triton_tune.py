@@ -5,8 +5,8 @@ as one where background work applies, auto's candidates are stand-ins that run t
 reference and record their names, a fake timer); here the CUDA backend is left out, so auto's
 candidates are triton and torch. The background tuner is a stand-in process
 (`triton_tune.WORKER`: reads the job file, reports each class ready, failed, crashes or hangs),
-except in the end-to-end test, which runs the real `python -m dualk.triton_tune` on Triton's CPU
-interpreter. Covered: pending (tuning, queued) -> ready with Triton joining and the decision
+except in the end-to-end test, which runs the real `python -m dualk.dispatch.triton_tune_worker`
+on Triton's CPU interpreter. Covered: pending (tuning, queued) -> ready with Triton joining and the decision
 stored, failed (reported, raised, crashed, killed mid-work), the per-call bound (no timing while
 the tuner runs, one tuner at a time, Triton's run in a user's call never searches configs), a
 launch that would still search going back to the tuner, deterministic results, the call
@@ -35,7 +35,7 @@ from test_background_build import (  # noqa: F401 (gpu is a fixture)
 )
 
 import dualk
-from dualk import autotune, triton_tune
+from dualk.dispatch import autotune, triton_tune, triton_tune_worker
 from dualk.registry import OPS
 
 common = pytest.importorskip("dualk.triton_src.common")
@@ -325,7 +325,7 @@ def test_variants_cover_the_other_specializations_of_the_class(auto, monkeypatch
     jobfile = triton_tune.work_dir() / "job.json"
     jobfile.parent.mkdir(parents=True)
     jobfile.write_text(json.dumps([{**add, "tag": "c0"}, {**add2, "tag": "c1"}]))
-    assert triton_tune.main([str(jobfile)]) == 0
+    assert triton_tune_worker.main([str(jobfile)]) == 0
     assert seen == [4097, 8192, 2560, 4095]
     lines = [ln.split()[1] for ln in capsys.readouterr().out.splitlines()]
     assert lines == ["start", "ready", "warm-failed", "start", "ready", "warm"]
@@ -377,14 +377,14 @@ def test_cache_file_reread_keeps_this_process_entries(auto):
 
 # ---------------------------------------------------------------------------- the real tuner
 def test_real_tuner_process_on_the_interpreter_waits_for_the_class_lock(auto, monkeypatch):
-    """`python -m dualk.triton_tune` end to end (Triton's CPU interpreter): it rebuilds the call,
-    runs dualk's Triton add; a second tuner of the same class (here a process holding the class
+    """`python -m dualk.dispatch.triton_tune_worker` end to end (Triton's CPU interpreter): it
+    rebuilds the call, runs dualk's Triton add; a second tuner of the same class (here a process holding the class
     lock) makes it wait; it finishes once the lock is free."""
     monkeypatch.setattr(triton_tune, "WORKER", None)
     x = torch.randn(64, 33)[:, 1:]  # strided, misaligned rows
     key = autotune.make_key(OPS["add"], (x, x, 1.0))
     desc = triton_tune.describe_call(OPS["add"], (x, x, 1.0), key)
-    lock = triton_tune._class_lock_path(desc, x.device)
+    lock = triton_tune_worker.class_lock_path(desc, x.device)
     lock.parent.mkdir(parents=True, exist_ok=True)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE,
                               text=True)  # fmt: skip
@@ -442,7 +442,7 @@ USER_PROCESS = textwrap.dedent(
     import os, sys
     import torch
     import dualk
-    from dualk import autotune, triton_tune
+    from dualk.dispatch import autotune, triton_tune, triton_tune_worker
     autotune.BACKGROUND_DEVICE_TYPES = ("cpu", "cuda")
     autotune.candidate_reason = lambda b, d: "no GPU" if b == "cuda" else None
     x = torch.randn(64, 33)[:, 1:]
@@ -476,7 +476,7 @@ GPU_FIRST_CONTACT = textwrap.dedent(
     import json, time
     import torch
     import dualk
-    from dualk import autotune, triton_tune
+    from dualk.dispatch import autotune, triton_tune, triton_tune_worker
     # Triton and torch only: the CUDA build is not what this measures.
     autotune.candidate_reason = lambda b, d: "left out" if b == "cuda" else (
         autotune.backends.unavailable_reason(b, d))

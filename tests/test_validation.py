@@ -105,7 +105,7 @@ def test_fused_mlp_errors():
 # the argument, the expectation and what was given; the inputs that must work (zero-size
 # tensors, overlapping stride-0 views) give the float64 reference's answer.
 # ------------------------------------------------------------------------------------------
-from dualk.errors import (  # noqa: E402
+from dualk.core.errors import (  # noqa: E402
     DeviceMismatchError,
     DtypeError,
     DualkError,
@@ -372,7 +372,7 @@ def test_non_tensor_beside_a_grad_tensor_is_named(op, build, message, backend):
     ids=["add-mixed", "add-meta", "matmul-rank", "linear_gelu-bias", "fused_mlp-count", "relu_scale-f64"],
 )  # fmt: skip
 def test_autograd_route_raises_the_same_errors(op, build, backend):
-    """Inputs that require grad go through torch.ops.dualk (dualk/library.py): the same checks."""
+    """Inputs that require grad go through torch.ops.dualk (dualk/autograd/library.py): the same checks."""
     args, kwargs = build()
     with pytest.raises(DualkError, match=rf"^dualk\.{op}: "):
         getattr(dualk, op)(*args, **kwargs, backend=backend)

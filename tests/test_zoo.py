@@ -1,4 +1,4 @@
-"""The model zoo (dualk/zoo.py, dualk/zoo_models.py, `dualk bench --models`) on the CPU: every
+"""The model zoo (dualk/tools/zoo.py, dualk/tools/zoo_models.py, `dualk bench --models`) on the CPU: every
 entry builds (at the CPU size, and at the GPU size on the meta device, so a bad config fails here
 rather than in a GPU run), the MLP models' fused outputs and gradients match the originals',
 a wrong fused model fails the check, missing packages give skipped rows with the reason, the
@@ -11,8 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dualk import cli, zoo
-from dualk.zoo_models import MODELS, TorchLlama, unavailable
+from dualk import cli
+from dualk.tools import zoo
+from dualk.tools.zoo_models import MODELS, TorchLlama, unavailable
 
 CPU = torch.device("cpu")
 MLP_INFERENCE = ["seed_dnn", "seed_dnn_65536", "nerf_mlp"]
@@ -21,7 +22,7 @@ MLP_TRAIN = [n for n, s in MODELS.items() if s.modes == ("train",)]
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(cli, "_has_gpu", lambda: False)
+    monkeypatch.setattr(cli.common, "has_gpu", lambda: False)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

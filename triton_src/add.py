@@ -59,7 +59,7 @@ _launcher = KernelLauncher(add_kernel)
 
 
 def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, plan) -> None:
-    """Writes a + alpha * b into the contiguous `out` following `plan` (dualk.layout)."""
+    """Writes a + alpha * b into the contiguous `out` following `plan` (dualk.core.layout)."""
     block = block_size(out.element_size())
     ints, specs = plan_arguments(plan)
     # Everything Triton specializes the compiled kernel on (see KernelLauncher).

@@ -297,7 +297,7 @@ def config_store():
     if not _config_store:
         store = None
         try:
-            from dualk import autotune
+            from dualk.dispatch import autotune
 
             store = autotune.triton_config_store()
         except Exception:  # dualk not importable: memory only
@@ -323,7 +323,7 @@ def _timing_forbidden() -> bool:
 
 class ConfigSearchDeferred(RuntimeError):
     """Raised by tuned_config on a class without a stored config inside no_config_search():
-    dualk's backend="auto" tunes that class in a background process instead (dualk/triton_tune.py)."""
+    dualk's backend="auto" tunes that class in a background process instead (dualk/dispatch/triton_tune.py)."""
 
 
 _search = threading.local()

@@ -1,6 +1,6 @@
 """The elementwise walk shared by add and relu_scale (the Triton twin of cuda_src/elementwise.cuh):
 a dense path over flat offsets, and a strided path that unravels each output index over a
-coalesced plan of up to four dims (dualk.layout makes the plan; deeper plans are made dense by
+coalesced plan of up to four dims (dualk.core.layout makes the plan; deeper plans are made dense by
 one copy before launch)."""
 
 from __future__ import annotations

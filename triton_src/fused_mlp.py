@@ -9,12 +9,13 @@ tensor cores with fp32 accumulation; fp32 layers use exact fp32 dots (input_prec
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from dualk import _alloc
+from dualk.core import alloc as _alloc
 
 from .common import (
     ACT_NONE,
@@ -297,8 +298,16 @@ def fused_mlp_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def fused_mlp_configs() -> list[tuple]:
-    """Candidate configs (BLOCK_M, num_warps, programs per SM) for ``fused_mlp_kernel``; each new
+class MlpConfig(NamedTuple):
+    """One launch configuration of fused_mlp_kernel (a tuple: stored choices compare equal)."""
+
+    block_m: int  # BLOCK_M: rows per tile
+    num_warps: int
+    programs_per_sm: int  # persistent programs per SM
+
+
+def fused_mlp_configs() -> list[MlpConfig]:
+    """Candidate configs for ``fused_mlp_kernel``; each new
     (widths, biases, activation, dtype, batch bucket) key times the fitting ones once and keeps
     the fastest (a coarse batch bucket, not the batch size: every batch size of a bucket reuses
     the choice and the compiled kernel).
@@ -310,44 +319,72 @@ def fused_mlp_configs() -> list[tuple]:
         # fp16/bf16 (wgmma on Hopper). Checked by compiling for sm_90 with Triton 3.9's ptxas:
         # 64-64-64-64-16 uses 128-203 registers and 35-59 KiB smem, no spills; 128-wide layers
         # spill at 4 warps for BLOCK_M >= 128 (the 8-warp configs use 214 registers, no spills).
-        (128, 8, 1),
-        (128, 8, 2),
-        (64, 4, 2),
-        (64, 4, 4),
-        (64, 4, 6),
-        (64, 4, 8),
-        (128, 8, 3),
-        (128, 4, 2),
-        (128, 4, 3),
-        (256, 8, 1),
-        (256, 8, 2),
-        (64, 8, 2),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=1),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=6),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=8),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=3),
+        MlpConfig(block_m=128, num_warps=4, programs_per_sm=2),
+        MlpConfig(block_m=128, num_warps=4, programs_per_sm=3),
+        MlpConfig(block_m=256, num_warps=8, programs_per_sm=1),
+        MlpConfig(block_m=256, num_warps=8, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=8, programs_per_sm=2),
         # fp32 (exact, CUDA-core dots; also the small-batch picks): the FMA dot unrolls the
         # whole K, so small row tiles and 8 warps: seed model 100-128-64-10 at BLOCK_M=16 uses
         # 80 registers, no spills; at BLOCK_M=32 it spills ~600 B a thread.
-        (16, 8, 4),
-        (32, 8, 4),
-        (16, 4, 4),
+        MlpConfig(block_m=16, num_warps=8, programs_per_sm=4),
+        MlpConfig(block_m=32, num_warps=8, programs_per_sm=4),
+        MlpConfig(block_m=16, num_warps=4, programs_per_sm=4),
     ]
 
 
 # Candidates per class (at most 5, so a class's first call compiles a bounded set), each a
 # subset of fused_mlp_configs() with its best general choice first (used untimed under capture).
-# Winners on an H200 (experiments/results/*-triton-tuning.txt): fp32 seed model (16, 4, 4);
-# 16-bit 64 wide at batch 2^20 (64, 4, 8) then (64, 4, 4), (128, 8, 2); 128 wide (128, 8, 3),
-# (128, 8, 1/2). Batches <= 64 are one tile: programs per SM do not matter there.
+# Winners on an H200 (the Triton tuning logs, experiments/NOTES-triton.md), as (block_m,
+# num_warps, programs_per_sm): fp32 seed model (16, 4, 4); 16-bit 64 wide at batch 2^20
+# (64, 4, 8) then (64, 4, 4), (128, 8, 2); 128 wide (128, 8, 3), (128, 8, 1/2). Batches <= 64 are one tile: programs per SM do not matter there.
 # Wider than 128 (not measured): 64-row tiles or 128 rows with 8 warps keep the (BLOCK_M, 256)
 # fp32 accumulator within registers.
 _CLASS_CONFIGS = {
-    "fp32": ((16, 4, 4), (16, 8, 4), (32, 8, 4)),
-    "small_batch": ((16, 4, 4), (16, 8, 4), (32, 8, 4), (64, 4, 2), (64, 8, 2)),
-    "w64": ((64, 4, 8), (64, 4, 4), (128, 8, 2), (64, 4, 6), (128, 8, 3)),
-    "w128": ((128, 8, 3), (128, 8, 2), (128, 8, 1), (64, 4, 4), (64, 4, 2)),
-    "w256": ((64, 4, 2), (64, 4, 4), (64, 8, 2), (128, 8, 1), (128, 8, 2)),
+    "fp32": (
+        MlpConfig(block_m=16, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=16, num_warps=8, programs_per_sm=4),
+        MlpConfig(block_m=32, num_warps=8, programs_per_sm=4),
+    ),
+    "small_batch": (
+        MlpConfig(block_m=16, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=16, num_warps=8, programs_per_sm=4),
+        MlpConfig(block_m=32, num_warps=8, programs_per_sm=4),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=8, programs_per_sm=2),
+    ),
+    "w64": (
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=8),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=6),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=3),
+    ),
+    "w128": (
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=3),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=2),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=1),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=2),
+    ),
+    "w256": (
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=2),
+        MlpConfig(block_m=64, num_warps=4, programs_per_sm=4),
+        MlpConfig(block_m=64, num_warps=8, programs_per_sm=2),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=1),
+        MlpConfig(block_m=128, num_warps=8, programs_per_sm=2),
+    ),
 }
 
 
-def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[tuple]:
+def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[MlpConfig]:
     """fp32: only BLOCK_M <= 32 (larger tiles spill heavily on the FMA path). 16-bit: by the
     widest layer (``widths``; None: every config), or the small-tile set for batches <= 64.
     BLOCK_M past the batch only pads; keep the tiles that do not exceed it."""
@@ -369,7 +406,7 @@ def _candidate_configs(m: int, dtype: torch.dtype, widths=None) -> list[tuple]:
 
 # Interpreter: one config; BLOCK_M=16 with 4 "SMs" gives several tiles per program on test
 # batches, so the persistent loop is exercised.
-_INTERPRETER_CONFIG = (16, 4, 1)
+_INTERPRETER_CONFIG = MlpConfig(block_m=16, num_warps=4, programs_per_sm=1)
 
 _launcher = KernelLauncher(fused_mlp_kernel)
 _plans: dict = {}  # (widths, dtype, activation, bias pattern) -> constexpr tuple

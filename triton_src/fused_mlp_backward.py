@@ -54,12 +54,13 @@ Design
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from dualk import _alloc
+from dualk.core import alloc as _alloc
 
 from .common import (
     ACT_NONE,
@@ -590,9 +591,19 @@ def reduce_partials_kernel(
 
 
 # ----------------------------------------------------------------------------- host side
-def fused_mlp_backward_configs(dtype: torch.dtype) -> list[tuple]:
-    """Candidates (BLOCK_M, num_warps, programs per SM, accumulator-register budget a thread);
-    each new (shape, batch bucket) key compiles and times the ones that fit once.
+class MlpBackwardConfig(NamedTuple):
+    """One launch configuration of fused_mlp_backward_kernel (a tuple: stored choices compare
+    equal)."""
+
+    block_m: int  # BLOCK_M: rows per tile
+    num_warps: int
+    programs_per_sm: int  # persistent programs per SM
+    register_budget: int  # fp32 accumulator registers a thread may hold dW / db in
+
+
+def fused_mlp_backward_configs(dtype: torch.dtype) -> list[MlpBackwardConfig]:
+    """Candidate configs, written below as (block_m, num_warps, programs_per_sm,
+    register_budget); each new (shape, batch bucket) key compiles and times the ones that fit once.
 
     Checked by compiling for sm_90a with Triton 3.9's ptxas (CUDA 13.4), 64-64-64-64-64-16:
     - fp16/bf16, relu / gelu / silu: (32, 8, 1, 96) keeps every layer's dW / db in registers
@@ -606,18 +617,23 @@ def fused_mlp_backward_configs(dtype: torch.dtype) -> list[tuple]:
       234, no spills; BLOCK_M=32 or 4 warps spill ~800 B.
     """
     if dtype == torch.float32:
-        return [(16, 8, 1, 0), (16, 8, 1, 20)]
+        return [
+            MlpBackwardConfig(block_m=16, num_warps=8, programs_per_sm=1, register_budget=0),
+            MlpBackwardConfig(block_m=16, num_warps=8, programs_per_sm=1, register_budget=20),
+        ]
     return [
-        (32, 8, 1, 96),
-        (32, 4, 2, 24),
-        (32, 4, 2, 0),
-        (64, 4, 2, 0),
-        (128, 8, 1, 0),
-        (16, 8, 1, 96),
+        MlpBackwardConfig(block_m=32, num_warps=8, programs_per_sm=1, register_budget=96),
+        MlpBackwardConfig(block_m=32, num_warps=4, programs_per_sm=2, register_budget=24),
+        MlpBackwardConfig(block_m=32, num_warps=4, programs_per_sm=2, register_budget=0),
+        MlpBackwardConfig(block_m=64, num_warps=4, programs_per_sm=2, register_budget=0),
+        MlpBackwardConfig(block_m=128, num_warps=8, programs_per_sm=1, register_budget=0),
+        MlpBackwardConfig(block_m=16, num_warps=8, programs_per_sm=1, register_budget=96),
     ]
 
 
-_INTERPRETER_CONFIG = (16, 4, 1, 1 << 30)  # every layer in registers; tests force others
+_INTERPRETER_CONFIG = MlpBackwardConfig(
+    block_m=16, num_warps=4, programs_per_sm=1, register_budget=1 << 30
+)  # every layer in registers; tests force others
 
 _launcher = KernelLauncher(fused_mlp_backward_kernel)
 _reduce_launcher = KernelLauncher(reduce_partials_kernel)
@@ -685,7 +701,7 @@ class _Plan:
         return mask
 
 
-def _candidate_configs(m: int, dtype: torch.dtype) -> list[tuple]:
+def _candidate_configs(m: int, dtype: torch.dtype) -> list[MlpBackwardConfig]:
     configs = fused_mlp_backward_configs(dtype)
     limit = max(16, pow2_bucket(m))
     fitting = [c for c in configs if c[0] <= limit]
@@ -762,7 +778,7 @@ def fused_mlp_backward(
         tune_key = (device, plan_key, _m_bucket(M), spec)
         cfg = _best_config.get(tune_key)
         if cfg is None:
-            # One persistent record per problem class (dualk/autotune.py's cache file): a later
+            # One persistent record per problem class (dualk/dispatch/autotune.py's cache file): a later
             # process reuses it instead of compiling and timing every config again.
             class_key = "|".join(str(v) for v in (plan_key, _m_bucket(M), *spec[:3]))
             candidates = _candidate_configs(M, dtype)

@@ -12,6 +12,8 @@ descriptors per call is hidden behind the kernel. Measured on an H200
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -40,35 +42,38 @@ except ImportError:  # Triton without host-side descriptors: the path stays off
 # only, so a call stream bound by host time near 2^33 would not show (unmeasured).
 MIN_MACS = 1 << 33
 
-# (tag, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, warps, programs per SM, epilogue slices,
-# fast activation level). Level 3: tanh-gelu with one tanh.approx.f32 (for 16-bit outputs).
+
+class TmaConfig(NamedTuple):
+    """One launch configuration of gemm_tma_kernel. A tuple whose first field is "tma", so the
+    matmul launcher tells it from a GemmConfig and stored choices compare equal to it."""
+
+    tag: str  # always "tma"
+    block_m: int  # BLOCK_M
+    block_n: int  # BLOCK_N
+    block_k: int  # BLOCK_K
+    group_m: int  # GROUP_M
+    num_stages: int
+    num_warps: int
+    programs_per_sm: int
+    epilogue_slices: int  # the output tile is stored in this many column slices
+    fast_activation: int  # level 3: tanh-gelu with one tanh.approx.f32 (for 16-bit outputs)
+
+
+def _tma(**fields) -> TmaConfig:
+    return TmaConfig("tma", **fields)
+
+
 TMA_CONFIGS = (
-    (
-        "tma",
-        128,
-        256,
-        64,
-        8,
-        4,
-        8,
-        1,
-        2,
-        3,
-    ),  # plain matmul: 0.99x / 1.05x cuBLAS bf16 / fp16 4096^3
-    ("tma", 128, 128, 64, 8, 3, 4, 2, 2, 3),  # short-k linear_gelu: 1.03x cuBLASLt (8192x768x3072)
-    (
-        "tma",
-        128,
-        256,
-        64,
-        8,
-        3,
-        8,
-        1,
-        2,
-        2,
-    ),  # long-k linear_gelu: 0.975x cuBLASLt (4096x4096x16384)
-)
+    # plain matmul: 0.99x / 1.05x cuBLAS bf16 / fp16 4096^3
+    _tma(block_m=128, block_n=256, block_k=64, group_m=8, num_stages=4, num_warps=8,
+         programs_per_sm=1, epilogue_slices=2, fast_activation=3),
+    # short-k linear_gelu: 1.03x cuBLASLt (8192x768x3072)
+    _tma(block_m=128, block_n=128, block_k=64, group_m=8, num_stages=3, num_warps=4,
+         programs_per_sm=2, epilogue_slices=2, fast_activation=3),
+    # long-k linear_gelu: 0.975x cuBLASLt (4096x4096x16384)
+    _tma(block_m=128, block_n=256, block_k=64, group_m=8, num_stages=3, num_warps=8,
+         programs_per_sm=1, epilogue_slices=2, fast_activation=2),
+)  # fmt: skip
 
 
 @triton.jit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dualk import _alloc
+from dualk.core import alloc as _alloc
 
 from .common import ACT_GELU_ERF, ACT_GELU_TANH
 from .matmul import _gemm

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dualk import _alloc
+from dualk.core import alloc as _alloc
 
 from .common import (
     ACT_GELU_ERF,

@@ -12,11 +12,13 @@ The fewest tiles (16-bit, M and N <= 128, see ``one_launch_plan``) do both in on
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from dualk import _alloc
+from dualk.core import alloc as _alloc
 
 from .common import (
     ACT_NONE,
@@ -462,64 +464,79 @@ def gemm_persistent_kernel(
         tl.store(c_ptrs, c, mask=(offs_am[:, None] < M) & (offs_bn[None, :] < N))
 
 
-# A config: (persistent, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_stages,
-# num_warps). Persistent configs launch min(tiles, SMs) programs of gemm_persistent_kernel.
+class GemmConfig(NamedTuple):
+    """One launch configuration of gemm_kernel / gemm_persistent_kernel. A tuple, so stored
+    choices (JSON lists in the autotune cache) and launch-cache keys compare equal to it."""
+
+    persistent: bool = False  # launch min(tiles, SMs) programs of gemm_persistent_kernel
+    block_m: int = 128  # BLOCK_SIZE_M
+    block_n: int = 128  # BLOCK_SIZE_N
+    block_k: int = 64  # BLOCK_SIZE_K
+    group_m: int = 8  # GROUP_SIZE_M: row tiles per group (L2 reuse of B's column tiles)
+    num_stages: int = 3
+    num_warps: int = 4
+
+
 #
 # Candidates per (kind, problem class): at most 6 with the TMA configs, so a class's first call
 # compiles and times a bounded set (compiling all 16 + 3 TMA configs made a first linear_gelu take
 # 21 s on an H100). "large": at least one wave of 128x128 tiles; "small": fewer. Each list starts
 # with its best general choice (used untimed under CUDA-graph capture). Winners from the H200
-# tuning logs (experiments/results/*-triton-tuning.txt) are kept: tensor_core large 128x128 s3
+# tuning logs (experiments/NOTES-triton.md) are kept: tensor_core large 128x128 s3
 # w4 (linear_gelu 8192x768x3072 and 4096x4096x16384), 128x256 s3 w8 and its persistent twin
 # (matmul 4096^3; s4 tied s3 within 0.2% and is gone); small 64x64 and 32x64 (32x64x64).
-GEMM_CONFIGS: dict[tuple[str, str], tuple[tuple, ...]] = {
+GEMM_CONFIGS: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
     ("tensor_core", "large"): (
-        (False, 128, 128, 64, 8, 3, 4),
-        (False, 128, 256, 64, 8, 3, 8),
-        (True, 128, 256, 64, 8, 3, 8),
+        GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=4),
+        GemmConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8),
+        GemmConfig(
+            persistent=True, block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8
+        ),
     ),
     ("tensor_core", "small"): (
-        (False, 64, 64, 64, 8, 4, 4),
-        (False, 32, 64, 64, 8, 5, 2),
-        (False, 64, 128, 64, 8, 4, 4),
-        (False, 128, 64, 64, 8, 4, 4),
-        (False, 64, 256, 64, 8, 4, 4),
-        (False, 128, 128, 64, 8, 3, 4),
+        GemmConfig(block_m=64, block_n=64, block_k=64, num_stages=4, num_warps=4),
+        GemmConfig(block_m=32, block_n=64, block_k=64, num_stages=5, num_warps=2),
+        GemmConfig(block_m=64, block_n=128, block_k=64, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=64, block_k=64, num_stages=4, num_warps=4),
+        GemmConfig(block_m=64, block_n=256, block_k=64, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=128, block_k=64, num_stages=3, num_warps=4),
     ),
     # tf32 halves BLOCK_SIZE_K so a stage holds as many bytes as a 16-bit one.
     ("tf32", "large"): (
-        (False, 128, 128, 32, 8, 3, 4),
-        (False, 128, 256, 32, 8, 3, 8),
-        (True, 128, 256, 32, 8, 3, 8),
-        (False, 256, 128, 32, 8, 3, 8),
+        GemmConfig(block_m=128, block_n=128, block_k=32, num_stages=3, num_warps=4),
+        GemmConfig(block_m=128, block_n=256, block_k=32, num_stages=3, num_warps=8),
+        GemmConfig(
+            persistent=True, block_m=128, block_n=256, block_k=32, num_stages=3, num_warps=8
+        ),
+        GemmConfig(block_m=256, block_n=128, block_k=32, num_stages=3, num_warps=8),
     ),
     ("tf32", "small"): (
-        (False, 64, 64, 32, 8, 4, 4),
-        (False, 64, 128, 32, 8, 4, 4),
-        (False, 128, 64, 32, 8, 4, 4),
-        (False, 64, 256, 32, 8, 4, 4),
-        (False, 128, 128, 32, 8, 3, 4),
+        GemmConfig(block_m=64, block_n=64, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=64, block_n=128, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=64, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=64, block_n=256, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=128, block_k=32, num_stages=3, num_warps=4),
     ),
     # fp32 with TF32 off, as 3xTF32 (FP32_INPUT_PRECISION): tensor-core tiles of BLOCK_SIZE_K 32,
     # run by gemm_kernel only (its exact re-sum of non-finite tiles; _gemm_launch makes sure).
     # 128x64 with 4 stages and 4 warps was the fastest of six on every shape of
     # experiments/triton_fp32_tf32x3.py (H100: 4096^3, 8192x768x3072, 1024^3, 2048x16384x2048).
     ("fp32", "large"): (
-        (False, 128, 64, 32, 8, 4, 4),
-        (False, 128, 128, 32, 8, 3, 4),
-        (False, 128, 128, 32, 8, 3, 8),
-        (False, 64, 128, 32, 8, 4, 4),
+        GemmConfig(block_m=128, block_n=64, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=128, block_k=32, num_stages=3, num_warps=4),
+        GemmConfig(block_m=128, block_n=128, block_k=32, num_stages=3, num_warps=8),
+        GemmConfig(block_m=64, block_n=128, block_k=32, num_stages=4, num_warps=4),
     ),
     ("fp32", "small"): (
-        (False, 64, 64, 32, 8, 4, 4),
-        (False, 128, 64, 32, 8, 4, 4),
-        (False, 64, 128, 32, 8, 4, 4),
-        (False, 128, 128, 32, 8, 3, 4),
+        GemmConfig(block_m=64, block_n=64, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=64, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=64, block_n=128, block_k=32, num_stages=4, num_warps=4),
+        GemmConfig(block_m=128, block_n=128, block_k=32, num_stages=3, num_warps=4),
     ),
 }
 
 
-def gemm_configs(kind: str) -> list[tuple]:
+def gemm_configs(kind: str) -> list[GemmConfig]:
     """Every config of ``kind``: "tensor_core" (fp16/bf16), "tf32" or "fp32" (TF32 off: tl.dot as
     3xTF32, FP32_INPUT_PRECISION). Any of them runs any problem; a stored choice must be one of
     them.
@@ -565,7 +582,10 @@ def _candidate_configs(kind, batch, M, N, device):
 # One interpreter config: small tiles keep the CPU interpreter fast, and a 32-wide tile still
 # exercises masked M/N/K tails and several tiles per batch on small test shapes. The
 # interpreter alternates the two kernels per call so both stay tested.
-_INTERPRETER_CONFIGS = ((False, 32, 32, 16, 2, 1, 4), (True, 32, 32, 16, 2, 1, 4))
+_INTERPRETER_CONFIGS = (
+    GemmConfig(block_m=32, block_n=32, block_k=16, group_m=2, num_stages=1, num_warps=4),
+    GemmConfig(True, block_m=32, block_n=32, block_k=16, group_m=2, num_stages=1, num_warps=4),
+)
 _interpreter_turn = [0]
 
 _launchers = {False: KernelLauncher(gemm_kernel), True: KernelLauncher(gemm_persistent_kernel)}
@@ -579,7 +599,7 @@ FORCE_CONFIG: list = []  # benchmarks: [config] overrides the tuned choice when 
 # to the running fp32 sum (accumulate_dot; chaining all three into the running sum instead was
 # 1.1-1.7x faster, through larger tiles, but the tensor core's truncating adds left 6-60x the
 # error budget). The split is dualk's own (split_tf32, IEEE's inf / NaN results). Measured on an
-# H200 (experiments/results/2026-11-26-h200-triton-fp32-tf32x3-s17.txt), best config of six
+# H200 (experiments/triton_fp32_tf32x3.py, experiments/NOTES-triton.md), best config of six
 # against cuBLAS SGEMM: 1.11x at 4096^3, 1.58x with B = W^T and at 8192x768x3072, 1.02x at
 # 1024^3, 1.06x at k = 16384, with max errors 4-6x *below* cuBLAS's (4096^3: 1.9e-4 vs 9.5e-4;
 # k = 16384: 6.1e-4 vs 3.6e-3), where "ieee" (exact fp32 FMAs on CUDA cores) ran 0.46-0.86x at
@@ -789,7 +809,7 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
 # One launch for the fewest tiles (split_k_fixup_kernel): 16-bit, M and N <= 128, k in
 # [2048, 32768], up to 16 slices (k cut into FIXUP_SPLITS slices rounded up to whole k tiles:
 # 9-16 of them) of 32x32 tiles. Measured on an H100 (bf16, contiguous,
-# experiments/results/2026-11-26-h100-triton-splitk-fixup-grid-s15.txt): for M = N in {32, 64,
+# experiments/triton_splitk_fixup.py): for M = N in {32, 64,
 # 128} and k 2048-32768 it beat the two-launch plan in all 15 cases, by 2-22% (128x8192x128:
 # 11.89 vs 12.94 us, cuBLAS 11.90); at 256 x k x 256 (many 32x32 tiles) and at k = 65536
 # (64x65536x64: 25.2 vs 21.2 us) it lost, hence the bounds. Untried below k = 2048. The kernel
@@ -798,8 +818,22 @@ def split_k_plan(kind: str, batch: int, M: int, N: int, K: int, sms: int):
 FIXUP_MAX_MN = 128
 FIXUP_MIN_K, FIXUP_MAX_K = 2048, 32768
 FIXUP_SPLITS = 16
-FIXUP_CONFIG = (32, 32, 128, 4, 3)  # BLOCK_SIZE_M, _N, _K, warps, stages
-_INTERPRETER_FIXUP_CONFIG = (16, 16, 32, 4, 1)
+
+
+class FixupConfig(NamedTuple):
+    """split_k_fixup_kernel's launch configuration."""
+
+    block_m: int  # BLOCK_SIZE_M
+    block_n: int  # BLOCK_SIZE_N
+    block_k: int  # BLOCK_SIZE_K
+    num_warps: int
+    num_stages: int
+
+
+FIXUP_CONFIG = FixupConfig(block_m=32, block_n=32, block_k=128, num_warps=4, num_stages=3)
+_INTERPRETER_FIXUP_CONFIG = FixupConfig(
+    block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=1
+)
 SPLIT_K_ONE_LAUNCH = [True]  # benchmarks and tests: [False] takes the two-launch plan
 _fixup_launcher = KernelLauncher(split_k_fixup_kernel)
 _tile_counts: dict = {}  # (device, stream handle) -> int32 zeros that every launch leaves at 0

@@ -49,7 +49,7 @@ _launcher = KernelLauncher(relu_scale_kernel)
 
 
 def relu_scale(x: torch.Tensor, out: torch.Tensor, scale: float, plan) -> None:
-    """Writes relu(x) * scale into the contiguous `out` following `plan` (dualk.layout)."""
+    """Writes relu(x) * scale into the contiguous `out` following `plan` (dualk.core.layout)."""
     block = block_size(out.element_size())
     ints, specs = plan_arguments(plan)
     # Everything Triton specializes the compiled kernel on (see KernelLauncher).

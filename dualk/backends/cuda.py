@@ -26,7 +26,7 @@ Builds (README "The CUDA build"):
 - backend="auto" never waits for a build (`auto_state`): it starts one in a separate process
   (`python -m dualk.backends.cuda_build <family>`, its output in `<build dir>/build.log`), gives
   one BuildNotice, and runs the other backends until the process has finished (polled on the
-  calls that meet a provisional decision, dualk/autotune.py); `generation()` changes when a
+  calls that meet a provisional decision, dualk/dispatch/autotune.py); `generation()` changes when a
   family becomes ready or fails. An explicit backend="cuda" builds in the call (`extension`),
   after a BuildNotice naming the family, the directory and how long its last build took
   (DUALK_VERBOSE=1: the compiler's output on the terminal); a background build already running
@@ -70,10 +70,11 @@ from pathlib import Path
 
 import torch
 
-from .. import _alloc
-from ..errors import BackendUnavailableError, BackendWarning, BuildNotice
-from ..layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
+from ..core import alloc as _alloc
+from ..core.errors import BackendUnavailableError, BackendWarning, BuildNotice, user_stacklevel
+from ..core.layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
+from .torch_ref import split_glu_parameters
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ _extensions: dict[str, object] = {}  # family -> its loaded module
 _loaded_from: dict[str, Path] = {}  # family -> the directory it was loaded from
 _errors: dict[str, str] = {}  # family -> why it cannot be had in this process
 _ignored: dict[str, list[tuple[str, str]]] = {}  # family -> [(directory, why not loaded)]
-_jobs: dict[str, _Job] = {}  # family -> its background builder
+_jobs: dict[str, Job] = {}  # family -> its background builder
 _noticed: set[str] = set()
 _generation = 0
 NO_DEVICE = "no CUDA device is visible to PyTorch"
@@ -657,8 +658,6 @@ def _notice(family: str, message: str) -> None:
     if family in _noticed:
         return
     _noticed.add(family)
-    from ..errors import user_stacklevel
-
     warnings.warn(message, BuildNotice, stacklevel=user_stacklevel())
 
 
@@ -680,8 +679,6 @@ def _fail(family: str, reason: str) -> None:
     _errors[family] = reason
     _generation += 1
     if first and reason != NO_DEVICE:
-        from ..errors import user_stacklevel
-
         warnings.warn(
             f"dualk: {_describe_family(family)} is unavailable: {reason}. backend='auto' runs "
             "the other backends; backend='cuda' raises BackendUnavailableError.",
@@ -761,6 +758,11 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def nvcc_path() -> str | None:
+    """nvcc's path (CUDA_HOME's, else the one on PATH), or None when there is none."""
+    return _nvcc()
+
+
 def _toolchain_reason() -> str | None:
     if not torch.cuda.is_available():
         return NO_DEVICE
@@ -793,7 +795,7 @@ def builder_env() -> dict[str, str]:
 
 
 @dataclass
-class _Job:
+class Job:
     proc: subprocess.Popen
     started: float  # time.time()
     directory: Path
@@ -820,7 +822,7 @@ class _Job:
         return "no output"
 
 
-def start_build(family: str) -> _Job:
+def start_build(family: str) -> Job:
     """Start the family's builder process (it writes its output to <build dir>/progress.log)."""
     archs = target_archs()
     directory = build_directory(family, archs)
@@ -831,7 +833,7 @@ def start_build(family: str) -> _Job:
             builder_command(family, archs), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, env=builder_env(), start_new_session=True,
         )  # fmt: skip
-    job = _jobs[family] = _Job(proc, time.time(), directory, log)
+    job = _jobs[family] = Job(proc, time.time(), directory, log)
     return job
 
 
@@ -1083,8 +1085,6 @@ def linear_glu(
 ) -> torch.Tensor:
     """act(x @ weight_gate.T + bias_gate) * (x @ weight_up.T + bias_up) (cuda_src/linear_glu.cu);
     a packed weight_gate ([gate; up], weight_up None) is passed as its two halves' views."""
-    from .torch_ref import split_glu_parameters
-
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     x2d = as_rows(x)
     n = wg.shape[0]

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import cuda
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dualk.backends.cuda_build")
@@ -25,8 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="root directory (default: the cache)")
     parser.add_argument("--quiet", action="store_true", help="no compiler output")
     args = parser.parse_args(argv)
-
-    from . import cuda
 
     t0 = time.perf_counter()
     try:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         archs = cuda.parse_archs(args.arch) if args.arch else cuda.target_archs()
         if not archs:
             raise ValueError("no architecture to build for (no GPU visible; name one with --arch)")
-        if cuda._nvcc() is None:
+        if cuda.nvcc_path() is None:
             raise RuntimeError("nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
         root = None if args.out is None else Path(args.out)
         print(

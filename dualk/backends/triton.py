@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _alloc
-from ..layout import as_rows, fit_plan, plan_elementwise
+from ..core import alloc as _alloc
+from ..core.layout import as_rows, fit_plan, plan_elementwise
 from . import allow_tf32
+from .torch_ref import split_glu_parameters
 
 _import_error: str | None = None
 _triton_checked = False
@@ -26,7 +27,8 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
-def _triton_importable() -> str | None:
+def triton_importable() -> str | None:
+    """Why Triton cannot be imported here, or None (the import is tried once)."""
     global _triton_checked, _import_error
     if not _triton_checked:
         try:
@@ -45,11 +47,12 @@ def unavailable_reason(device: torch.device) -> str | None:
         )
     if device.type not in ("cuda", "cpu"):
         return f"the Triton backend needs CUDA tensors; the input is on {device}"
-    return _triton_importable()
+    return triton_importable()
 
 
 @functools.cache
-def _module(name: str):
+def kernel_module(name: str):
+    """triton_src/<name>.py, the launcher module (imported on first use)."""
     return importlib.import_module(f"dualk.triton_src.{name}")
 
 
@@ -73,9 +76,9 @@ def add(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     plan = plan_elementwise(a, b)
     out = _output(plan, a)
     if plan.numel:
-        a, b, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, a, b)
+        a, b, plan = fit_plan(plan, kernel_module("elementwise").MAX_DIMS, a, b)
         with _device_guard(out):
-            _module("add").add(a, b, out, alpha, plan)
+            kernel_module("add").add(a, b, out, alpha, plan)
     return out
 
 
@@ -83,15 +86,15 @@ def relu_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     plan = plan_elementwise(x)
     out = _output(plan, x)
     if plan.numel:
-        x, plan = fit_plan(plan, _module("elementwise").MAX_DIMS, x)
+        x, plan = fit_plan(plan, kernel_module("elementwise").MAX_DIMS, x)
         with _device_guard(out):
-            _module("relu_scale").relu_scale(x, out, scale, plan)
+            kernel_module("relu_scale").relu_scale(x, out, scale, plan)
     return out
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     with _device_guard(a):
-        return _module("matmul").matmul(a, b, allow_tf32=allow_tf32(a.dtype))
+        return kernel_module("matmul").matmul(a, b, allow_tf32=allow_tf32(a.dtype))
 
 
 def linear_gelu(
@@ -102,14 +105,14 @@ def linear_gelu(
 ) -> torch.Tensor:
     x2d = as_rows(x)
     with _device_guard(x):
-        out = _module("linear_gelu").linear_gelu(
+        out = kernel_module("linear_gelu").linear_gelu(
             x2d, weight, bias, approximate=approximate, allow_tf32=allow_tf32(x.dtype)
         )
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
-    return _module("fused_mlp").fused_mlp_unsupported_reason(widths, dtype)
+    return kernel_module("fused_mlp").fused_mlp_unsupported_reason(widths, dtype)
 
 
 def fused_mlp(
@@ -120,7 +123,7 @@ def fused_mlp(
 ) -> torch.Tensor:
     x2d = as_rows(x)
     with _device_guard(x):
-        out = _module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
+        out = kernel_module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
     return out.reshape(*x.shape[:-1], weights[-1].shape[0])
 
 
@@ -133,12 +136,10 @@ def linear_glu(
     activation: str = "silu",
     approximate: str = "tanh",
 ) -> torch.Tensor:
-    from .torch_ref import split_glu_parameters
-
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     x2d = as_rows(x)
     with _device_guard(x):
-        out = _module("linear_glu").linear_glu(
+        out = kernel_module("linear_glu").linear_glu(
             x2d, wg, wu, bg, bu, activation=activation, approximate=approximate,
             allow_tf32=allow_tf32(x.dtype),
         )  # fmt: skip
