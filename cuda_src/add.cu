@@ -7,7 +7,9 @@ namespace {
 
 struct AddOp {
   float alpha;
-  __device__ __forceinline__ float operator()(const float (&v)[2]) const { return v[0] + alpha * v[1]; }
+  __device__ __forceinline__ float operator()(const float (&v)[2]) const {
+    return v[0] + alpha * v[1];
+  }
 };
 
 }  // namespace

@@ -19,10 +19,14 @@ namespace dualk_binding {
 
 inline dualk::DType dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return dualk::DType::kFloat32;
-    case at::kHalf: return dualk::DType::kFloat16;
-    case at::kBFloat16: return dualk::DType::kBFloat16;
-    default: TORCH_CHECK(false, "dualk: unsupported dtype ", t.scalar_type());
+    case at::kFloat:
+      return dualk::DType::kFloat32;
+    case at::kHalf:
+      return dualk::DType::kFloat16;
+    case at::kBFloat16:
+      return dualk::DType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "dualk: unsupported dtype ", t.scalar_type());
   }
 }
 

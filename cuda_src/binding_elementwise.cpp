@@ -1,12 +1,12 @@
-// The elementwise family's extension (dualk/backends/cuda.py FAMILIES["elementwise"]): add and relu_scale.
-// Torch-side helpers: binding.h.
+// The elementwise family's extension (dualk/backends/cuda.py FAMILIES["elementwise"]): add and
+// relu_scale. Torch-side helpers: binding.h.
 #include "binding.h"
 
 namespace {
 
-using dualk_binding::dtype_code;
-using dualk_binding::check_operand;
 using dualk_binding::check_launch;
+using dualk_binding::check_operand;
+using dualk_binding::dtype_code;
 
 dualk::ElementwiseShape elementwise_shape(const std::vector<int64_t>& sizes, int64_t numel) {
   TORCH_CHECK(!sizes.empty() && sizes.size() <= static_cast<size_t>(dualk::kMaxDims),
@@ -80,10 +80,10 @@ at::Tensor add_dense(const at::Tensor& a, const at::Tensor& b, double alpha) {
   const c10::cuda::CUDAGuard guard(a.device());
   at::Tensor out = at::empty(a.sizes(), a.options());
   if (out.numel() == 0) return out;
-  check_launch("add", dualk::launch_add(dense_operand(a), dense_operand(b), out.data_ptr(),
-                                        dense_shape(out.numel()), /*dense=*/true,
-                                        static_cast<float>(alpha), dtype_code(out),
-                                        at::cuda::getCurrentCUDAStream()));
+  check_launch(
+      "add", dualk::launch_add(dense_operand(a), dense_operand(b), out.data_ptr(),
+                               dense_shape(out.numel()), /*dense=*/true, static_cast<float>(alpha),
+                               dtype_code(out), at::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -93,10 +93,10 @@ at::Tensor relu_scale_dense(const at::Tensor& x, double scale) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (out.numel() == 0) return out;
-  check_launch("relu_scale", dualk::launch_relu_scale(dense_operand(x), out.data_ptr(),
-                                                      dense_shape(out.numel()), /*dense=*/true,
-                                                      static_cast<float>(scale), dtype_code(out),
-                                                      at::cuda::getCurrentCUDAStream()));
+  check_launch("relu_scale",
+               dualk::launch_relu_scale(dense_operand(x), out.data_ptr(), dense_shape(out.numel()),
+                                        /*dense=*/true, static_cast<float>(scale), dtype_code(out),
+                                        at::cuda::getCurrentCUDAStream()));
   return out;
 }
 

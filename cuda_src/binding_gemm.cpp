@@ -5,9 +5,9 @@
 
 namespace {
 
-using dualk_binding::dtype_code;
-using dualk_binding::check_operand;
 using dualk_binding::check_launch;
+using dualk_binding::check_operand;
+using dualk_binding::dtype_code;
 using dualk_binding::unit_stride;
 
 // Sizes and strides of a GEMM operand as (batch, rows, cols): a 2-dim tensor is one batch entry
@@ -22,12 +22,14 @@ Dims3 dims3(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.dim() == 2 || t.dim() == 3, "dualk.", op, ": '", name,
               "' must be 2-dim or 3-dim (batch, rows, cols), got ", t.dim(), " dims");
   if (t.dim() == 2) return {{1, t.size(0), t.size(1)}, {0, t.stride(0), t.stride(1)}};
-  return {{t.size(0), t.size(1), t.size(2)}, {t.size(0) == 1 ? 0 : t.stride(0), t.stride(1), t.stride(2)}};
+  return {{t.size(0), t.size(1), t.size(2)},
+          {t.size(0) == 1 ? 0 : t.stride(0), t.stride(1), t.stride(2)}};
 }
 
 // An nn.Linear weight (n, k) read as the GEMM's B = weight^T: (1, k, n).
 Dims3 transposed_weight(const char* op, const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2, "dualk.", op, ": 'weight' must be 2-dim (out, in), got ", w.dim(), " dims");
+  TORCH_CHECK(w.dim() == 2, "dualk.", op, ": 'weight' must be 2-dim (out, in), got ", w.dim(),
+              " dims");
   return {{1, w.size(1), w.size(0)}, {0, w.stride(1), w.stride(0)}};
 }
 
@@ -87,8 +89,8 @@ at::Tensor split_k_workspace(dualk::GemmArgs& args, const at::Tensor& out) {
 
 // a: (m, k) or (batch, m, k); b: (k, n) or (batch, k, n); out: (m, n) or (batch, m, n).
 void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool allow_tf32) {
-  auto args = gemm_args("matmul", a, dims3("matmul", "a", a), b, dims3("matmul", "b", b), out,
-                        allow_tf32);
+  auto args =
+      gemm_args("matmul", a, dims3("matmul", "a", a), b, dims3("matmul", "b", b), out, allow_tf32);
   const c10::cuda::CUDAGuard guard(out.device());
   const at::Tensor workspace = split_k_workspace(args, out);
   check_launch("matmul", dualk::launch_matmul(args, at::cuda::getCurrentCUDAStream()));
@@ -112,18 +114,18 @@ void linear_gelu(const at::Tensor& x, const at::Tensor& weight,
   check_launch("linear_gelu", dualk::launch_linear_gelu(args, at::cuda::getCurrentCUDAStream()));
 }
 
-
 // x: (m, k); weight_gate, weight_up: (n, k) as nn.Linear holds them (unit stride along k or n);
 // biases: (n,) or None; out: (m, n). The portable route's fp32 scratch comes from PyTorch's
 // caching allocator, as split-K's does.
-dualk::GluArgs glu_args(const at::Tensor& x, const at::Tensor& weight_gate, const at::Tensor& weight_up,
-                        const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
-                        const at::Tensor& out, int64_t activation, bool allow_tf32) {
+dualk::GluArgs glu_args(const at::Tensor& x, const at::Tensor& weight_gate,
+                        const at::Tensor& weight_up, const std::optional<at::Tensor>& bias_gate,
+                        const std::optional<at::Tensor>& bias_up, const at::Tensor& out,
+                        int64_t activation, bool allow_tf32) {
   const char* op = "linear_glu";
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "dualk.linear_glu: 'x' and the output must be 2-dim");
   dualk::GluArgs args{};
-  args.gate = gemm_args(op, x, dims3(op, "x", x), weight_gate, transposed_weight(op, weight_gate), out,
-                        allow_tf32);
+  args.gate = gemm_args(op, x, dims3(op, "x", x), weight_gate, transposed_weight(op, weight_gate),
+                        out, allow_tf32);
   args.up = gemm_args(op, x, dims3(op, "x", x), weight_up, transposed_weight(op, weight_up), out,
                       allow_tf32);
   const std::optional<at::Tensor>* biases[2] = {&bias_gate, &bias_up};
@@ -142,10 +144,12 @@ dualk::GluArgs glu_args(const at::Tensor& x, const at::Tensor& weight_gate, cons
 }
 
 void linear_glu(const at::Tensor& x, const at::Tensor& weight_gate, const at::Tensor& weight_up,
-                const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
-                at::Tensor& out, int64_t activation, bool allow_tf32) {
+                const std::optional<at::Tensor>& bias_gate,
+                const std::optional<at::Tensor>& bias_up, at::Tensor& out, int64_t activation,
+                bool allow_tf32) {
   const char* op = "linear_glu";
-  dualk::GluArgs args = glu_args(x, weight_gate, weight_up, bias_gate, bias_up, out, activation, allow_tf32);
+  dualk::GluArgs args =
+      glu_args(x, weight_gate, weight_up, bias_gate, bias_up, out, activation, allow_tf32);
   const c10::cuda::CUDAGuard guard(out.device());
   at::Tensor workspace;
   if (const int64_t floats = dualk::linear_glu_workspace_floats(args); floats > 0) {
@@ -162,10 +166,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dualk CUDA kernels, GEMM family (see cuda_src/launchers.h)";
   m.def("matmul", &matmul, "out[b] = a[b] @ b[b]");
   m.def("linear_gelu", &linear_gelu, "out = gelu(x @ weight_t + bias)");
-  m.def("linear_glu_route", [](const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu,
-                                const at::Tensor& out) {
-    const c10::cuda::CUDAGuard guard(out.device());
-    return std::string(dualk::linear_glu_route_name(glu_args(x, wg, wu, {}, {}, out, 4, false)));
-  }, "which route linear_glu takes for these tensors (launches nothing)");
-  m.def("linear_glu", &linear_glu, "out = act(x @ weight_gate_t + bias_gate) * (x @ weight_up_t + bias_up)");
+  m.def(
+      "linear_glu_route",
+      [](const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu, const at::Tensor& out) {
+        const c10::cuda::CUDAGuard guard(out.device());
+        return std::string(
+            dualk::linear_glu_route_name(glu_args(x, wg, wu, {}, {}, out, 4, false)));
+      },
+      "which route linear_glu takes for these tensors (launches nothing)");
+  m.def("linear_glu", &linear_glu,
+        "out = act(x @ weight_gate_t + bias_gate) * (x @ weight_up_t + bias_up)");
 }

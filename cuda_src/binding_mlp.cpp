@@ -10,9 +10,9 @@
 
 namespace {
 
-using dualk_binding::dtype_code;
-using dualk_binding::check_operand;
 using dualk_binding::check_launch;
+using dualk_binding::check_operand;
+using dualk_binding::dtype_code;
 using dualk_binding::unit_stride;
 
 dualk::FusedMlpArgs mlp_shape(const std::vector<int64_t>& widths, dualk::DType dtype,
@@ -42,9 +42,9 @@ dualk::FusedMlpArgs mlp_args(const at::Tensor& x, const std::vector<at::Tensor>&
                              const std::vector<std::optional<at::Tensor>>& biases,
                              const at::Tensor& out, int64_t activation) {
   const size_t layers = weights.size();
-  TORCH_CHECK(layers >= 1 && layers <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
-                  biases.size() == layers,
-              "dualk.fused_mlp: 1..", dualk::kMaxMlpLayers, " layers with one bias entry each");
+  TORCH_CHECK(
+      layers >= 1 && layers <= static_cast<size_t>(dualk::kMaxMlpLayers) && biases.size() == layers,
+      "dualk.fused_mlp: 1..", dualk::kMaxMlpLayers, " layers with one bias entry each");
   check_operand("fused_mlp", "x", x, out);
   TORCH_CHECK(x.dim() == 2 && unit_stride(x, 1), "dualk.fused_mlp: x must be 2-dim, unit stride");
   TORCH_CHECK(out.is_contiguous(), "dualk.fused_mlp: the output must be contiguous");
@@ -117,10 +117,12 @@ class MlpPlan {
       : row_buckets_(static_cast<uint64_t>(row_buckets)), poison_(poison) {
     for (const auto& item : identities) {
       const auto triple = item.cast<py::tuple>();
-      identities_.push_back({triple[0].cast<py::dict>(), py::reinterpret_borrow<py::object>(triple[1]),
+      identities_.push_back({triple[0].cast<py::dict>(),
+                             py::reinterpret_borrow<py::object>(triple[1]),
                              py::reinterpret_borrow<py::object>(triple[2])});
     }
-    TORCH_CHECK(weights.size() >= 1 && weights.size() <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
+    TORCH_CHECK(weights.size() >= 1 &&
+                    weights.size() <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
                     biases.size() == weights.size(),
                 "dualk.fused_mlp plan: 1..", dualk::kMaxMlpLayers, " layers, one bias entry each");
     std::vector<int64_t> widths;
@@ -151,8 +153,8 @@ class MlpPlan {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (!t.is_cuda() || t.get_device() != device_ || t.scalar_type() != dtype_ || t.dim() != 2 ||
         t.size(1) != widths_[0] || t.size(0) <= 0 || !t.is_contiguous() ||
-        !(row_buckets_ >> bucket(t.size(0)) & 1u) ||
-        at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU))
+        !(row_buckets_ >> bucket(t.size(0)) & 1u) || at::autocast::is_autocast_enabled(at::kCUDA) ||
+        at::autocast::is_autocast_enabled(at::kCPU))
       return py::none();
     for (const auto& id : identities_) {
       PyObject* now = PyDict_GetItemWithError(id.dict.ptr(), id.key.ptr());
@@ -203,10 +205,14 @@ class MlpPlan {
 
   static dualk::DType dtype_code_of(at::ScalarType t) {
     switch (t) {
-      case at::kFloat: return dualk::DType::kFloat32;
-      case at::kHalf: return dualk::DType::kFloat16;
-      case at::kBFloat16: return dualk::DType::kBFloat16;
-      default: TORCH_CHECK(false, "dualk.fused_mlp plan: unsupported dtype ", t);
+      case at::kFloat:
+        return dualk::DType::kFloat32;
+      case at::kHalf:
+        return dualk::DType::kFloat16;
+      case at::kBFloat16:
+        return dualk::DType::kBFloat16;
+      default:
+        TORCH_CHECK(false, "dualk.fused_mlp plan: unsupported dtype ", t);
     }
   }
 

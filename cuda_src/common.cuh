@@ -2,7 +2,7 @@
 // compile and check each kernel file on a machine without a GPU.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
+#include <cuda.h>          // CUtensorMap and its enums (types only: libcuda is not linked)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -33,7 +33,9 @@ template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat
 
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
@@ -58,8 +60,8 @@ __device__ __forceinline__ float gelu_erf(float v) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
-// tanh-gelu for 16-bit outputs: h + h tanh(z), h = v / 2, z = v (sqrt(2/pi) + sqrt(2/pi) 0.044715 v^2),
-// with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
+// tanh-gelu for 16-bit outputs: h + h tanh(z), h = v / 2, z = v (sqrt(2/pi) + sqrt(2/pi) 0.044715
+// v^2), with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
 // backend's TMA epilogue). Was v / (1 + 2^(-2z log2 e)): ex2 and a reciprocal, two MUFU ops
 // per element, which bounded the GEMM epilogue (16 MUFU results per clock per SM; the
 // 128 x 256 linear_gelu tile's epilogue cost ~4 us, experiments/NOTES-gemm-sm90.md). The error
@@ -81,16 +83,23 @@ __device__ __forceinline__ float gelu_tanh_fast(float v) {
 template <Activation kAct> __device__ __forceinline__ float apply_activation_16bit(float v);
 
 template <Activation kAct> __device__ __forceinline__ float apply_activation(float v) {
-  if constexpr (kAct == Activation::kRelu) return relu(v);
-  else if constexpr (kAct == Activation::kGeluTanh) return gelu_tanh(v);
-  else if constexpr (kAct == Activation::kGeluErf) return gelu_erf(v);
-  else if constexpr (kAct == Activation::kSilu) return silu(v);
-  else return v;
+  if constexpr (kAct == Activation::kRelu)
+    return relu(v);
+  else if constexpr (kAct == Activation::kGeluTanh)
+    return gelu_tanh(v);
+  else if constexpr (kAct == Activation::kGeluErf)
+    return gelu_erf(v);
+  else if constexpr (kAct == Activation::kSilu)
+    return silu(v);
+  else
+    return v;
 }
 
 template <Activation kAct> __device__ __forceinline__ float apply_activation_16bit(float v) {
-  if constexpr (kAct == Activation::kGeluTanh) return gelu_tanh_fast(v);
-  else return apply_activation<kAct>(v);
+  if constexpr (kAct == Activation::kGeluTanh)
+    return gelu_tanh_fast(v);
+  else
+    return apply_activation<kAct>(v);
 }
 
 // ---- tensor-core and async-copy primitives (sm_80+) ----
@@ -98,13 +107,15 @@ template <Activation kAct> __device__ __forceinline__ float apply_activation_16b
 
 // 16-byte global -> shared copy that bypasses registers; src_bytes < 16 zero-fills the rest
 // (used for masked tails: pass 0 to write zeros).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, int src_bytes = 16) {
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src,
+                                            int src_bytes = 16) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
                "r"(src_bytes));
 }
 // 4-byte form (cp.async.ca: copies under 16 bytes go through L1); src_bytes 0 writes a zero.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, int src_bytes = 4) {
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
+                                           int src_bytes = 4) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src),
                "r"(src_bytes));
@@ -134,7 +145,8 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void cp_async_16_u32(uint32_t dst, const void* gmem_src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(src_bytes));
 }
 __device__ __forceinline__ void ldmatrix_x4_u32(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -149,7 +161,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans_u32(uint32_t (&r)[4], uint32_t
 
 // D = A * B + D for one 16x8x16 tile, fp32 accumulators. T is __half or __nv_bfloat16.
 template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
+                                          const uint32_t (&b)[2]);
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4],
                                                   const uint32_t (&b)[2]) {
@@ -240,9 +253,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`,
 // completing `bytes` transactions on mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                              uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
@@ -262,8 +277,12 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // wgmma (sm_90a only): ordering and completion of the asynchronous warpgroup MMAs.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
@@ -289,41 +308,53 @@ template <int kN> __device__ __forceinline__ void fence_acc(float (&d)[kN]) {
 // Operand lists for inline-asm wgmma (sm90 GEMM and fused MLP): "%0, %1, ..." for the
 // accumulator registers and the matching "+f"(d[i]) constraints, by count.
 #define DUALK_ASM_REGS_0_7 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define DUALK_ASM_REGS_0_15 DUALK_ASM_REGS_0_7 \
+#define DUALK_ASM_REGS_0_15 \
+  DUALK_ASM_REGS_0_7        \
   ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define DUALK_ASM_REGS_0_31 DUALK_ASM_REGS_0_15 \
+#define DUALK_ASM_REGS_0_31 \
+  DUALK_ASM_REGS_0_15       \
   ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define DUALK_ASM_REGS_0_63 DUALK_ASM_REGS_0_31 \
+#define DUALK_ASM_REGS_0_63                                                          \
+  DUALK_ASM_REGS_0_31                                                                \
   ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
   ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define DUALK_ASM_REGS_0_95 DUALK_ASM_REGS_0_63 \
+#define DUALK_ASM_REGS_0_95                                                          \
+  DUALK_ASM_REGS_0_63                                                                \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
   ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define DUALK_ASM_REGS_0_127 DUALK_ASM_REGS_0_95 \
+#define DUALK_ASM_REGS_0_127                                                                     \
+  DUALK_ASM_REGS_0_95                                                                            \
   ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
-  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
+  "%127"
 #define DUALK_ASM_ACC_0_7 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define DUALK_ASM_ACC_0_15 DUALK_ASM_ACC_0_7, \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define DUALK_ASM_ACC_0_31 DUALK_ASM_ACC_0_15, \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define DUALK_ASM_ACC_0_63 DUALK_ASM_ACC_0_31, \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define DUALK_ASM_ACC_0_95 DUALK_ASM_ACC_0_63, \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-#define DUALK_ASM_ACC_0_127 DUALK_ASM_ACC_0_95, \
-  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define DUALK_ASM_ACC_0_15                                                                       \
+  DUALK_ASM_ACC_0_7, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+      "+f"(d[14]), "+f"(d[15])
+#define DUALK_ASM_ACC_0_31                                                                       \
+  DUALK_ASM_ACC_0_15, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),           \
+      "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+      "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DUALK_ASM_ACC_0_63                                                                       \
+  DUALK_ASM_ACC_0_31, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),           \
+      "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+      "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+      "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
+      "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define DUALK_ASM_ACC_0_95                                                                       \
+  DUALK_ASM_ACC_0_63, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]),           \
+      "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+      "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), \
+      "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+      "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define DUALK_ASM_ACC_0_127                                                               \
+  DUALK_ASM_ACC_0_95, "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]),   \
+      "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), \
+      "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), \
+      "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), \
+      "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), \
+      "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -349,10 +380,14 @@ inline DeviceProps device_props() {
   const bool cacheable = device >= 0 && device < kMaxDevices;
   if (cacheable && ready[device].load(std::memory_order_acquire)) return cache[device];
   DeviceProps queried;
-  if (cudaDeviceGetAttribute(&queried.num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&queried.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&queried.cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&queried.cc_minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+  if (cudaDeviceGetAttribute(&queried.num_sms, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                             device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.cc_major, cudaDevAttrComputeCapabilityMajor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&queried.cc_minor, cudaDevAttrComputeCapabilityMinor, device) !=
+          cudaSuccess) {
     cudaGetLastError();
     return props;
   }
@@ -396,7 +431,8 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, int bytes) {
 // from `query(int* out)` on the current device; 0 if the query fails (not cached: a later call
 // may succeed). Persistent launchers size their grid with it on every call.
 template <typename Query>
-inline int cached_occupancy(const void* kernel, int threads, int smem_bytes, int cluster, Query query) {
+inline int cached_occupancy(const void* kernel, int threads, int smem_bytes, int cluster,
+                            Query query) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
@@ -451,8 +487,8 @@ inline EncodeTiledFn encode_tiled_fn() {
   static const EncodeTiledFn fn = []() -> EncodeTiledFn {
     void* ptr = nullptr;
     cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
         status != cudaDriverEntryPointSuccess || ptr == nullptr) {
       cudaGetLastError();  // not sticky, but do not leave it for the caller's next check
       return nullptr;

@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(Shape::kThreads)
     for (int e = 0; e < kVec; ++e) {
       float args[kArity];
 #pragma unroll
-      for (int i = 0; i < kArity; ++i) args[i] = to_float(reinterpret_cast<const T*>(&loaded[i][u])[e]);
+      for (int i = 0; i < kArity; ++i)
+        args[i] = to_float(reinterpret_cast<const T*>(&loaded[i][u])[e]);
       r[e] = from_float<T>(op(args));
     }
     reinterpret_cast<uint4*>(out)[v] = result;
@@ -123,8 +124,8 @@ cudaError_t launch_typed(const Operands<kArity>& in, void* out, const Elementwis
     constexpr int kVec = 16 / sizeof(T);
     const int64_t blocks = ceil_div(plan.numel / kVec, kPerBlock);
     dense_vector_kernel<T, kArity, Op, Shape>
-        <<<static_cast<unsigned>(blocks > 0 ? blocks : 1), kThreads, 0, stream>>>(
-            in, typed_out, plan.numel, op);
+        <<<static_cast<unsigned>(blocks > 0 ? blocks : 1), kThreads, 0, stream>>>(in, typed_out,
+                                                                                  plan.numel, op);
     return cudaGetLastError();
   }
   Extents shape{};
@@ -132,9 +133,11 @@ cudaError_t launch_typed(const Operands<kArity>& in, void* out, const Elementwis
   for (int d = 0; d < plan.ndim; ++d) shape.sizes[d] = plan.sizes[d];
   const unsigned blocks = static_cast<unsigned>(ceil_div(plan.numel, kPerBlock));
   if (dense)
-    scalar_kernel<T, kArity, Op, true, Shape><<<blocks, kThreads, 0, stream>>>(in, typed_out, plan.numel, shape, op);
+    scalar_kernel<T, kArity, Op, true, Shape>
+        <<<blocks, kThreads, 0, stream>>>(in, typed_out, plan.numel, shape, op);
   else
-    scalar_kernel<T, kArity, Op, false, Shape><<<blocks, kThreads, 0, stream>>>(in, typed_out, plan.numel, shape, op);
+    scalar_kernel<T, kArity, Op, false, Shape>
+        <<<blocks, kThreads, 0, stream>>>(in, typed_out, plan.numel, shape, op);
   return cudaGetLastError();
 }
 
@@ -149,8 +152,10 @@ cudaError_t launch(const StridedOperand (&operands)[kArity], void* out,
     for (int d = 0; d < kMaxDims; ++d) in.strides[i][d] = operands[i].strides[d];
   }
   switch (dtype) {
-    case DType::kFloat32: return launch_typed<float, kArity>(in, out, plan, dense, op, stream);
-    case DType::kFloat16: return launch_typed<__half, kArity>(in, out, plan, dense, op, stream);
+    case DType::kFloat32:
+      return launch_typed<float, kArity>(in, out, plan, dense, op, stream);
+    case DType::kFloat16:
+      return launch_typed<__half, kArity>(in, out, plan, dense, op, stream);
     case DType::kBFloat16:
       return launch_typed<__nv_bfloat16, kArity>(in, out, plan, dense, op, stream);
   }

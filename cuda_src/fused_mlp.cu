@@ -4,13 +4,14 @@
 // Six kernels behind one launcher:
 //   * fp16/bf16, every width <= 128 and all weights resident: on Hopper (sm_90a),
 //     fused_mlp_wgmma_kernel (fused_mlp_sm90.cu: wgmma with the activations as the register A
-//     operand); elsewhere fused_mlp_mma_padded_kernel (fused_mlp_mma.cu). Each layer is zero-padded to the
-//     64/128 bucket so that all loops and offsets are compile-time.
+//     operand); elsewhere fused_mlp_mma_padded_kernel (fused_mlp_mma.cu). Each layer is zero-padded
+//     to the 64/128 bucket so that all loops and offsets are compile-time.
 //   * fp16/bf16 with a width in 129-256 on Hopper, where TMA can read x and the weights
 //     (wide::unfit_reason): fused_mlp_wide_kernel (fused_mlp_wide.cu: weights streamed through a
 //     TMA ring, m64n256 wgmma, activations in registers. H100, 256-256-256-64 bf16 at 2^18 rows:
 //     150 us in its harness, where the mma.sync kernel below took 579 us and eager PyTorch 471).
-//   * fp16/bf16 otherwise (fused_mlp_mma.cu): tensor cores (mma.sync m16n8k16, fp32 accumulation). Each warp owns 16*kMTiles
+//   * fp16/bf16 otherwise (fused_mlp_mma.cu): tensor cores (mma.sync m16n8k16, fp32 accumulation).
+//   Each warp owns 16*kMTiles
 //     rows and keeps their activations in registers from the first layer to the last: the m16n8
 //     C fragments of layer i, after bias + activation + down-cast, are exactly the m16k16 A
 //     fragments of layer i+1 (see pack_a_fragment). Weights (zero-padded to multiples of 16) live
@@ -21,10 +22,11 @@
 //   * fp32 in 32-row tiles (batches of >= ~31 rows per SM) on compute capability 9.x, weights
 //     TMA-compatible and all resident: fused_mlp_tf32.cu, 3xTF32 products on the tensor cores
 //     (fp32 accuracy), weights by TMA.
-//   * fp32 otherwise: exact fp32 on the SIMT cores (below). Activations of a row tile ping-pong between
-//     two shared buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per item (per
-//     layer, the widest that still gives every thread an item), or single outputs where 1 x 4
-//     items would leave most warps idle (small tiles, narrow layers). Weights are resident in
+//   * fp32 otherwise: exact fp32 on the SIMT cores (below). Activations of a row tile ping-pong
+//   between
+//     two shared buffers; each thread computes a 4-, 2- or 1-row x 4-column block of outputs per
+//     item (per layer, the widest that still gives every thread an item), or single outputs where 1
+//     x 4 items would leave most warps idle (small tiles, narrow layers). Weights are resident in
 //     shared memory when they fit (on sm_90 fetched by bulk copies: rows padded for conflict-free
 //     reads, or, for 2-row tiles, dense with a per-lane k rotation and one copy per layer), else
 //     streamed per layer in k-slabs.
@@ -54,9 +56,9 @@ struct SimtPass {
   const float* bias;  // this layer's biases (padded to 4)
   float* out;         // the output's first row of this tile (last layer)
   int h_pitch, w_pitch, col_groups, tile_rows, rows, out_w;
-  int s0, s_end;      // k range of this slab
+  int s0, s_end;  // k range of this slab
   bool final_slab, last;
-  bool rotate;        // dense weight rows whose pitch is an even number of 16-byte units (below)
+  bool rotate;  // dense weight rows whose pitch is an even number of 16-byte units (below)
 };
 
 // Every thread takes items of kRows rows x kCols columns (columns col_group + j * groups, groups =
@@ -92,9 +94,11 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
     const float* w_rows = q.w + col_group * q.w_pitch - q.s0;
     const auto load = [&](SimtOperands<kRows, kCols>& o, int k) {
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) o.h[i] = *reinterpret_cast<const float4*>(h_rows + i * q.h_pitch + k);
+      for (int i = 0; i < kRows; ++i)
+        o.h[i] = *reinterpret_cast<const float4*>(h_rows + i * q.h_pitch + k);
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) o.w[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + k);
+      for (int j = 0; j < kCols; ++j)
+        o.w[j] = *reinterpret_cast<const float4*>(w_rows + j * w_stride + k);
     };
     const auto multiply = [&](const SimtOperands<kRows, kCols>& o) {
 #pragma unroll
@@ -157,7 +161,8 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
         if (q.final_slab && q.last) {
           if (r < q.rows && c < q.out_w) q.out[static_cast<int64_t>(r) * q.out_w + c] = acc[i][j];
         } else {
-          q.dst[r * q.h_pitch + c] = (q.final_slab && !q.last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
+          q.dst[r * q.h_pitch + c] =
+              (q.final_slab && !q.last) ? apply_activation<kAct>(acc[i][j]) : acc[i][j];
         }
       }
     }
@@ -166,8 +171,9 @@ __device__ __forceinline__ void simt_items(const SimtPass& q) {
 
 // Two blocks per SM (128 registers) where the weights leave room for two; silu's expf needs a
 // few more registers than that (12 bytes of spills at the cap on sm_90a), so its build takes one.
-template <Activation kAct>
-constexpr int simt_min_blocks() { return kAct == Activation::kSilu ? 1 : 2; }
+template <Activation kAct> constexpr int simt_min_blocks() {
+  return kAct == Activation::kSilu ? 1 : 2;
+}
 
 template <Activation kAct>
 __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
@@ -184,16 +190,17 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
   const int out_w = p.widths[num_layers];
   const bool resident = p.k_slab == 0;
 
-  // Resident weights on sm_90: bulk copies (whole layers or rows), all issued at once, each layer's rows
-  // signalling that layer's mbarrier. A bulk copy is not bounded by the per-SM limit on outstanding
-  // loads: with cp.async, 88 KB of cold weights (the seed model) took one block ~10 us to arrive,
-  // a few load latencies per thread in sequence.
+  // Resident weights on sm_90: bulk copies (whole layers or rows), all issued at once, each layer's
+  // rows signalling that layer's mbarrier. A bulk copy is not bounded by the per-SM limit on
+  // outstanding loads: with cp.async, 88 KB of cold weights (the seed model) took one block ~10 us
+  // to arrive, a few load latencies per thread in sequence.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const bool bulk = resident && p.bulk_weights;
   uint64_t* layer_bars = reinterpret_cast<uint64_t*>(smem_raw + p.barrier_offset);
   if (bulk) {
     if (threadIdx.x == 0) {
-      for (int layer = 0; layer < num_layers; ++layer) sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
+      for (int layer = 0; layer < num_layers; ++layer)
+        sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
       sm90::fence_barrier_init();
       for (int layer = 0; layer < num_layers; ++layer)
         sm90::mbar_arrive_expect_tx(sm90::smem_u32(layer_bars + layer),
@@ -209,8 +216,9 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
     if (threadIdx.x == 0)
       for (int layer = 0; layer < num_layers; ++layer)
         if (dense(layer))
-          sm90::bulk_copy_g2s(sm90::smem_u32(weight_smem + p.weight_offset[layer]), p.weights[layer],
-                              p.widths[layer + 1] * p.widths[layer] * 4, sm90::smem_u32(layer_bars + layer));
+          sm90::bulk_copy_g2s(sm90::smem_u32(weight_smem + p.weight_offset[layer]),
+                              p.weights[layer], p.widths[layer + 1] * p.widths[layer] * 4,
+                              sm90::smem_u32(layer_bars + layer));
     constexpr int kCopyWarps = kSimtThreads / 32 - 1;
     const int copy_warp = static_cast<int>(threadIdx.x / 32) - 1;  // -1: warp 0, no row copies
     int layer = 0, layer_row0 = 0;
@@ -222,15 +230,19 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
       }
       if (layer == num_layers) break;
       const int in = p.widths[layer];
-      const float* src = static_cast<const float*>(p.weights[layer]) + static_cast<int64_t>(row - layer_row0) * in;
-      float* dst = weight_smem + p.weight_offset[layer] + (row - layer_row0) * p.weight_pitch[layer];
+      const float* src =
+          static_cast<const float*>(p.weights[layer]) + static_cast<int64_t>(row - layer_row0) * in;
+      float* dst =
+          weight_smem + p.weight_offset[layer] + (row - layer_row0) * p.weight_pitch[layer];
       sm90::bulk_copy_g2s(sm90::smem_u32(dst), src, in * 4, sm90::smem_u32(layer_bars + layer));
     }
     // Rows padded up to a multiple of 4 read as zeros (the columns need no padding: in % 4 == 0).
     for (int layer = 0; layer < num_layers; ++layer) {
-      const int in = p.widths[layer], out_l = p.widths[layer + 1], pad_rows = round_up(out_l, 4) - out_l;
+      const int in = p.widths[layer], out_l = p.widths[layer + 1],
+                pad_rows = round_up(out_l, 4) - out_l;
       for (int e = threadIdx.x; e < pad_rows * in; e += kSimtThreads)
-        weight_smem[p.weight_offset[layer] + (out_l + e / in) * p.weight_pitch[layer] + e % in] = 0.f;
+        weight_smem[p.weight_offset[layer] + (out_l + e / in) * p.weight_pitch[layer] + e % in] =
+            0.f;
     }
   }
 #else
@@ -244,16 +256,16 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
     const int64_t remaining = p.m - row0;  // > 0: tile < num_tiles
     const int rows = remaining < p.tile_rows ? static_cast<int>(remaining) : p.tile_rows;
     stage_tile<float>(h0, h_pitch, x + row0 * p.stride_xm, p.stride_xm, rows, p.widths[0],
-                      p.tile_rows, round_up(p.widths[0], 4), x, row0 + rows == p.m, p.x_vectorized, threadIdx.x,
-                      kSimtThreads);
+                      p.tile_rows, round_up(p.widths[0], 4), x, row0 + rows == p.m, p.x_vectorized,
+                      threadIdx.x, kSimtThreads);
     cp_async_commit();
     if (resident && first_tile && !bulk) {
       // One commit group per layer, so layer i starts as soon as its own weights have landed.
       for (int layer = 0; layer < num_layers; ++layer) {
         const int in = p.widths[layer], out_l = p.widths[layer + 1];
         const float* w = static_cast<const float*>(p.weights[layer]);
-        stage_tile<float>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in,
-                          out_l, in, round_up(out_l, 4), round_up(in, 4), w, true,
+        stage_tile<float>(weight_smem + p.weight_offset[layer], p.weight_pitch[layer], w, in, out_l,
+                          in, round_up(out_l, 4), round_up(in, 4), w, true,
                           is_aligned16(w) && in % 4 == 0, threadIdx.x, kSimtThreads);
         cp_async_commit();
       }
@@ -296,13 +308,30 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
         // 1 x 1 for the 16-wide last layer of a 64-wide MLP at batch 64K cost 5%). (Measured
         // against two alternatives, experiments/NOTES-mlp.md: warp tiles of 4 x 8 items,
         // and k ranges split over lanes; neither was faster.)
-        const SimtPass q{src, dst, w, bias, out + row0 * out_w, h_pitch, w_pitch, col_groups,
-                         p.tile_rows, rows, out_w, s0, s_end, final_slab, last,
+        const SimtPass q{src,
+                         dst,
+                         w,
+                         bias,
+                         out + row0 * out_w,
+                         h_pitch,
+                         w_pitch,
+                         col_groups,
+                         p.tile_rows,
+                         rows,
+                         out_w,
+                         s0,
+                         s_end,
+                         final_slab,
+                         last,
                          resident && w_pitch == in && (w_pitch / 4) % 2 == 0};
-        if (col_groups * (p.tile_rows / 4) >= kSimtThreads) simt_items<4, 4, kAct>(q);
-        else if (col_groups * (p.tile_rows / 2) >= kSimtThreads) simt_items<2, 4, kAct>(q);
-        else if (col_groups * p.tile_rows > 64) simt_items<1, 4, kAct>(q);
-        else simt_items<1, 1, kAct>(q);  // at most 2 warps would have a 1 x 4 item
+        if (col_groups * (p.tile_rows / 4) >= kSimtThreads)
+          simt_items<4, 4, kAct>(q);
+        else if (col_groups * (p.tile_rows / 2) >= kSimtThreads)
+          simt_items<2, 4, kAct>(q);
+        else if (col_groups * p.tile_rows > 64)
+          simt_items<1, 4, kAct>(q);
+        else
+          simt_items<1, 1, kAct>(q);  // at most 2 warps would have a 1 x 4 item
       }
       if (!last && out_l % 4 != 0) {
         // Padded columns (out_l .. round_up(out_l, 4)) must be exactly 0 for the next layer: an
@@ -323,8 +352,10 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<kAct>())
 struct MlpPlan {
   MlpKernelParams params;
   KernelFn kernel;
-  Tf32KernelFn tf32_kernel;  // when set, launched instead of `kernel` (with the weights' tensor maps)
-  wide::KernelFn wide_kernel;  // likewise (with its own arguments: tensor maps of x and the weights)
+  Tf32KernelFn
+      tf32_kernel;  // when set, launched instead of `kernel` (with the weights' tensor maps)
+  wide::KernelFn
+      wide_kernel;  // likewise (with its own arguments: tensor maps of x and the weights)
   int threads;
   int smem_bytes;
   const char* kernel_name;  // what fused_mlp_kernel_name reports (tests and dualk.explain)
@@ -332,8 +363,7 @@ struct MlpPlan {
 
 thread_local char g_reason[256];
 
-template <typename... Args>
-const char* reason(const char* format, Args... args) {
+template <typename... Args> const char* reason(const char* format, Args... args) {
   snprintf(g_reason, sizeof(g_reason), format, args...);
   return g_reason;
 }
@@ -347,7 +377,8 @@ template <Activation kAct> struct SimtPick {
 // leaves fused_mlp_wide.cu's kernel out (the launcher's fallback when its tensor maps fail).
 const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide = true) {
   if (a.num_layers < 1 || a.num_layers > kMaxMlpLayers)
-    return reason("the fused CUDA kernel takes 1 to %d layers, got %d", kMaxMlpLayers, a.num_layers);
+    return reason("the fused CUDA kernel takes 1 to %d layers, got %d", kMaxMlpLayers,
+                  a.num_layers);
   if (a.dtype != DType::kFloat32 && a.dtype != DType::kFloat16 && a.dtype != DType::kBFloat16)
     return reason("the fused CUDA kernel takes float32, float16 or bfloat16 (dtype code %d given)",
                   static_cast<int>(a.dtype));
@@ -378,8 +409,7 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
     p.biases[i] = a.biases[i];
   }
   const int elem = element_size(a.dtype);
-  const bool x_aligned = is_aligned16(a.x) &&
-                         (a.m <= 1 || ((a.stride_xm * elem) & 15) == 0);
+  const bool x_aligned = is_aligned16(a.x) && (a.m <= 1 || ((a.stride_xm * elem) & 15) == 0);
   p.x_vectorized = x_aligned;
   int threads = 0, smem = 0;
   KernelFn kernel = nullptr;
@@ -480,10 +510,11 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
         break;
       }
       if (warps == 1)
-        return reason("layer %d (%d x %d) needs %d KB of shared memory for its weights, more than "
-                      "this GPU's %d KB per block leaves",
-                      too_big, a.widths[too_big + 1], a.widths[too_big], too_big_bytes / 1024,
-                      smem_limit / 1024);
+        return reason(
+            "layer %d (%d x %d) needs %d KB of shared memory for its weights, more than "
+            "this GPU's %d KB per block leaves",
+            too_big, a.widths[too_big + 1], a.widths[too_big], too_big_bytes / 1024,
+            smem_limit / 1024);
     }
     threads = warps * 32;
     p.weight_area_offset = bias_bytes;
@@ -530,7 +561,8 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
       p.weight_pitch[i] = dense_rows ? a.widths[i] : simt_row_pitch(a.widths[i]);
       p.weight_offset[i] = resident_bytes / 4;
       resident_bytes += round_up(a.widths[i + 1], 4) * p.weight_pitch[i] * 4;
-      max_out_pad = max_out_pad > round_up(a.widths[i + 1], 4) ? max_out_pad : round_up(a.widths[i + 1], 4);
+      max_out_pad =
+          max_out_pad > round_up(a.widths[i + 1], 4) ? max_out_pad : round_up(a.widths[i + 1], 4);
       max_in_pad = max_in_pad > round_up(a.widths[i], 4) ? max_in_pad : round_up(a.widths[i], 4);
     }
     const int weight_budget = smem_limit - bias_bytes - h_bytes - 8 * kMaxMlpLayers;
@@ -619,9 +651,10 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
   wide::Params wide_params;
   if (launch_plan(args, plan, wide_maps, wide_params) != nullptr) return cudaErrorInvalidValue;
 
-  const void* kernel = plan.tf32_kernel != nullptr   ? reinterpret_cast<const void*>(plan.tf32_kernel)
-                       : plan.wide_kernel != nullptr ? reinterpret_cast<const void*>(plan.wide_kernel)
-                                                     : reinterpret_cast<const void*>(plan.kernel);
+  const void* kernel = plan.tf32_kernel != nullptr ? reinterpret_cast<const void*>(plan.tf32_kernel)
+                       : plan.wide_kernel != nullptr
+                           ? reinterpret_cast<const void*>(plan.wide_kernel)
+                           : reinterpret_cast<const void*>(plan.kernel);
   cudaError_t err = ensure_dynamic_smem(kernel, plan.smem_bytes);
   if (err != cudaSuccess) return err;
   const int num_sms = args.num_sms > 0 ? args.num_sms : device_props().num_sms;
@@ -637,12 +670,13 @@ cudaError_t launch_fused_mlp(const FusedMlpArgs& args, cudaStream_t stream) {
     MlpTf32Params params;
     params.p = plan.params;
     if (!encode_tf32x3_maps(args, params)) return cudaErrorInvalidValue;
-    plan.tf32_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(params);
+    plan.tf32_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(
+        params);
     return cudaGetLastError();
   }
   if (plan.wide_kernel != nullptr) {
-    plan.wide_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(wide_maps,
-                                                                                           wide_params);
+    plan.wide_kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(
+        wide_maps, wide_params);
     return cudaGetLastError();
   }
   plan.kernel<<<static_cast<unsigned>(grid), plan.threads, plan.smem_bytes, stream>>>(plan.params);

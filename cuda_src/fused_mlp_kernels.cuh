@@ -53,10 +53,10 @@ struct MlpKernelParams {
   bool x_vectorized;       // x and its row stride allow 16-byte cp.async
   int out_pitch;           // mma: elements per output staging row
   bool out_vectorized;     // mma: out 16-byte aligned and its rows a multiple of 16 bytes
-  int out_chunks_shift;    // padded mma: log2(16-byte chunks per output row), -1 if not a power of 2
-  int last_chunks;         // padded mma: 32-column chunks of the last layer
-  bool bulk_weights;       // simt, resident: weight rows arrive by sm_90 bulk copies (see below)
-  int barrier_offset;      // bytes; simt with bulk_weights: one mbarrier per layer
+  int out_chunks_shift;  // padded mma: log2(16-byte chunks per output row), -1 if not a power of 2
+  int last_chunks;       // padded mma: 32-column chunks of the last layer
+  bool bulk_weights;     // simt, resident: weight rows arrive by sm_90 bulk copies (see below)
+  int barrier_offset;    // bytes; simt with bulk_weights: one mbarrier per layer
 };
 
 // A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tensor's
@@ -75,7 +75,8 @@ __device__ __forceinline__ void copy_partial_chunk(T* smem_dst, const T* src, in
 // True when the chunk of row r (of a tile's `rows` valid rows; `tile_ends_tensor`: its last valid
 // row is the tensor's last row) with `elems` real elements must take copy_partial_chunk.
 template <typename T>
-__device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems, bool tile_ends_tensor) {
+__device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems,
+                                                   bool tile_ends_tensor) {
   return tile_ends_tensor && r == rows - 1 && elems > 0 && elems < 16 / static_cast<int>(sizeof(T));
 }
 
@@ -88,9 +89,9 @@ __device__ __forceinline__ bool partial_tail_chunk(int r, int rows, int elems, b
 // caller's barrier passes.
 template <typename T>
 __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int64_t ld, int rows,
-                                           int cols, int rows_pad, int cols_pad, const void* safe_src,
-                                           bool tile_ends_tensor, bool vectorized, int thread,
-                                           int num_threads) {
+                                           int cols, int rows_pad, int cols_pad,
+                                           const void* safe_src, bool tile_ends_tensor,
+                                           bool vectorized, int thread, int num_threads) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   if (vectorized) {
     const int chunks_per_row = cols_pad / kVec;
@@ -121,14 +122,30 @@ __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int
 // cp.async.wait_group takes an immediate; layers are runtime, so switch over the few cases.
 __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
   switch (pending) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    default: cp_async_wait<7>(); break;
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    case 3:
+      cp_async_wait<3>();
+      break;
+    case 4:
+      cp_async_wait<4>();
+      break;
+    case 5:
+      cp_async_wait<5>();
+      break;
+    case 6:
+      cp_async_wait<6>();
+      break;
+    default:
+      cp_async_wait<7>();
+      break;
   }
 }
 
@@ -147,8 +164,8 @@ __device__ __forceinline__ void load_biases(const MlpKernelParams& p, float* bia
 // The same for fp32 biases, by cp.async: all layers' loads in flight at once instead of one
 // global-load latency per layer (~0.75 us for the seed model's three, H200). The caller commits
 // and waits; `safe_src` is any mapped address (zero-byte copies still need one).
-__device__ __forceinline__ void load_biases_async(const MlpKernelParams& p, float* bias_smem, int pad,
-                                                  const void* safe_src) {
+__device__ __forceinline__ void load_biases_async(const MlpKernelParams& p, float* bias_smem,
+                                                  int pad, const void* safe_src) {
   for (int layer = 0; layer < p.num_layers; ++layer) {
     const int out = p.widths[layer + 1];
     const float* bias = static_cast<const float*>(p.biases[layer]);
@@ -310,11 +327,16 @@ using KernelFn = void (*)(MlpKernelParams);
 template <template <Activation> class Pick>
 auto pick_by_activation(Activation act) -> decltype(Pick<Activation::kNone>::kernel()) {
   switch (act) {
-    case Activation::kNone: return Pick<Activation::kNone>::kernel();
-    case Activation::kRelu: return Pick<Activation::kRelu>::kernel();
-    case Activation::kGeluTanh: return Pick<Activation::kGeluTanh>::kernel();
-    case Activation::kGeluErf: return Pick<Activation::kGeluErf>::kernel();
-    case Activation::kSilu: return Pick<Activation::kSilu>::kernel();
+    case Activation::kNone:
+      return Pick<Activation::kNone>::kernel();
+    case Activation::kRelu:
+      return Pick<Activation::kRelu>::kernel();
+    case Activation::kGeluTanh:
+      return Pick<Activation::kGeluTanh>::kernel();
+    case Activation::kGeluErf:
+      return Pick<Activation::kGeluErf>::kernel();
+    case Activation::kSilu:
+      return Pick<Activation::kSilu>::kernel();
   }
   return nullptr;
 }
@@ -346,15 +368,17 @@ struct MlpTf32Params {
 using Tf32KernelFn = void (*)(MlpTf32Params);
 
 // Shared-memory bytes of one layer's weights: ceil(in / 32) boxes of round_up(out, 8) rows x 128 B.
-__host__ __device__ constexpr int tf32_box_bytes(int out) { return round_up(out, 8) * kTf32BoxK * 4; }
+__host__ __device__ constexpr int tf32_box_bytes(int out) {
+  return round_up(out, 8) * kTf32BoxK * 4;
+}
 __host__ __device__ constexpr int tf32_layer_bytes(int in, int out) {
   return (in + kTf32BoxK - 1) / kTf32BoxK * tf32_box_bytes(out);
 }
 
 // Fills p's layout for the 3xTF32 kernel and smem (bytes, with 1024 of alignment slack) and
 // returns the kernel, or nullptr where it cannot run (then p and smem are unchanged).
-Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
-                                   int& smem);
+Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device,
+                                   MlpKernelParams& p, int& smem);
 // The weight maps of every layer into params (false if the driver cannot encode them).
 bool encode_tf32x3_maps(const FusedMlpArgs& a, MlpTf32Params& params);
 

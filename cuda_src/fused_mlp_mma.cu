@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kMaxWidth>::kMinB
             if (hidden) {
               // Columns past a hidden layer's width must be exactly 0 for the next layer: with an
               // inf input their zero weights give inf * 0 = NaN. acc[.][j][e] is column
-              // chunk*32 + 8j + quad_col + (e & 1); `room` is how many columns from 8j + quad_col on
-              // are real (as in the padded kernel below).
+              // chunk*32 + 8j + quad_col + (e & 1); `room` is how many columns from 8j + quad_col
+              // on are real (as in the padded kernel below).
               const int room = p.widths[layer + 1] - chunk * 32 - quad_col;
 #pragma unroll
               for (int j = 0; j < 4; ++j)
@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
         cp_async_16(x_smem + r * kPitch + c, g, valid * static_cast<int>(sizeof(T)));
       }
     } else {
-      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, true, false, lane,
-                    32);
+      stage_tile<T>(x_smem, kPitch, src, p.stride_xm, rows, in0, kWarpRows, kWidth, x, true, false,
+                    lane, 32);
     }
   };
 
@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(kMaxMmaWarps * 32, MmaConfig<kWidth>::kMinBloc
 #pragma unroll
               for (int half = 0; half < 2; ++half) {
                 const int col = chunk * 32 + q * 16 + half * 8 + quad_col;
-                const uint32_t keep = (col < width ? 0xffffu : 0u) | (col + 1 < width ? 0xffff0000u : 0u);
+                const uint32_t keep =
+                    (col < width ? 0xffffu : 0u) | (col + 1 < width ? 0xffff0000u : 0u);
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
                   next[mt][2 * chunk + q][2 * half] &= keep;
@@ -367,18 +368,19 @@ template <typename T, int kWidth> struct PaddedPick {
   };
 };
 
-template <typename T>
-KernelFn pick_padded_kernel_for(int bucket, Activation act) {
+template <typename T> KernelFn pick_padded_kernel_for(int bucket, Activation act) {
   return bucket == 64 ? pick_by_activation<PaddedPick<T, 64>::template By>(act)
                       : pick_by_activation<PaddedPick<T, 128>::template By>(act);
 }
 
-template <typename T>
-KernelFn pick_mma_kernel_for(int bucket, Activation act) {
+template <typename T> KernelFn pick_mma_kernel_for(int bucket, Activation act) {
   switch (bucket) {
-    case 64: return pick_by_activation<MmaPick<T, 64>::template By>(act);
-    case 128: return pick_by_activation<MmaPick<T, 128>::template By>(act);
-    default: return pick_by_activation<MmaPick<T, 256>::template By>(act);
+    case 64:
+      return pick_by_activation<MmaPick<T, 64>::template By>(act);
+    case 128:
+      return pick_by_activation<MmaPick<T, 128>::template By>(act);
+    default:
+      return pick_by_activation<MmaPick<T, 256>::template By>(act);
   }
 }
 

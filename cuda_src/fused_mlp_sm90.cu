@@ -13,7 +13,8 @@
 //   * Weights: every layer zero-padded to kWidth x kWidth and staged once per block, by cp.async,
 //     straight into the layout wgmma reads B from: W (n, k) row-major is B "K-major" (no
 //     transpose), stored as 128-byte-swizzled panels of 64 k (128 bytes per n row, 8-row groups
-//     1024 bytes apart): element (n, k) of panel k / 64 at byte n * 128 + (((k % 64) / 8) ^ (n % 8))
+//     1024 bytes apart): element (n, k) of panel k / 64 at byte n * 128 + (((k % 64) / 8) ^ (n %
+//     8))
 //     * 16 + (k % 8) * 2. Descriptor: SBO 1024, 128B swizzle; the k16 step j starts at panel j / 4,
 //     +32 (j % 4) bytes (the hardware applies the XOR to the computed address, as for
 //     gemm_sm90.cuh's TMA tiles).
@@ -82,10 +83,12 @@ __host__ __device__ constexpr bool wgmma_mlp_light_act(Activation act) {
   return act == Activation::kNone || act == Activation::kRelu;
 }
 __host__ __device__ constexpr int wgmma_mlp_max_warpgroups(int width, Activation act) {
-  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_WARPGROUPS : 4) : DUALK_WGMMA128_WARPGROUPS;
+  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_WARPGROUPS : 4)
+                     : DUALK_WGMMA128_WARPGROUPS;
 }
 __host__ __device__ constexpr int wgmma_mlp_stages(int width, Activation act) {
-  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_STAGES : 4) : DUALK_WGMMA128_STAGES;
+  return width == 64 ? (wgmma_mlp_light_act(act) ? DUALK_WGMMA64_STAGES : 4)
+                     : DUALK_WGMMA128_STAGES;
 }
 
 constexpr int kWgmmaTileRows = 64;  // rows per warpgroup tile (wgmma m64)
@@ -94,7 +97,8 @@ constexpr int kWgmmaWarpRows = 16;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mlp_sm90 {
 
-using namespace ::dualk::sm90;  // smem_u32, fence_proxy_async, wgmma_fence / commit / wait, fence_acc (common.cuh)
+using namespace ::dualk::sm90;  // smem_u32, fence_proxy_async, wgmma_fence / commit / wait,
+                                // fence_acc (common.cuh)
 
 // Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle, split in its two
 // 32-bit words: low = start address >> 4 (bits 0-13) | LBO 1 (unused with swizzle, bits 16-29);
@@ -108,23 +112,32 @@ __device__ __forceinline__ uint32_t desc_low(uint32_t smem_address) {
 // d (fp32, m64 x N) = a (registers, m64 x k16) x B (shared memory, descriptor, K-major)
 // + (scale_d ? d : 0). One overload per (N, type); the CTYPE argument only selects the type.
 // Operands: N/2 accumulators, 4 A registers, desc_b, the scale-d register.
-#define DUALK_MLP_DEFINE_WGMMA(N, CTYPE, PTX_TYPE, REGS, ACCS, A0, A1, A2, A3, DESC, SCALE)           \
-  __device__ __forceinline__ void wgmma_rs(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b, \
-                                           CTYPE, int scale_d = 1) {                                \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                  \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS    \
-                 "}, {" A0 ", " A1 ", " A2 ", " A3 "}, " DESC ", p, 1, 1, 0;\n}\n"                     \
-                 : ACCS                                                                             \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));          \
+#define DUALK_MLP_DEFINE_WGMMA(N, CTYPE, PTX_TYPE, REGS, ACCS, A0, A1, A2, A3, DESC, SCALE)        \
+  __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],              \
+                                           uint64_t desc_b, CTYPE, int scale_d = 1) {              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE                                         \
+                 ", 0;\n"                                                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS \
+                 "}, {" A0 ", " A1 ", " A2 ", " A3 "}, " DESC ", p, 1, 1, 0;\n}\n"                 \
+                 : ACCS                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));         \
   }
-DUALK_MLP_DEFINE_WGMMA(16, __half, "f16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
-DUALK_MLP_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9", "%10", "%11", "%12", "%13")
-DUALK_MLP_DEFINE_WGMMA(32, __half, "f16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
-DUALK_MLP_DEFINE_WGMMA(32, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16", "%17", "%18", "%19", "%20", "%21")
-DUALK_MLP_DEFINE_WGMMA(64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
-DUALK_MLP_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
-DUALK_MLP_DEFINE_WGMMA(128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
-DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67", "%68", "%69")
+DUALK_MLP_DEFINE_WGMMA(16, __half, "f16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9", "%10",
+                       "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_7, DUALK_ASM_ACC_0_7, "%8", "%9",
+                       "%10", "%11", "%12", "%13")
+DUALK_MLP_DEFINE_WGMMA(32, __half, "f16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16", "%17",
+                       "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(32, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_15, DUALK_ASM_ACC_0_15, "%16",
+                       "%17", "%18", "%19", "%20", "%21")
+DUALK_MLP_DEFINE_WGMMA(64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33",
+                       "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32",
+                       "%33", "%34", "%35", "%36", "%37")
+DUALK_MLP_DEFINE_WGMMA(128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65",
+                       "%66", "%67", "%68", "%69")
+DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64",
+                       "%65", "%66", "%67", "%68", "%69")
 #undef DUALK_MLP_DEFINE_WGMMA
 
 // One layer for the warpgroup, start to finish: acc = bias + a @ W^T over the full kWidth of k,
@@ -132,10 +145,12 @@ DUALK_MLP_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_AS
 // the layer's descriptor (panel 0, k 0), `bias_desc_lo` that of its bias block (a K-major k16
 // block whose first column is the bias, the rest zero): the bias is the first k16 step, with A =
 // all ones and scale-d 0, so the accumulators need no initial value.
-template <typename T> constexpr uint32_t kOnesPair = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+template <typename T>
+constexpr uint32_t kOnesPair = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
 template <typename T, int kN, int kWidth>
-__device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t (&a)[kWidth / 16][4],
-                                            uint32_t desc_lo, uint32_t bias_desc_lo) {
+__device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2],
+                                            const uint32_t (&a)[kWidth / 16][4], uint32_t desc_lo,
+                                            uint32_t bias_desc_lo) {
   constexpr int kPanelBytes = kWidth * 128;
   // Recomputed per call (volatile), like the ones: hoisted out of the tile loop, the last layer's
   // kWidth / 16 64-bit step descriptors held 16 registers (the 128-wide build spilled).
@@ -151,7 +166,8 @@ __device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t
 #pragma unroll
   for (int kt = 0; kt < kWidth / 16; ++kt)
     wgmma_rs(acc, a[kt],
-             (static_cast<uint64_t>(kDescHigh) << 32) | (lo + (((kt / 4) * kPanelBytes + (kt % 4) * 32) >> 4)),
+             (static_cast<uint64_t>(kDescHigh) << 32) |
+                 (lo + (((kt / 4) * kPanelBytes + (kt % 4) * 32) >> 4)),
              T{});
   wgmma_commit();
   wgmma_wait<0>();
@@ -160,9 +176,11 @@ __device__ __forceinline__ void wgmma_layer(float (&acc)[kN / 2], const uint32_t
 
 // 16-byte global -> shared copy (no zero-fill form), issued only where `pred` holds.
 __device__ __forceinline__ void cp_async_16_if(uint32_t dst, const void* src, bool pred) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
-               "l"(src), "r"(static_cast<int>(pred))
-               : "memory");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], "
+      "16;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<int>(pred))
+      : "memory");
 }
 
 // relu(lo), relu(hi) rounded and packed in one instruction (cvt.rn.relu: negative -> 0, NaN
@@ -189,11 +207,11 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
   using namespace mlp_sm90;
   constexpr int kStages = wgmma_mlp_stages(kWidth, kAct);
   constexpr int kKTiles = kWidth / 16;
-  constexpr int kPitch = mma_row_pitch(kWidth);  // x ring rows: conflict-free ldmatrix
+  constexpr int kPitch = mma_row_pitch(kWidth);   // x ring rows: conflict-free ldmatrix
   constexpr int kSlot = kWgmmaWarpRows * kPitch;  // elements per ring slot
   constexpr int kSlotBytes = kSlot * static_cast<int>(sizeof(T));
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-  constexpr int kChunksPerRow = kWidth / kVec;     // 16-byte chunks per padded x / weight row
+  constexpr int kChunksPerRow = kWidth / kVec;      // 16-byte chunks per padded x / weight row
   constexpr int kRowsPerPass = 32 / kChunksPerRow;  // x rows one cp.async per lane covers
   constexpr int kPassBytes = kRowsPerPass * kPitch * static_cast<int>(sizeof(T));
   constexpr int kLayerBytes = kWidth * kWidth * 2;
@@ -227,7 +245,9 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
 
   auto warp_rows = [&](int64_t row0) {
     const int64_t remaining = p.m - row0;
-    return remaining <= 0 ? 0 : remaining < kWgmmaWarpRows ? static_cast<int>(remaining) : kWgmmaWarpRows;
+    return remaining <= 0               ? 0
+           : remaining < kWgmmaWarpRows ? static_cast<int>(remaining)
+                                        : kWgmmaWarpRows;
   };
 
   // ---- x staging. Lane l copies the 16-byte chunk at column x_col of rows x_row, x_row +
@@ -273,16 +293,19 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
         const int r = x_row + i * kRowsPerPass;
         const int bytes = r < rows ? x_bytes : 0;
         const T* chunk = g + i * kRowsPerPass * stride;
-        if (partial_tail_chunk<T>(r, rows, bytes / static_cast<int>(sizeof(T)), row0 + rows == p.m)) {
+        if (partial_tail_chunk<T>(r, rows, bytes / static_cast<int>(sizeof(T)),
+                                  row0 + rows == p.m)) {
           copy_partial_chunk(buf + r * kPitch + x_col, chunk, bytes / static_cast<int>(sizeof(T)));
           continue;
         }
         // A zero-byte copy reads nothing, but still gets a mapped address.
-        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(chunk) : p.x, bytes);
+        cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(chunk) : p.x,
+                    bytes);
       }
     } else {
       const T* src = rows > 0 ? x + row0 * stride : x;
-      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, true, false, lane, 32);
+      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, true, false,
+                    lane, 32);
     }
   };
 
@@ -297,7 +320,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
         const int n = i / kChunksPerRow;
         const int c = i % kChunksPerRow;  // 16-byte chunk along k
         const int valid = n < out_l ? max(0, min(in - c * kVec, kVec)) : 0;
-        const void* g = valid > 0 ? static_cast<const void*>(w + n * in + c * kVec) : static_cast<const void*>(w);
+        const void* g = valid > 0 ? static_cast<const void*>(w + n * in + c * kVec)
+                                  : static_cast<const void*>(w);
         cp_async_16(dst + (c / 8) * kPanelBytes + n * 128 + (((c % 8) ^ (n % 8)) << 4), g,
                     valid * static_cast<int>(sizeof(T)));
       }
@@ -305,8 +329,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
       for (int e = threadIdx.x; e < kWidth * kWidth; e += blockDim.x) {
         const int n = e / kWidth, k = e % kWidth;
         const T v = (n < out_l && k < in) ? w[n * in + k] : from_float<T>(0.f);
-        *reinterpret_cast<T*>(dst + (k / 64) * kPanelBytes + n * 128 + ((((k % 64) / 8) ^ (n % 8)) << 4) +
-                              (k % 8) * 2) = v;
+        *reinterpret_cast<T*>(dst + (k / 64) * kPanelBytes + n * 128 +
+                              ((((k % 64) / 8) ^ (n % 8)) << 4) + (k % 8) * 2) = v;
       }
     }
   }
@@ -315,7 +339,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
     // Zero the padding chunks (columns >= in0) of every slot once; copies never touch them.
     for (int i = lane; i < kStages * kWgmmaWarpRows * kChunksPerRow; i += 32) {
       const int row = i / kChunksPerRow, c = i % kChunksPerRow;
-      if (c * kVec >= in0) *reinterpret_cast<uint4*>(x_ring + row * kPitch + c * kVec) = make_uint4(0u, 0u, 0u, 0u);
+      if (c * kVec >= in0)
+        *reinterpret_cast<uint4*>(x_ring + row * kPitch + c * kVec) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
 #pragma unroll
@@ -332,7 +357,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
       const int panel = i / (kWidth * 8), n = (i / 8) % kWidth, kc = i % 8;  // kc: 8-column chunk
       const int layer = 4 * panel + kc / 2;
       uint32_t first = 0;
-      if (kc % 2 == 0 && layer < num_layers && n < p.widths[layer + 1] && p.biases[layer] != nullptr)
+      if (kc % 2 == 0 && layer < num_layers && n < p.widths[layer + 1] &&
+          p.biases[layer] != nullptr)
         first = static_cast<const unsigned short*>(p.biases[layer])[n];
       *reinterpret_cast<uint4*>(smem + panel * kPanelBytes + n * 128 + ((kc ^ (n % 8)) << 4)) =
           make_uint4(first, 0u, 0u, 0u);
@@ -345,7 +371,9 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
   const uint32_t desc_w = desc_low(smem_u32(weight_smem));
   const uint32_t desc_b = desc_low(smem_u32(smem));
   auto weight_desc = [&](int layer) { return desc_w + ((layer * kLayerBytes) >> 4); };
-  auto bias_desc = [&](int layer) { return desc_b + (((layer / 4) * kPanelBytes + (layer % 4) * 32) >> 4); };
+  auto bias_desc = [&](int layer) {
+    return desc_b + (((layer / 4) * kPanelBytes + (layer % 4) * 32) >> 4);
+  };
   const int quad_col = 2 * (lane % 4);
   const int q_row = lane / 4;
 
@@ -355,7 +383,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
     // their zero weights give inf * 0 = NaN.
     const int width = p.widths[layer + 1];
     const bool mask = width < kWidth;
-    const int keep_below = width - quad_col;  // this thread's column j + quad_col is kept iff j < this
+    const int keep_below =
+        width - quad_col;  // this thread's column j + quad_col is kept iff j < this
 #pragma unroll
     for (int kt = 0; kt < kKTiles; ++kt) {
 #pragma unroll
@@ -374,7 +403,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = kt * 16 + half * 8;
-          const uint32_t keep = (j < keep_below ? 0xffffu : 0u) | (j + 1 < keep_below ? 0xffff0000u : 0u);
+          const uint32_t keep =
+              (j < keep_below ? 0xffffu : 0u) | (j + 1 < keep_below ? 0xffff0000u : 0u);
           a[kt][2 * half] &= keep;
           a[kt][2 * half + 1] &= keep;
         }
@@ -399,7 +429,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
 #pragma unroll
       for (int kt = 0; kt < kN / 16; ++kt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o[0][kt][i] = pack2<T>(acc[8 * kt + 2 * i], acc[8 * kt + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i)
+          o[0][kt][i] = pack2<T>(acc[8 * kt + 2 * i], acc[8 * kt + 2 * i + 1]);
       store_warp_rows<T, 1, kN / 16>(o, p, out_smem, out_rows, rows, lane);
     };
     if (out_w <= 16) {
@@ -418,8 +449,11 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
         const int col = even ? quad_col : quad_col + 6;
         if (col < out_w) {
           T* o = out_rows + q_row * out_w + col;
-          if (lo_ok) *reinterpret_cast<uint2*>(o) = even ? make_uint2(lo0, lo_in) : make_uint2(lo_in, lo1);
-          if (hi_ok) *reinterpret_cast<uint2*>(o + 8 * out_w) = even ? make_uint2(hi0, hi_in) : make_uint2(hi_in, hi1);
+          if (lo_ok)
+            *reinterpret_cast<uint2*>(o) = even ? make_uint2(lo0, lo_in) : make_uint2(lo_in, lo1);
+          if (hi_ok)
+            *reinterpret_cast<uint2*>(o + 8 * out_w) =
+                even ? make_uint2(hi0, hi_in) : make_uint2(hi_in, hi1);
         }
         return;
       }
@@ -459,7 +493,8 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
   };
 
   // ---- the tiles
-  const uint32_t a_lane_u32 = ring_u32 + ((lane % 16) * kPitch + (lane / 16) * 8) * static_cast<int>(sizeof(T));
+  const uint32_t a_lane_u32 =
+      ring_u32 + ((lane % 16) * kPitch + (lane / 16) * 8) * static_cast<int>(sizeof(T));
   int slot_off = 0;  // bytes
   for (; tile < row_tiles; tile += tile_step) {
     const int64_t row0 = tile * kWgmmaTileRows + warp_in_wg * kWgmmaWarpRows;
@@ -499,7 +534,9 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
 // staging rows (out_pitch).
 struct WgmmaMlpSmem {
   int weight_area_offset, act_area_offset, per_warp_bytes;
-  int bytes(int warpgroups) const { return 1024 + act_area_offset + warpgroups * 4 * per_warp_bytes; }
+  int bytes(int warpgroups) const {
+    return 1024 + act_area_offset + warpgroups * 4 * per_warp_bytes;
+  }
 };
 
 inline WgmmaMlpSmem wgmma_mlp_smem(int width, Activation act, int num_layers, int out_pitch) {
@@ -507,10 +544,10 @@ inline WgmmaMlpSmem wgmma_mlp_smem(int width, Activation act, int num_layers, in
   WgmmaMlpSmem s;
   s.weight_area_offset = (num_layers + 3) / 4 * width * 128;
   s.act_area_offset = s.weight_area_offset + num_layers * width * width * kElem;
-  s.per_warp_bytes = (wgmma_mlp_stages(width, act) * mma_row_pitch(width) + out_pitch) * kWgmmaWarpRows * kElem;
+  s.per_warp_bytes =
+      (wgmma_mlp_stages(width, act) * mma_row_pitch(width) + out_pitch) * kWgmmaWarpRows * kElem;
   return s;
 }
-
 
 template <typename T, int kWidth> struct WgmmaPick {
   template <Activation kAct> struct By {
@@ -518,8 +555,7 @@ template <typename T, int kWidth> struct WgmmaPick {
   };
 };
 
-template <typename T>
-KernelFn pick_wgmma_kernel(int bucket, Activation act) {
+template <typename T> KernelFn pick_wgmma_kernel(int bucket, Activation act) {
   return bucket == 64 ? pick_by_activation<WgmmaPick<T, 64>::template By>(act)
                       : pick_by_activation<WgmmaPick<T, 128>::template By>(act);
 }

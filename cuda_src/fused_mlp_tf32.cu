@@ -61,8 +61,8 @@ __device__ __forceinline__ void split_tf32_weight(float w, uint32_t& hi, uint32_
 }
 
 // d = a * b + c on one m16n8k8 tile, fp32 accumulation of tf32 operands.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                         const float (&c)[4]) {
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2], const float (&c)[4]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%11,%12,%13};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
@@ -74,17 +74,17 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 struct Tf32Layer {
   const float* src_hi;
   const float* src_lo;
-  float* dst_hi;              // hidden layers: the next layer's split activations
+  float* dst_hi;  // hidden layers: the next layer's split activations
   float* dst_lo;
-  const unsigned char* w;     // this layer's first weight box (shared)
-  const float* bias;          // padded to 8 with zeros
-  float* out;                 // last layer: the tile's first output row (global)
-  int pitch;                  // floats per activation row
-  int box_bytes;              // bytes from one 32-k weight box to the next
-  int k_steps;                // ceil(in / 8)
-  int n_tiles;                // round_up(out, 8) / 8
+  const unsigned char* w;  // this layer's first weight box (shared)
+  const float* bias;       // padded to 8 with zeros
+  float* out;              // last layer: the tile's first output row (global)
+  int pitch;               // floats per activation row
+  int box_bytes;           // bytes from one 32-k weight box to the next
+  int k_steps;             // ceil(in / 8)
+  int n_tiles;             // round_up(out, 8) / 8
   int out_l;
-  int rows;                   // valid rows of this tile (last layer stores)
+  int rows;  // valid rows of this tile (last layer stores)
   bool last;
 };
 
@@ -135,7 +135,8 @@ __device__ __forceinline__ void tf32x3_layer(const Tf32Layer& L) {
 #pragma unroll
       for (int j = 0; j < kN; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) split_tf32_weight(__uint_as_float(b_raw[j][h]), b_hi[j][h], b_lo[j][h]);
+        for (int h = 0; h < 2; ++h)
+          split_tf32_weight(__uint_as_float(b_raw[j][h]), b_hi[j][h], b_lo[j][h]);
       const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int m = 0; m < kM; ++m)
@@ -217,7 +218,8 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
     const int lane = threadIdx.x - kStageThreads;
     if (lane < num_layers) sm90::prefetch_tensor_map(&params.weight_maps[lane]);
     if (lane == 0) {
-      for (int layer = 0; layer < num_layers; ++layer) sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
+      for (int layer = 0; layer < num_layers; ++layer)
+        sm90::mbar_init(sm90::smem_u32(layer_bars + layer), 1);
       sm90::fence_barrier_init();
       for (int layer = 0; layer < num_layers; ++layer) {
         const int in = p.widths[layer], out_l = p.widths[layer + 1];
@@ -225,7 +227,8 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
         const uint32_t dst = sm90::smem_u32(weights + p.weight_offset[layer] * 4);
         sm90::mbar_arrive_expect_tx(bar, tf32_layer_bytes(in, out_l));
         for (int k = 0; k < in; k += kTf32BoxK)
-          sm90::tma_load_2d(dst + k / kTf32BoxK * tf32_box_bytes(out_l), &params.weight_maps[layer], k, 0, bar);
+          sm90::tma_load_2d(dst + k / kTf32BoxK * tf32_box_bytes(out_l), &params.weight_maps[layer],
+                            k, 0, bar);
       }
     }
   }
@@ -257,14 +260,16 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
     if (threadIdx.x < kStageThreads) {
       if (p.x_vectorized) {
         // All of a thread's loads in flight before the first split.
-        constexpr int kMaxChunks = (kTf32TileRows * kMaxOnChipWidth / 4 + kStageThreads - 1) / kStageThreads;
+        constexpr int kMaxChunks =
+            (kTf32TileRows * kMaxOnChipWidth / 4 + kStageThreads - 1) / kStageThreads;
         float4 v[kMaxChunks];
 #pragma unroll
         for (int i = 0; i < kMaxChunks; ++i) {
           const int e = threadIdx.x + i * kStageThreads;
           const int r = e / chunks, c = (e - r * chunks) * 4;
           v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (r < rows && c < p.widths[0]) v[i] = *reinterpret_cast<const float4*>(x_tile + r * p.stride_xm + c);
+          if (r < rows && c < p.widths[0])
+            v[i] = *reinterpret_cast<const float4*>(x_tile + r * p.stride_xm + c);
         }
 #pragma unroll
         for (int i = 0; i < kMaxChunks; ++i) {
@@ -276,7 +281,8 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
           const int r = e / chunks, c = (e - r * chunks) * 4;
           float f[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) f[j] = r < rows && c + j < p.widths[0] ? x_tile[r * p.stride_xm + c + j] : 0.f;
+          for (int j = 0; j < 4; ++j)
+            f[j] = r < rows && c + j < p.widths[0] ? x_tile[r * p.stride_xm + c + j] : 0.f;
           store_split(e, make_float4(f[0], f[1], f[2], f[3]));
         }
       }
@@ -306,8 +312,10 @@ __global__ void __launch_bounds__(kTf32Threads, 2)
       sm90::mbar_wait(sm90::smem_u32(layer_bars + layer), 0);  // phase 0 stays complete
       // Units of 32 rows x 16 columns where that still gives every warp one (each A fragment then
       // feeds 2 n8 tiles; an even count keeps the second tile inside the layer's boxes), else x 8.
-      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps) tf32x3_layer<2, kAct>(L);
-      else tf32x3_layer<1, kAct>(L);
+      if (L.n_tiles % 2 == 0 && L.n_tiles >= 2 * kTf32Warps)
+        tf32x3_layer<2, kAct>(L);
+      else
+        tf32x3_layer<1, kAct>(L);
       __syncthreads();  // dst complete before the next layer reads it; src free for its writes
     }
   }
@@ -325,8 +333,8 @@ template <Activation kAct> struct Tf32Pick {
 // nullptr where the 3xTF32 kernel cannot run (then p and smem are unchanged): not compute
 // capability 9.x, a layer input width not a multiple of 4 or an unaligned weight (TMA needs
 // 16-byte aligned rows), no driver entry point, or too little shared memory.
-Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
-                                   int& smem) {
+Tf32KernelFn plan_fused_mlp_tf32x3(const FusedMlpArgs& a, const DeviceProps& device,
+                                   MlpKernelParams& p, int& smem) {
   if (!DUALK_FP32_TENSOR_CORES || device.cc_major != 9) return nullptr;
   int max_width = 0;
   for (int i = 0; i < a.num_layers; ++i) {
@@ -367,9 +375,11 @@ bool encode_tf32x3_maps(const FusedMlpArgs& a, MlpTf32Params& params) {
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(in) * 4};
     const cuuint32_t box[2] = {kTf32BoxK, static_cast<cuuint32_t>(round_up(out, 8))};
     const cuuint32_t elem_strides[2] = {1, 1};
-    if (encode(&params.weight_maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void*>(a.weights[i]), dims,
-               strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (encode(&params.weight_maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
+               const_cast<void*>(a.weights[i]), dims, strides, box, elem_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
   }
   return true;

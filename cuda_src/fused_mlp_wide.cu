@@ -17,14 +17,14 @@ namespace {
 template <typename T, int kLastN> struct WidePick {
   template <Activation kAct> struct By {
     static wide::KernelFn kernel() {
-      if constexpr (wide::kernel_built(kAct, kLastN)) return wide::fused_mlp_wide_kernel<T, kAct, kLastN>;
+      if constexpr (wide::kernel_built(kAct, kLastN))
+        return wide::fused_mlp_wide_kernel<T, kAct, kLastN>;
       return nullptr;
     }
   };
 };
 
-template <typename T>
-wide::KernelFn pick_wide_kernel(int last_n, Activation act) {
+template <typename T> wide::KernelFn pick_wide_kernel(int last_n, Activation act) {
   return last_n == 64 ? pick_by_activation<WidePick<T, 64>::template By>(act)
                       : pick_by_activation<WidePick<T, 256>::template By>(act);
 }
@@ -44,19 +44,21 @@ bool registers_as_planned(wide::KernelFn kernel) {
     cudaGetLastError();
     return false;  // not cached: a later call may succeed
   }
-  const bool ok = attributes.numRegs == wide::kEntryRegs && attributes.maxThreadsPerBlock >= wide::kThreads;
+  const bool ok =
+      attributes.numRegs == wide::kEntryRegs && attributes.maxThreadsPerBlock >= wide::kThreads;
   checked[reinterpret_cast<const void*>(kernel)] = ok;
   return ok;
 }
 
 }  // namespace
 
-wide::KernelFn plan_fused_mlp_wide(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
-                                   int& smem) {
+wide::KernelFn plan_fused_mlp_wide(const FusedMlpArgs& a, const DeviceProps& device,
+                                   MlpKernelParams& p, int& smem) {
   if (wide::unfit_reason(a, device) != nullptr || encode_tiled_fn() == nullptr) return nullptr;
   const int last_n = wide::last_layer_n(a.widths[a.num_layers]);
-  const wide::KernelFn kernel = a.dtype == DType::kFloat16 ? pick_wide_kernel<__half>(last_n, a.activation)
-                                                           : pick_wide_kernel<__nv_bfloat16>(last_n, a.activation);
+  const wide::KernelFn kernel = a.dtype == DType::kFloat16
+                                    ? pick_wide_kernel<__half>(last_n, a.activation)
+                                    : pick_wide_kernel<__nv_bfloat16>(last_n, a.activation);
   if (kernel == nullptr || !registers_as_planned(kernel)) return nullptr;
   p.num_tiles = ceil_div(a.m, wide::kRows);
   smem = wide::kSmemBytes;

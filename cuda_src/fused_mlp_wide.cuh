@@ -12,7 +12,8 @@
 // (out, in) with 16-byte aligned bases, x rows with a 16-byte aligned base and stride.
 //
 // Per CTA (persistent over 128-row tiles): warpgroup 0 produces (one thread issues TMA),
-// warpgroups 1 and 2 consume (64 rows each, wgmma m64n256k16 with 128 fp32 accumulators per thread).
+// warpgroups 1 and 2 consume (64 rows each, wgmma m64n256k16 with 128 fp32 accumulators per
+// thread).
 //   * Layer 0 reads A (x) from shared memory: the tile's x arrives as 64-column panels (128-byte
 //     swizzle; TMA zero-fills columns past the width and rows past m), in its own buffer with
 //     full/empty barriers, so the next tile's x loads while this tile's later layers run.
@@ -57,21 +58,23 @@ namespace dualk {
 namespace mlp {
 namespace wide {
 
-constexpr int kRows = 128;                  // rows per tile
-constexpr int kStages = 4;                  // weight ring depth
+constexpr int kRows = 128;  // rows per tile
+constexpr int kStages = 4;  // weight ring depth
 constexpr int kMaxLayers = kMaxMlpLayers;
 constexpr int kMaxWidth = 256;
-constexpr int kXPanelBytes = kRows * 128;   // 64 columns x 128 rows, 16 KB
+constexpr int kXPanelBytes = kRows * 128;      // 64 columns x 128 rows, 16 KB
 constexpr int kWPanelBytes = kMaxWidth * 128;  // 64 k x 256 n, 32 KB
-constexpr int kThreads = 384;        // warpgroup 0 produces, warpgroups 1 and 2 consume
-constexpr int kEntryRegs = 168;      // ptxas cap for 384 threads at one CTA per SM (65536 / 384, floor 8)
-constexpr int kProducerRegs = 24;    // setmaxnreg's minimum; the producer's SASS uses R0-R4
+constexpr int kThreads = 384;                  // warpgroup 0 produces, warpgroups 1 and 2 consume
+constexpr int kEntryRegs =
+    168;  // ptxas cap for 384 threads at one CTA per SM (65536 / 384, floor 8)
+constexpr int kProducerRegs = 24;  // setmaxnreg's minimum; the producer's SASS uses R0-R4
 constexpr int kConsumerRegs = 240;
 // setmaxnreg.inc blocks until the CTA's pool holds the registers it asks for, which only the
 // producer's .dec puts there: the pool must cover the consumers' increase (at 168 it does, with
 // nothing to spare), and each sub-partition (one producer warp + two consumer warps) must fit
 // its 16384 registers.
-static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs), "register pool");
+static_assert(128 * (kEntryRegs - kProducerRegs) >= 256 * (kConsumerRegs - kEntryRegs),
+              "register pool");
 static_assert(32 * kProducerRegs + 2 * 32 * kConsumerRegs <= 16384, "registers per sub-partition");
 constexpr int kXBytes = 4 * kXPanelBytes;
 constexpr int kRingBytes = kStages * kWPanelBytes;
@@ -84,7 +87,8 @@ struct Params {
   int m;
   int num_layers;
   int widths[kMaxLayers + 1];
-  int w_box_rows[kMaxLayers];  // rows (n) of each layer's weight box: 256, or 64 for a narrow last layer
+  int w_box_rows[kMaxLayers];  // rows (n) of each layer's weight box: 256, or 64 for a narrow last
+                               // layer
   const void* biases[kMaxLayers];
   void* out;
   int64_t stride_om;
@@ -101,35 +105,44 @@ using namespace ::dualk::sm90;
 
 // K-major shared-memory descriptor, 128-byte swizzle, SBO 1024 (8-row groups), LBO unused.
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
 // d (m64 x N, fp32) += A x B, B K-major from shared memory; A from shared memory (ss) or from four
 // registers per thread (rs). scale_d 0 overwrites d.
-#define WIDE_DEFINE_SS(N, CTYPE, PTX, REGS, ACCS, DA, DB, SC)                                          \
-  __device__ __forceinline__ void wgmma_ss(float(&d)[N / 2], uint64_t da, uint64_t db, CTYPE, int scale_d) { \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC ", 0;\n"                                      \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " {" REGS "}, " DA ", " DB \
-                 ", p, 1, 1, 0, 0;\n}\n"                                                               \
-                 : ACCS                                                                                \
-                 : "l"(da), "l"(db), "r"(scale_d));                                                    \
+#define WIDE_DEFINE_SS(N, CTYPE, PTX, REGS, ACCS, DA, DB, SC)                                     \
+  __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, CTYPE,    \
+                                           int scale_d) {                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC                                           \
+                 ", 0;\n"                                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " {" REGS "}, " DA \
+                 ", " DB ", p, 1, 1, 0, 0;\n}\n"                                                  \
+                 : ACCS                                                                           \
+                 : "l"(da), "l"(db), "r"(scale_d));                                               \
   }
-#define WIDE_DEFINE_RS(N, CTYPE, PTX, REGS, ACCS, A0, A1, A2, A3, DB, SC)                              \
-  __device__ __forceinline__ void wgmma_rs(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t db, CTYPE, \
-                                           int scale_d) {                                              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC ", 0;\n"                                      \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " {" REGS "}, {" A0 ", " A1 \
-                 ", " A2 ", " A3 "}, " DB ", p, 1, 1, 0;\n}\n"                                          \
-                 : ACCS                                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));                \
+#define WIDE_DEFINE_RS(N, CTYPE, PTX, REGS, ACCS, A0, A1, A2, A3, DB, SC)                          \
+  __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, \
+                                           CTYPE, int scale_d) {                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC                                            \
+                 ", 0;\n"                                                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " {" REGS "}, {" A0 \
+                 ", " A1 ", " A2 ", " A3 "}, " DB ", p, 1, 1, 0;\n}\n"                             \
+                 : ACCS                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));             \
   }
-WIDE_DEFINE_SS(256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130")
-WIDE_DEFINE_SS(256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130")
-WIDE_DEFINE_RS(256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131", "%132", "%133")
-WIDE_DEFINE_RS(256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131", "%132", "%133")
-WIDE_DEFINE_RS(64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
-WIDE_DEFINE_RS(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35", "%36", "%37")
+WIDE_DEFINE_SS(256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129",
+               "%130")
+WIDE_DEFINE_SS(256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128",
+               "%129", "%130")
+WIDE_DEFINE_RS(256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129",
+               "%130", "%131", "%132", "%133")
+WIDE_DEFINE_RS(256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128",
+               "%129", "%130", "%131", "%132", "%133")
+WIDE_DEFINE_RS(64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34",
+               "%35", "%36", "%37")
+WIDE_DEFINE_RS(64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33",
+               "%34", "%35", "%36", "%37")
 #undef WIDE_DEFINE_SS
 #undef WIDE_DEFINE_RS
 
@@ -162,8 +175,9 @@ __device__ __forceinline__ void to_a_fragments(float (&acc)[128], const float* b
 // took two, which at 240 registers cost the relu kernel with a 64-wide last layer ptxas C7511
 // ("wgmma.mma_async instructions are serialized due to insufficient register resources").
 template <int kAccN, typename Issue>
-__device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, uint32_t& pos, uint32_t w_full,
-                                               uint32_t w_empty, int lane, const Issue& issue) {
+__device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, uint32_t& pos,
+                                               uint32_t w_full, uint32_t w_empty, int lane,
+                                               const Issue& issue) {
   int prev = 0;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -189,7 +203,8 @@ __device__ __forceinline__ void layer_mainloop(float (&acc)[kAccN], int panels, 
 #endif
 
 template <typename T, Activation kAct, int kLastN>
-__global__ void __launch_bounds__(kThreads, 1) fused_mlp_wide_kernel(const __grid_constant__ Maps maps, const Params p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    fused_mlp_wide_kernel(const __grid_constant__ Maps maps, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -234,7 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_mlp_wide_kernel(const __gri
     for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++it) {
       mbar_wait(x_empty, (it & 1) ^ 1);
       mbar_arrive_expect_tx(x_full, x_panels * kXPanelBytes);
-      for (int q = 0; q < x_panels; ++q) tma_load_2d(x_buf + q * kXPanelBytes, &maps.x, q * 64, tile * kRows, x_full);
+      for (int q = 0; q < x_panels; ++q)
+        tma_load_2d(x_buf + q * kXPanelBytes, &maps.x, q * 64, tile * kRows, x_full);
       for (int l = 0; l < p.num_layers; ++l) {
         const int panels = l == 0 ? x_panels : 4;
         for (int q = 0; q < panels; ++q) {
@@ -279,15 +295,19 @@ __global__ void __launch_bounds__(kThreads, 1) fused_mlp_wide_kernel(const __gri
       const auto hidden = [&](int q, int s) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          wgmma_rs(acc, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
+          wgmma_rs(acc, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{},
+                   q > 0 || ks > 0);
       };
       const auto narrow = [&](int q, int s) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
-          wgmma_rs(acc64, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{}, q > 0 || ks > 0);
+          wgmma_rs(acc64, a[4 * q + ks], desc_k_major(ring + s * kWPanelBytes + ks * 32), T{},
+                   q > 0 || ks > 0);
       };
-      if (kLastN == 256 || l < p.num_layers - 1) layer_mainloop(acc, 4, pos, w_full, w_empty, lane, hidden);
-      else layer_mainloop(acc64, 4, pos, w_full, w_empty, lane, narrow);
+      if (kLastN == 256 || l < p.num_layers - 1)
+        layer_mainloop(acc, 4, pos, w_full, w_empty, lane, hidden);
+      else
+        layer_mainloop(acc64, 4, pos, w_full, w_empty, lane, narrow);
     }
     // Output: the last layer's accumulators + bias (no activation), rows and columns clipped.
     const int out_w = p.widths[p.num_layers];
@@ -326,7 +346,8 @@ constexpr bool kernel_built(Activation act, int last_n) {
 // CPU by tests/test_cuda_host_logic.py); plan_fused_mlp_wide also asks the driver.
 inline const char* unfit_reason(const FusedMlpArgs& a, const DeviceProps& device) {
   if (a.dtype != DType::kFloat16 && a.dtype != DType::kBFloat16) return "not fp16 / bf16";
-  if (device.cc_major != 9 || device.cc_minor != 0) return "not compute capability 9.0 (sm_90a code)";
+  if (device.cc_major != 9 || device.cc_minor != 0)
+    return "not compute capability 9.0 (sm_90a code)";
   if (device.smem_optin < kSmemBytes) return "shared memory";
   if (a.num_layers < 2 || a.num_layers > kMaxLayers) return "layer count";
   int max_width = 0;
@@ -348,7 +369,8 @@ inline const char* unfit_reason(const FusedMlpArgs& a, const DeviceProps& device
     if (!is_aligned16(a.weights[i])) return "weights not 16-byte aligned";
   }
   if (!is_aligned16(a.x)) return "x not 16-byte aligned";
-  if (a.m > 1 && (a.stride_xm % 8 != 0 || a.stride_xm < a.widths[0] || a.stride_xm >= (int64_t{1} << 39)))
+  if (a.m > 1 &&
+      (a.stride_xm % 8 != 0 || a.stride_xm < a.widths[0] || a.stride_xm >= (int64_t{1} << 39)))
     return "x row stride";
   return nullptr;
 }
@@ -358,17 +380,18 @@ inline const char* unfit_reason(const FusedMlpArgs& a, const DeviceProps& device
 inline bool make_launch_args(const FusedMlpArgs& a, Maps& maps, Params& p) {
   const EncodeTiledFn encode = encode_tiled_fn();
   if (encode == nullptr) return false;
-  const CUtensorMapDataType type =
-      a.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType type = a.dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   // inner x outer elements, row stride in elements, box of 64 x box_rows.
-  const auto encode_2d = [&](CUtensorMap* map, const void* base, int64_t inner, int64_t outer, int64_t stride,
-                             int box_rows) {
+  const auto encode_2d = [&](CUtensorMap* map, const void* base, int64_t inner, int64_t outer,
+                             int64_t stride, int box_rows) {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
     const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
     const cuuint32_t elem_strides[2] = {1, 1};
     return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };
   const int layers = a.num_layers, out_w = a.widths[layers];
@@ -385,7 +408,8 @@ inline bool make_launch_args(const FusedMlpArgs& a, Maps& maps, Params& p) {
   for (int l = 0; l < layers; ++l) {
     p.biases[l] = a.biases[l];
     p.w_box_rows[l] = (l == layers - 1 && last_layer_n(out_w) == 64) ? 64 : 256;
-    if (!encode_2d(&maps.w[l], a.weights[l], a.widths[l], a.widths[l + 1], a.widths[l], p.w_box_rows[l]))
+    if (!encode_2d(&maps.w[l], a.weights[l], a.widths[l], a.widths[l + 1], a.widths[l],
+                   p.w_box_rows[l]))
       return false;
   }
   return true;
@@ -396,8 +420,8 @@ inline bool make_launch_args(const FusedMlpArgs& a, Maps& maps, Params& p) {
 // fused_mlp_wide.cu: the kernel for `a`, or nullptr where wide::unfit_reason refuses it, the
 // driver has no tensor-map encoder, or the build's register count would not let setmaxnreg
 // complete; sets p.num_tiles (for the launcher's grid) and smem.
-wide::KernelFn plan_fused_mlp_wide(const FusedMlpArgs& a, const DeviceProps& device, MlpKernelParams& p,
-                                   int& smem);
+wide::KernelFn plan_fused_mlp_wide(const FusedMlpArgs& a, const DeviceProps& device,
+                                   MlpKernelParams& p, int& smem);
 
 }  // namespace mlp
 }  // namespace dualk

@@ -54,15 +54,16 @@ inline bool aligned_to(const void* p, int64_t elem_stride_a, int64_t elem_stride
                        int64_t elem_bytes, int64_t bytes) {
   const int64_t elem_align = bytes / elem_bytes;
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0 &&
-         elem_stride_a % elem_align == 0 && elem_stride_b % elem_align == 0 && elems % elem_align == 0;
+         elem_stride_a % elem_align == 0 && elem_stride_b % elem_align == 0 &&
+         elems % elem_align == 0;
 }
 
 // 16-byte rows for A (along k) and B (along k or n): the precondition of cp.async tiles and of the
 // fp32 float4 loads. A stride only matters when its dimension has more than one index (PyTorch
 // gives size-1 dims arbitrary strides, and m == 1 is the common decode shape).
 inline bool a_rows_aligned(const GemmArgs& args, int64_t elem_bytes) {
-  return aligned_to(args.a, args.m > 1 ? args.stride_am : 0, args.batch > 1 ? args.stride_a_batch : 0,
-                    args.k, elem_bytes, 16);
+  return aligned_to(args.a, args.m > 1 ? args.stride_am : 0,
+                    args.batch > 1 ? args.stride_a_batch : 0, args.k, elem_bytes, 16);
 }
 inline bool b_rows_aligned(const GemmArgs& args, int64_t elem_bytes) {
   const int64_t outer_size = args.b_k_major ? args.n : args.k;

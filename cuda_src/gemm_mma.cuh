@@ -24,9 +24,9 @@ namespace gemm {
 // cp.async chunk stores of a warp land on 8 distinct 16-byte bank groups:
 //   rows of >= 8 chunks (>= 128 bytes): physical chunk = chunk ^ (row % 8);
 //   rows of 4 chunks (64 bytes, two rows per 128-byte line): chunk ^ ((row / 2) % 4).
-template <int kChunks>
-__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
-  static_assert(kChunks == 4 || kChunks % 8 == 0, "swizzle needs 4 or a multiple of 8 chunks per row");
+template <int kChunks> __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kChunks == 4 || kChunks % 8 == 0,
+                "swizzle needs 4 or a multiple of 8 chunks per row");
   if constexpr (kChunks >= 8)
     return row * kChunks * 8 + ((chunk ^ (row & 7)) * 8);
   else
@@ -35,8 +35,7 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 
 // Tile: kBlockM x kBlockN x kBlockK block tile, kWarpsM x kWarpsN warps, kStages-deep cp.async
 // pipeline, kMinBlocks for __launch_bounds__ (see TcLarge/TcMedium/TcSmall below).
-template <typename Tile, bool kBKMajor>
-struct TensorCoreConfig {
+template <typename Tile, bool kBKMajor> struct TensorCoreConfig {
   static constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kBlockK = Tile::kBlockK;
   static constexpr int kWarpsM = Tile::kWarpsM, kWarpsN = Tile::kWarpsN, kStages = Tile::kStages;
   static constexpr int kThreads = kWarpsM * kWarpsN * 32;
@@ -71,13 +70,14 @@ struct TensorCoreConfig {
 // starts on a 16-byte boundary, and k (and n for B (k, n)) is a multiple of 8, so each chunk is
 // either wholly inside the matrix or wholly outside (then zero-filled).
 //
-// Main loop (per k tile, kKSteps mma steps of k16): the fragments of step s+1 are loaded from shared
-// memory (ldmatrix) while the mma of step s run; the wait for the next stage and the one barrier per
-// k tile sit before the last step, so the next stage's first fragments also overlap the last mma.
-// Epilogue straight from the accumulators: bias and activation in fp32 registers, two outputs per
-// 32-bit store.
-// TOut: the output's element type, T (the operands') or float (split-K partial products).
-template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias, typename TOut = T>
+// Main loop (per k tile, kKSteps mma steps of k16): the fragments of step s+1 are loaded from
+// shared memory (ldmatrix) while the mma of step s run; the wait for the next stage and the one
+// barrier per k tile sit before the last step, so the next stage's first fragments also overlap the
+// last mma. Epilogue straight from the accumulators: bias and activation in fp32 registers, two
+// outputs per 32-bit store. TOut: the output's element type, T (the operands') or float (split-K
+// partial products).
+template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias,
+          typename TOut = T>
 __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinBlocks)
     gemm_tensor_core_kernel(const GemmArgs args) {
   using Cfg = TensorCoreConfig<Tile, kBKMajor>;
@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
   // A (m16 x k16 per x4): lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 at k 8-15.
   const uint32_t a_ld_row_off = (warp_m * Cfg::kWarpTileM + lane % 16) * kRowBytesA;
   const int a_ld_hx = (lane / 16) ^ lane_swz_a;
-  // B k-major, sB[n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
-  // are b0, b1 of n-tile j and b0, b1 of n-tile j+1.
-  // B (k, n), sB[k][n] transposed on load: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
-  // (k 8-15, n 8-15), the same four fragments; its chunk does not depend on the k step.
+  // B k-major, sB[n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k
+  // 8-15) are b0, b1 of n-tile j and b0, b1 of n-tile j+1. B (k, n), sB[k][n] transposed on load:
+  // (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15), the same four fragments;
+  // its chunk does not depend on the k step.
   uint32_t b_ld_row_off;
   int b_ld_hx = 0;
   uint32_t b_ld_col_off[Cfg::kMmaTilesN / 2];
@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
       const uint32_t sb = sa + Cfg::kStageElemsA * 2;
 #pragma unroll
       for (int i = 0; i < Cfg::kMmaTilesM; ++i)
-        ldmatrix_x4_u32(a_frag[buf][i], sa + a_ld_row_off + i * 16 * kRowBytesA + (((2 * ks) ^ a_ld_hx) * 16));
+        ldmatrix_x4_u32(a_frag[buf][i],
+                        sa + a_ld_row_off + i * 16 * kRowBytesA + (((2 * ks) ^ a_ld_hx) * 16));
 #pragma unroll
       for (int j = 0; j < Cfg::kMmaTilesN; j += 2) {
         uint32_t r[4];
@@ -251,7 +252,8 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
           read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
         }
         if (ks < Cfg::kKSteps - 1 || kt + 1 < k_tiles)
-          load_frags((ks + 1) % 2, smem_base + read_stage * (Cfg::kStageElems * 2), (ks + 1) % Cfg::kKSteps);
+          load_frags((ks + 1) % 2, smem_base + read_stage * (Cfg::kStageElems * 2),
+                     (ks + 1) % Cfg::kKSteps);
         if (ks == 0) {
           // Overwrites the stage of tile kt-1, free since the barrier of step kKSteps-1 of kt-1.
           const int next = kt + kStages - 1;
@@ -320,25 +322,27 @@ __global__ void __launch_bounds__(Tile::kWarpsM* Tile::kWarpsN * 32, Tile::kMinB
 // Tensor-core tile configs (kBlockM x kBlockN x kBlockK, warps, stages, blocks per SM).
 //   large: 128 x 256 x 32, 8 warps of 64 x 64, 4 stages: 96 KB; one block per SM (~255 registers).
 //          Measured on an H200 (experiments/NOTES-gemm.md) against BK = 64 with 3 or 4 stages,
-//          256 x 128, and 128 x 128 at two blocks per SM (4 warps of 64 x 64, or 8 warps of 64 x 32,
-//          which spill at the 128-register cap): this one was fastest or tied on every case.
+//          256 x 128, and 128 x 128 at two blocks per SM (4 warps of 64 x 64, or 8 warps of 64 x
+//          32, which spill at the 128-register cap): this one was fastest or tied on every case.
 //   small: 64 x 64 x 32, 4 warps of 32 x 32, 4 stages: 32 KB, up to 4 blocks per SM; for grids the
 //          large tile cannot fill.
 struct TcLarge {
-  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 32, kWarpsM = 2, kWarpsN = 4, kStages = 4;
+  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 32, kWarpsM = 2, kWarpsN = 4,
+                       kStages = 4;
   static constexpr int kMinBlocks = 1;
 };
 struct TcSmall {
-  static constexpr int kBlockM = 64, kBlockN = 64, kBlockK = 32, kWarpsM = 2, kWarpsN = 2, kStages = 4;
+  static constexpr int kBlockM = 64, kBlockN = 64, kBlockK = 32, kWarpsM = 2, kWarpsN = 2,
+                       kStages = 4;
   static constexpr int kMinBlocks = 4;  // <= 128 registers: 16 warps per SM to hide latency
 };
 
-template <typename Tile>
-constexpr int tensor_core_smem_bytes() {
+template <typename Tile> constexpr int tensor_core_smem_bytes() {
   return TensorCoreConfig<Tile, true>::kSmemBytes;  // the same for both B layouts
 }
 
-template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias, typename TOut = T>
+template <typename T, typename Tile, bool kBKMajor, Activation kAct, bool kHasBias,
+          typename TOut = T>
 cudaError_t launch_tensor_core(const GemmArgs& args, cudaStream_t stream) {
   using Cfg = TensorCoreConfig<Tile, kBKMajor>;
   auto kernel = gemm_tensor_core_kernel<T, Tile, kBKMajor, kAct, kHasBias, TOut>;

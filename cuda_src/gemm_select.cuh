@@ -95,8 +95,9 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   // 16-bit slices run the tensor-core kernel, which needs its 16-byte rows; fp32 slices run
   // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
   if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;
-  const int64_t tiles = fp32 ? ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN)
-                             : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
+  const int64_t tiles =
+      fp32 ? ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN)
+           : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);
   if (2 * tiles >= device.num_sms) return none;  // the one-pass kernels fill the GPU
   int64_t splits = ceil_div(int64_t{2} * device.num_sms, tiles);  // ~2 CTAs per SM
   splits = std::min(std::min(splits, args.k / min_slice), kSplitKMaxSplits);
@@ -109,9 +110,9 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
 cudaError_t launch_split_k_partials(const GemmArgs& args, const SplitK& plan, cudaStream_t stream);
 
 template <typename T, Activation kAct, bool kHasBias>
-__global__ void split_k_reduce_kernel(const float* __restrict__ partials, int64_t splits,
-                                      int64_t m, int64_t n, const T* __restrict__ bias,
-                                      T* __restrict__ c, int64_t stride_cm) {
+__global__ void split_k_reduce_kernel(const float* __restrict__ partials, int64_t splits, int64_t m,
+                                      int64_t n, const T* __restrict__ bias, T* __restrict__ c,
+                                      int64_t stride_cm) {
   const int64_t total = m * n;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -127,8 +128,8 @@ cudaError_t run_split_k(const GemmArgs& args, const SplitK& plan, cudaStream_t s
   cudaError_t err = launch_split_k_partials(args, plan, stream);
   if (err != cudaSuccess) return err;
   constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>(ceil_div(args.m * args.n, kThreads),
-                                           int64_t{device_props().num_sms} * 8);
+  const int64_t blocks =
+      std::min<int64_t>(ceil_div(args.m * args.n, kThreads), int64_t{device_props().num_sms} * 8);
   split_k_reduce_kernel<T, kAct, kHasBias><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       args.workspace, plan.splits, args.m, args.n, static_cast<const T*>(args.bias),
       static_cast<T*>(args.c), args.stride_cm);

@@ -15,7 +15,8 @@
 namespace dualk {
 namespace gemm {
 
-// ------------------------------------------------------------------ SIMT kernel (fallback, any type)
+// ------------------------------------------------------------------ SIMT kernel (fallback, any
+// type)
 
 constexpr int kSimtBlockM = 128;
 constexpr int kSimtBlockN = 128;
@@ -31,19 +32,18 @@ constexpr int kSimtStride = kSimtBlockM + 4;
 //     pointer fixed for the whole k loop; a chunk is wholly inside or outside (k or n % 4 == 0).
 //   otherwise: 4 scalar loads per operand, each masked; any alignment, any element type.
 // B's layout is a run-time flag: it only changes index arithmetic, once per k step of 8.
-template <typename T, bool kVec>
-struct SimtOperandLoader {
-  const T* src;        // this thread's first element of the next k tile to load
-  int64_t tile_step;   // elements from one k tile to the next (kSimtBlockK rows of k)
-  int64_t elem_step;   // scalar path: elements between this thread's 4 loads
-  int k_offset;        // k of this thread's first element inside the tile
-  int k_stride_i;      // scalar path: k distance between the 4 loads (0 or 2)
-  int outer_ok;        // vec: 1 if the row/chunk is inside; scalar: bit i for load i
+template <typename T, bool kVec> struct SimtOperandLoader {
+  const T* src;       // this thread's first element of the next k tile to load
+  int64_t tile_step;  // elements from one k tile to the next (kSimtBlockK rows of k)
+  int64_t elem_step;  // scalar path: elements between this thread's 4 loads
+  int k_offset;       // k of this thread's first element inside the tile
+  int k_stride_i;     // scalar path: k distance between the 4 loads (0 or 2)
+  int outer_ok;       // vec: 1 if the row/chunk is inside; scalar: bit i for load i
   bool k_contiguous;
 
   // A tile (or B^T tile) of 128 rows (m or n) x 8 k, k contiguous in memory.
-  __device__ __forceinline__ void init_k_contiguous(const T* base, int64_t stride_outer, int64_t outer0,
-                                                    int64_t outer_size, int tid) {
+  __device__ __forceinline__ void init_k_contiguous(const T* base, int64_t stride_outer,
+                                                    int64_t outer0, int64_t outer_size, int tid) {
     k_contiguous = true;
     tile_step = kSimtBlockK;
     k_stride_i = 0;
@@ -65,8 +65,8 @@ struct SimtOperandLoader {
   }
 
   // B tile of 8 k x 128 n, n contiguous in memory.
-  __device__ __forceinline__ void init_n_contiguous(const T* base, int64_t stride_k, int64_t n0, int64_t n,
-                                                    int tid) {
+  __device__ __forceinline__ void init_n_contiguous(const T* base, int64_t stride_k, int64_t n0,
+                                                    int64_t n, int tid) {
     k_contiguous = false;
     tile_step = kSimtBlockK * stride_k;
     if constexpr (kVec) {
@@ -129,8 +129,7 @@ struct SimtOperandLoader {
 
 // Two blocks per SM (<= 128 registers) only for the plain fp32 matmul: the scalar loaders and the
 // gelu epilogue (64 tanhf/erff in flight) spill at that cap on sm_90a, so those run one per SM.
-template <typename T, bool kVec, Activation kAct>
-constexpr int simt_min_blocks() {
+template <typename T, bool kVec, Activation kAct> constexpr int simt_min_blocks() {
   return kVec && kAct == Activation::kNone ? 2 : 1;
 }
 
@@ -165,9 +164,11 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<T, kVec, kAct>()
     SimtOperandLoader<T, kVec> a_loader, b_loader;
     a_loader.init_k_contiguous(a + coord.batch * args.stride_a_batch, args.stride_am, m0, m, tid);
     if (args.b_k_major)
-      b_loader.init_k_contiguous(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n, tid);
+      b_loader.init_k_contiguous(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n,
+                                 tid);
     else
-      b_loader.init_n_contiguous(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n, tid);
+      b_loader.init_n_contiguous(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n,
+                                 tid);
 
     float acc[8][8];
 #pragma unroll
@@ -201,10 +202,22 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<T, kVec, kAct>()
         const float4 a_hi = *reinterpret_cast<const float4*>(sa + kk * kSimtStride + 64 + ty * 4);
         const float4 b_lo = *reinterpret_cast<const float4*>(sb + kk * kSimtStride + tx * 4);
         const float4 b_hi = *reinterpret_cast<const float4*>(sb + kk * kSimtStride + 64 + tx * 4);
-        a_frag[0] = a_lo.x; a_frag[1] = a_lo.y; a_frag[2] = a_lo.z; a_frag[3] = a_lo.w;
-        a_frag[4] = a_hi.x; a_frag[5] = a_hi.y; a_frag[6] = a_hi.z; a_frag[7] = a_hi.w;
-        b_frag[0] = b_lo.x; b_frag[1] = b_lo.y; b_frag[2] = b_lo.z; b_frag[3] = b_lo.w;
-        b_frag[4] = b_hi.x; b_frag[5] = b_hi.y; b_frag[6] = b_hi.z; b_frag[7] = b_hi.w;
+        a_frag[0] = a_lo.x;
+        a_frag[1] = a_lo.y;
+        a_frag[2] = a_lo.z;
+        a_frag[3] = a_lo.w;
+        a_frag[4] = a_hi.x;
+        a_frag[5] = a_hi.y;
+        a_frag[6] = a_hi.z;
+        a_frag[7] = a_hi.w;
+        b_frag[0] = b_lo.x;
+        b_frag[1] = b_lo.y;
+        b_frag[2] = b_lo.z;
+        b_frag[3] = b_lo.w;
+        b_frag[4] = b_hi.x;
+        b_frag[5] = b_hi.y;
+        b_frag[6] = b_hi.z;
+        b_frag[7] = b_hi.w;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -228,7 +241,8 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<T, kVec, kAct>()
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int64_t col = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-        if (col < n) c_row[col] = from_float<T>(epilogue_value<T, kAct, kHasBias>(acc[i][j], bias, col));
+        if (col < n)
+          c_row[col] = from_float<T>(epilogue_value<T, kAct, kHasBias>(acc[i][j], bias, col));
       }
     }
   }
@@ -239,7 +253,8 @@ __global__ void __launch_bounds__(kSimtThreads, simt_min_blocks<T, kVec, kAct>()
 // gemm_simt_kernel: any element type, alignment and size (float4 loads where fp32 rows allow).
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch_simt_fallback(const GemmArgs& args, cudaStream_t stream) {
-  const int64_t num_tiles = args.batch * ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN);
+  const int64_t num_tiles =
+      args.batch * ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN);
   const unsigned grid = grid_for(num_tiles);
   if constexpr (std::is_same_v<T, float>) {
     if (a_rows_aligned(args, 4) && b_rows_aligned(args, 4)) {

@@ -20,11 +20,11 @@ namespace gemm {
 // 128 threads as 2 x 2 warps of 64 x 64, 8 x 16 outputs per thread, two blocks per SM. Measured on
 // an H200 (experiments/NOTES-simt.md, "simt_v3", config Mid8Late): 0.90-0.92x cuBLAS SGEMM on
 // every timed case (4096^3: 2937 / 2988 us, B (k, n) / B k-major), where gemm_simt_kernel reaches
-// 0.71-0.77x, and 0.90x against 0.55x with the gelu + bias epilogue. 217-235 registers, no spills on
-// sm_80 / sm_90a. Against the other shapes tried: 8 x 8 per thread at 256 threads came within ~3%
-// either way (ahead on B k-major with BK 16, behind on gelu + bias) but sits at the 128-register
-// cap; one 128 x 256 block per SM was 3-5% slower (at two per SM one block's barrier hides behind
-// the other's FMAs); BK 16 at 128 threads was slower on every case.
+// 0.71-0.77x, and 0.90x against 0.55x with the gelu + bias epilogue. 217-235 registers, no spills
+// on sm_80 / sm_90a. Against the other shapes tried: 8 x 8 per thread at 256 threads came within
+// ~3% either way (ahead on B k-major with BK 16, behind on gelu + bias) but sits at the
+// 128-register cap; one 128 x 256 block per SM was 3-5% slower (at two per SM one block's barrier
+// hides behind the other's FMAs); BK 16 at 128 threads was slower on every case.
 constexpr int kSimtWideBlockM = 128;
 constexpr int kSimtWideBlockN = 128;
 constexpr int kSimtWideBlockK = 8;
@@ -32,13 +32,14 @@ constexpr int kSimtWideThreadM = 8;    // outputs per thread along m: rows r..r+
 constexpr int kSimtWideThreadN = 16;   // along n: four runs of 4 columns, 16 apart
 constexpr int kSimtWideThreads = 128;  // 2 x 2 warps, lanes 8 (m) x 4 (n)
 constexpr int kSimtWideMinBlocks = 2;
-// sA[k][m] and sB[k][n] rows padded by 4 floats (as gemm_simt.cuh's kSimtStride): 132 = 4 mod 32 banks keeps the
-// transposing stores conflict-free, and rows stay 16-byte aligned for float4.
+// sA[k][m] and sB[k][n] rows padded by 4 floats (as gemm_simt.cuh's kSimtStride): 132 = 4 mod 32
+// banks keeps the transposing stores conflict-free, and rows stay 16-byte aligned for float4.
 constexpr int kSimtWideStride = kSimtWideBlockM + 4;
-constexpr int kSimtWideBufFloats = kSimtWideBlockK * kSimtWideStride;     // one buffer of one operand
-constexpr int kSimtWideSmemBytes = 2 * 2 * kSimtWideBufFloats * 4;        // 16,896 bytes
+constexpr int kSimtWideBufFloats = kSimtWideBlockK * kSimtWideStride;  // one buffer of one operand
+constexpr int kSimtWideSmemBytes = 2 * 2 * kSimtWideBufFloats * 4;     // 16,896 bytes
 static_assert(kSimtWideBlockM == kSimtWideBlockN, "one row stride for sA and sB");
-static_assert(kSimtWideBlockM == 2 * 8 * kSimtWideThreadM && kSimtWideBlockN == 2 * 4 * kSimtWideThreadN,
+static_assert(kSimtWideBlockM == 2 * 8 * kSimtWideThreadM &&
+                  kSimtWideBlockN == 2 * 4 * kSimtWideThreadN,
               "2 x 2 warps of 8 x 4 lanes cover the block tile");
 static_assert(kSimtWideSmemBytes <= 48 * 1024, "dynamic shared memory above 48 KB needs an opt-in");
 
@@ -53,8 +54,8 @@ struct SimtWideKLoader {
   unsigned row_ok;   // bit h: chunk h's row is inside
   int k_off;         // 4 (t % 2)
 
-  __device__ __forceinline__ void init(const float* base, int64_t stride, int64_t outer0, int64_t outer_size,
-                                       int tid) {
+  __device__ __forceinline__ void init(const float* base, int64_t stride, int64_t outer0,
+                                       int64_t outer_size, int tid) {
     const int64_t row = outer0 + tid / 2;
     row_ok = 0;
 #pragma unroll
@@ -92,14 +93,15 @@ struct SimtWideKLoader {
 // 4 (t % 32); stored as they are (a warp writes one 512-byte row run).
 struct SimtWideNLoader {
   static constexpr int kChunks = 2;
-  static constexpr int kPerRow = kSimtWideBlockN / 4;           // threads per k row
-  static constexpr int kRowStep = kSimtWideThreads / kPerRow;   // k rows between chunks
+  static constexpr int kPerRow = kSimtWideBlockN / 4;          // threads per k row
+  static constexpr int kRowStep = kSimtWideThreads / kPerRow;  // k rows between chunks
   const float* src;  // k row t/32 of the next k tile to load, column n0 + 4 (t % 32)
   int64_t stride_k;
-  int k_row;         // t / 32
+  int k_row;  // t / 32
   bool col_ok;
 
-  __device__ __forceinline__ void init(const float* base, int64_t stride, int64_t n0, int64_t n, int tid) {
+  __device__ __forceinline__ void init(const float* base, int64_t stride, int64_t n0, int64_t n,
+                                       int tid) {
     const int64_t col = n0 + (tid % kPerRow) * 4;
     col_ok = col < n;
     k_row = tid / kPerRow;
@@ -118,7 +120,8 @@ struct SimtWideNLoader {
   __device__ __forceinline__ void store(float* s, const float4 (&v)[kChunks], int tid) const {
 #pragma unroll
     for (int h = 0; h < kChunks; ++h)
-      *reinterpret_cast<float4*>(s + (k_row + kRowStep * h) * kSimtWideStride + (tid % kPerRow) * 4) = v[h];
+      *reinterpret_cast<float4*>(s + (k_row + kRowStep * h) * kSimtWideStride +
+                                 (tid % kPerRow) * 4) = v[h];
   }
 };
 
@@ -132,9 +135,9 @@ struct SimtWideNLoader {
 //
 // Main loop, per k tile: the next tile's float4s are loaded into registers at kk = 0, stored into
 // the idle buffer (sA / sB double-buffered) at kk = 7, then the one barrier; fragments are
-// double-buffered in registers across kk. No branches: loads past k are masked off (k_left <= 0) and
-// their zeros go to the idle buffer. Loading a whole tile earlier instead (staging registers live
-// through the loop) measured 0.87x instead of 0.90x cuBLAS on B k-major and spilled on sm_80.
+// double-buffered in registers across kk. No branches: loads past k are masked off (k_left <= 0)
+// and their zeros go to the idle buffer. Loading a whole tile earlier instead (staging registers
+// live through the loop) measured 0.87x instead of 0.90x cuBLAS on B k-major and spilled on sm_80.
 // k == 0 runs no k tile and writes act(bias).
 template <bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(kSimtWideThreads, kSimtWideMinBlocks)
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kSimtWideThreads, kSimtWideMinBlocks)
   // float, not the tensor-core kernel's byte array: that form changes the fragment address
   // arithmetic (different SASS and register counts) from the code that was measured.
   extern __shared__ __align__(16) float smem_f32[];
-  float* const s_a = smem_f32;                      // [2][kBK][kStride]: sA[k][m]
+  float* const s_a = smem_f32;                           // [2][kBK][kStride]: sA[k][m]
   float* const s_b = smem_f32 + 2 * kSimtWideBufFloats;  // [2][kBK][kStride]: sB[k][n]
 
   const float* __restrict__ a = static_cast<const float*>(args.a);
@@ -187,7 +190,8 @@ __global__ void __launch_bounds__(kSimtWideThreads, kSimtWideMinBlocks)
     *reinterpret_cast<float4*>(&fa[f][4]) = *reinterpret_cast<const float4*>(sa + row_base + 32);
 #pragma unroll
     for (int g = 0; g < kTN / 4; ++g)
-      *reinterpret_cast<float4*>(&fb[f][4 * g]) = *reinterpret_cast<const float4*>(sb + col_base + 16 * g);
+      *reinterpret_cast<float4*>(&fb[f][4 * g]) =
+          *reinterpret_cast<const float4*>(sb + col_base + 16 * g);
   };
   load_frags(0, s_a, s_b);
 
@@ -283,9 +287,11 @@ cudaError_t launch_simt_wide(const GemmArgs& args, cudaStream_t stream) {
       args.batch * ceil_div(args.m, kSimtWideBlockM) * ceil_div(args.n, kSimtWideBlockN);
   const unsigned grid = static_cast<unsigned>(num_tiles);  // one block per tile (simt_wide_fits)
   if (args.b_k_major)
-    gemm_simt_wide_kernel<true, kAct, kHasBias><<<grid, kSimtWideThreads, kSimtWideSmemBytes, stream>>>(args);
+    gemm_simt_wide_kernel<true, kAct, kHasBias>
+        <<<grid, kSimtWideThreads, kSimtWideSmemBytes, stream>>>(args);
   else
-    gemm_simt_wide_kernel<false, kAct, kHasBias><<<grid, kSimtWideThreads, kSimtWideSmemBytes, stream>>>(args);
+    gemm_simt_wide_kernel<false, kAct, kHasBias>
+        <<<grid, kSimtWideThreads, kSimtWideSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

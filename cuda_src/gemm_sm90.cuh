@@ -12,14 +12,14 @@
 //     CTA whose producer writes the stage, kWriters of them: both of a pair, three of a 2 x 2).
 //   * warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): cooperative configs give each
 //     kBlockM/2 rows of every tile and the whole kBlockN width (ping-pong: below); per k tile
-//     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps one wgmma group in flight (the stage of k tile
-//     t-1 is released once the group of t is issued and t-1 has retired). Its accumulators start
-//     from the bias (each consumer stages the tile's bias slice in shared memory, loaded during
-//     the previous tile's main loop), so the epilogue from registers is the activation in fp32
-//     (epilogue_pair: apply_activation_16bit, the math of the portable kernels' epilogue),
-//     down-cast, and stores: by TMA from a swizzled staging buffer where C
-//     allows it (kTmaStore configs), else bounds-checked 32-bit stores. The producer meanwhile
-//     fills the ring with the next tile, so loads overlap the epilogue.
+//     of 64 it issues 4 (k16) x kMSub wgmma m64nNk16 with both operands from shared memory, keeps
+//     one wgmma group in flight (the stage of k tile t-1 is released once the group of t is issued
+//     and t-1 has retired). Its accumulators start from the bias (each consumer stages the tile's
+//     bias slice in shared memory, loaded during the previous tile's main loop), so the epilogue
+//     from registers is the activation in fp32 (epilogue_pair: apply_activation_16bit, the math of
+//     the portable kernels' epilogue), down-cast, and stores: by TMA from a swizzled staging buffer
+//     where C allows it (kTmaStore configs), else bounds-checked 32-bit stores. The producer
+//     meanwhile fills the ring with the next tile, so loads overlap the epilogue.
 //   * Ping-pong configs (kPingPong): each consumer owns whole tiles instead of half of each, the
 //     CTA's tiles alternating between the two, and order barriers make their main loops take
 //     turns, so one consumer's epilogue overlaps the other's wgmma (TileConfig says when).
@@ -73,8 +73,8 @@ namespace gemm_sm90 {
 // asynchronously (the store drains during the next tile's main loop) and clipped by TMA at the
 // matrix edges. Taken at run time only where C suits TMA (KernelParams::c_tma), else the direct
 // stores.
-template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false, bool kTmaStore_ = false,
-          int kCluster_ = 1, int kClusterN_ = (kCluster_ == 4 ? 2 : 1)>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_ = false,
+          bool kTmaStore_ = false, int kCluster_ = 1, int kClusterN_ = (kCluster_ == 4 ? 2 : 1)>
 struct TileConfig {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
@@ -91,13 +91,13 @@ struct TileConfig {
   static constexpr int kCluster = kCluster_;
   static constexpr int kClusterN = kClusterN_;                // CTAs along n (sharing A)
   static constexpr int kClusterM = kCluster / kClusterN;      // CTAs along m (sharing B)
-  static constexpr int kWriters = kClusterM + kClusterN - 1;      // CTAs loading into one ring
+  static constexpr int kWriters = kClusterM + kClusterN - 1;  // CTAs loading into one ring
   static constexpr int kBlockK = 64;  // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
   static constexpr int kWgRows = kPingPong ? kBlockM : kBlockM / kConsumerWGs;  // rows per consumer
-  static constexpr int kMSub = kWgRows / 64;              // m64 wgmma rows per consumer
-  static constexpr int kAccRegs = kBlockN / 2;            // fp32 accumulators per m64 per thread
+  static constexpr int kMSub = kWgRows / 64;    // m64 wgmma rows per consumer
+  static constexpr int kAccRegs = kBlockN / 2;  // fp32 accumulators per m64 per thread
   static constexpr int kStageBytesA = kBlockM * kBlockK * 2;
   static constexpr int kStageBytesB = kBlockN * kBlockK * 2;
   static constexpr int kStageBytes = kStageBytesA + kStageBytesB;
@@ -109,8 +109,9 @@ struct TileConfig {
   static constexpr int kBiasBufBytes = kBlockN * 4;
   // Ring, C staging, bias slices, then full[], empty[] and the two order mbarriers; +1024 for
   // aligning the dynamic base to 1024 bytes.
-  static constexpr int kSmemBytes = kStages * kStageBytes + kConsumerWGs * (kCBufBytes + kBiasBufBytes) +
-                                    2 * kStages * 8 + 2 * 8 + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes +
+                                    kConsumerWGs * (kCBufBytes + kBiasBufBytes) + 2 * kStages * 8 +
+                                    2 * 8 + 1024;
   // setmaxnreg moves registers inside the CTA's launch allocation (168 x 384 = 64512 at the
   // __launch_bounds__(384, 1) cap): the producer frees 128 x (168 - 40) = 16384, exactly the
   // 256 x (232 - 168) the consumers take. ptxas still compiles the whole kernel under the entry cap
@@ -127,11 +128,14 @@ struct TileConfig {
   static_assert(kMSub * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "clusters of 1, 2 or 2 x 2 CTAs");
-  static_assert(kClusterM * kClusterN == kCluster && kClusterN <= 2 && kClusterM <= 2, "1 x 1, 2 x 1, 1 x 2, 2 x 2");
-  static_assert(kClusterN == 1 || kBlockM % 16 == 0, "A splits into halves of whole 8-row swizzle atoms");
+  static_assert(kClusterM * kClusterN == kCluster && kClusterN <= 2 && kClusterM <= 2,
+                "1 x 1, 2 x 1, 1 x 2, 2 x 2");
+  static_assert(kClusterN == 1 || kBlockM % 16 == 0,
+                "A splits into halves of whole 8-row swizzle atoms");
   // B's halves: k-major, kBlockN / 2 rows of whole 8-row swizzle atoms; n-major, the 64-wide
   // boxes alternate between the two CTAs (n192: two and one).
-  static_assert(kClusterM == 1 || kBlockN % 128 == 0 || kBlockN == 192, "B splits into whole atoms and boxes");
+  static_assert(kClusterM == 1 || kBlockN % 128 == 0 || kBlockN == 192,
+                "B splits into whole atoms and boxes");
 };
 
 // What launch() uses: the *Tma configs Tile128x256Tma, Tile128x128Tma, PingPong128x128Tma and
@@ -211,8 +215,8 @@ namespace sm90 {
 using namespace ::dualk::sm90;
 
 // prefetch_tensor_map and tma_load_2d live in common.cuh (the fp32 MLP uses them too).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                            uint32_t bar) {
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
@@ -222,18 +226,20 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 
 // The same loads multicast to the cluster's CTAs in `mask`: the box lands at `dst` in each, and
 // completes its bytes on each one's mbarrier at `bar`.
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
-                                               uint16_t mask) {
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                               uint32_t bar, uint16_t mask) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::"
+      "cluster"
       " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
       : "memory");
 }
-__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                               uint32_t bar, uint16_t mask) {
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                               int c2, uint32_t bar, uint16_t mask) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::"
+      "cluster"
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
       : "memory");
@@ -255,27 +261,37 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
       : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
 }
 
 // TMA store of one box from shared memory (bulk-group completion, no mbarrier).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
 }
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(src)
-               : "memory");
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(src)
+      : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 // The committed stores have read their shared memory (the buffer may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 // The committed stores are complete.
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 // Named barrier `id` over `threads` threads (a consumer warpgroup: id 1 + cw, 128).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -296,7 +312,8 @@ __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
 // MLP uses them too).
 
 // Shared-memory matrix descriptor with 128-byte swizzle; byte offsets as in the header comment.
-__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes,
+                                              uint32_t sbo_bytes) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
@@ -304,40 +321,48 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_b
 
 // wgmma.mma_async m64nNk16, fp32 += A (smem, K-major) x B (smem, K-major or N-major when
 // kTransB), scale-d = 1 (the caller zeroes the accumulators). d[i] of thread t (warp w = t / 32
-// of the warpgroup, lane l): row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2.
-// One overload per (n, element type), stamped out by DUALK_DEFINE_WGMMA: the PTX type name is
+// of the warpgroup, lane l): row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i
+// % 2. One overload per (n, element type), stamped out by DUALK_DEFINE_WGMMA: the PTX type name is
 // part of the instruction string, which a template parameter cannot supply. The last argument
 // only selects the type. Operands: the accumulators, then desc_a, desc_b, scale-d, trans-b.
-#define DUALK_DEFINE_WGMMA(ACC_COUNT, N, CTYPE, PTX_TYPE, REGS, ACCS, DESC_A, DESC_B, SCALE_D, TRANS_B) \
-  template <int kTransB>                                                                         \
-  __device__ __forceinline__ void wgmma_m64k16(float(&d)[ACC_COUNT], uint64_t desc_a,             \
-                                               uint64_t desc_b, CTYPE) {                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D ", 0;\n"                             \
+#define DUALK_DEFINE_WGMMA(ACC_COUNT, N, CTYPE, PTX_TYPE, REGS, ACCS, DESC_A, DESC_B, SCALE_D,     \
+                           TRANS_B)                                                                \
+  template <int kTransB>                                                                           \
+  __device__ __forceinline__ void wgmma_m64k16(float (&d)[ACC_COUNT], uint64_t desc_a,             \
+                                               uint64_t desc_b, CTYPE) {                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D                                       \
+                 ", 0;\n"                                                                          \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS \
                  "}, " DESC_A ", " DESC_B ", p, 1, 1, 0, " TRANS_B ";\n}\n"                        \
-                 : ACCS                                                                          \
-                 : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));                              \
+                 : ACCS                                                                            \
+                 : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransB));                                \
   }
 
-DUALK_DEFINE_WGMMA(32, 64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35")
-DUALK_DEFINE_WGMMA(32, 64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33", "%34", "%35")
-DUALK_DEFINE_WGMMA(64, 128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
-DUALK_DEFINE_WGMMA(64, 128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65", "%66", "%67")
-DUALK_DEFINE_WGMMA(96, 192, __half, "f16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96", "%97", "%98", "%99")
-DUALK_DEFINE_WGMMA(96, 192, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96", "%97", "%98", "%99")
-DUALK_DEFINE_WGMMA(128, 256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131")
-DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128", "%129", "%130", "%131")
+DUALK_DEFINE_WGMMA(32, 64, __half, "f16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32", "%33",
+                   "%34", "%35")
+DUALK_DEFINE_WGMMA(32, 64, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_31, DUALK_ASM_ACC_0_31, "%32",
+                   "%33", "%34", "%35")
+DUALK_DEFINE_WGMMA(64, 128, __half, "f16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64", "%65",
+                   "%66", "%67")
+DUALK_DEFINE_WGMMA(64, 128, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_63, DUALK_ASM_ACC_0_63, "%64",
+                   "%65", "%66", "%67")
+DUALK_DEFINE_WGMMA(96, 192, __half, "f16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96", "%97",
+                   "%98", "%99")
+DUALK_DEFINE_WGMMA(96, 192, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96",
+                   "%97", "%98", "%99")
+DUALK_DEFINE_WGMMA(128, 256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128",
+                   "%129", "%130", "%131")
+DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127,
+                   "%128", "%129", "%130", "%131")
 #undef DUALK_DEFINE_WGMMA
 }  // namespace sm90
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
 
 // ------------------------------------------------------------------ kernel
 
 // The epilogue's math, shared by its two store paths: act(acc) in fp32 per element (the bias is
 // already in the accumulators).
-template <Activation kAct>
-__device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1) {
+template <Activation kAct> __device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1) {
   return make_float2(apply_activation_16bit<kAct>(acc0), apply_activation_16bit<kAct>(acc1));
 }
 
@@ -345,8 +370,8 @@ __device__ __forceinline__ float2 epilogue_pair(float acc0, float acc1) {
 // tiles (kGroupM rows of them column by column): tile row kClusterM i + rank_m, column
 // kClusterN j + rank_n (past the last row or column: a tile of zeros, stored nowhere).
 template <typename Cfg>
-__device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int rank_m, int rank_n, int& batch,
-                                           int& tile_m, int& tile_n) {
+__device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int rank_m, int rank_n,
+                                           int& batch, int& tile_m, int& tile_n) {
   const int per_batch = p.tiles_m * p.tiles_n;
   batch = tile / per_batch;
   const int t = tile - batch * per_batch;
@@ -365,15 +390,17 @@ __device__ __forceinline__ void tile_coord(int tile, const KernelParams& p, int 
 // (n, k[, batch]) box 64 x 64, kBlockN / 64 per stage.
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a,
+                     const __grid_constant__ CUtensorMap tmap_b,
                      const __grid_constant__ CUtensorMap tmap_c, const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   constexpr int kStages = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024 B
-  const uint32_t c_buf = smem + kStages * Cfg::kStageBytes;  // kConsumerWGs x kCBufBytes
-  const uint32_t bias_buf = c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;  // kConsumerWGs x kBiasBufBytes
+  const uint32_t c_buf = smem + kStages * Cfg::kStageBytes;     // kConsumerWGs x kCBufBytes
+  const uint32_t bias_buf =
+      c_buf + Cfg::kConsumerWGs * Cfg::kCBufBytes;  // kConsumerWGs x kBiasBufBytes
   const uint32_t full_bar = bias_buf + Cfg::kConsumerWGs * Cfg::kBiasBufBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
   // Ping-pong only: order_bar + 8 c is where consumer c waits for its turn at the main loop.
@@ -392,8 +419,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fence_barrier_init();
   }
   // Pairs: the peer's multicast and arrivals may target this CTA's barriers once it passes here.
-  if constexpr (Cfg::kCluster > 1) cluster_sync();
-  else __syncthreads();
+  if constexpr (Cfg::kCluster > 1)
+    cluster_sync();
+  else
+    __syncthreads();
   // Clusters walk cluster tiles: p.tiles_m (p.tiles_n) counts them along m (n), and CTA rank r
   // takes tile row kClusterM i + rank_m and tile column kClusterN j + rank_n (pairs along m:
   // (2 i + r, j); along n: (i, 2 j + r)).
@@ -426,12 +455,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kClusterN > 1) {
           // This CTA's half of A's rows (the map's box), into both CTAs of its tile row.
           const int half = rank_n * (Cfg::kBlockM / 2);
-          const uint16_t row_mates = static_cast<uint16_t>((1u << rank) | (1u << (rank ^ Cfg::kClusterM)));
-          if (p.a_batched) tma_load_3d_mc(sa + half * 128, &tmap_a, k0, m0 + half, batch, bar, row_mates);
-          else tma_load_2d_mc(sa + half * 128, &tmap_a, k0, m0 + half, bar, row_mates);
+          const uint16_t row_mates =
+              static_cast<uint16_t>((1u << rank) | (1u << (rank ^ Cfg::kClusterM)));
+          if (p.a_batched)
+            tma_load_3d_mc(sa + half * 128, &tmap_a, k0, m0 + half, batch, bar, row_mates);
+          else
+            tma_load_2d_mc(sa + half * 128, &tmap_a, k0, m0 + half, bar, row_mates);
         } else {
-          if (p.a_batched) tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
-          else tma_load_2d(sa, &tmap_a, k0, m0, bar);
+          if (p.a_batched)
+            tma_load_3d(sa, &tmap_a, k0, m0, batch, bar);
+          else
+            tma_load_2d(sa, &tmap_a, k0, m0, bar);
         }
         if constexpr (Cfg::kClusterM > 1) {
           // This CTA's half of B, into both CTAs of its tile column (k-major: rows
@@ -441,23 +475,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               Cfg::kCluster == 2 ? 0x3 : static_cast<uint16_t>((1u << rank) | (1u << (rank ^ 1)));
           if constexpr (kBKMajor) {
             const int half = rank_m * (Cfg::kBlockN / 2);
-            if (p.b_batched) tma_load_3d_mc(sb + half * 128, &tmap_b, k0, n0 + half, batch, bar, kBoth);
-            else tma_load_2d_mc(sb + half * 128, &tmap_b, k0, n0 + half, bar, kBoth);
+            if (p.b_batched)
+              tma_load_3d_mc(sb + half * 128, &tmap_b, k0, n0 + half, batch, bar, kBoth);
+            else
+              tma_load_2d_mc(sb + half * 128, &tmap_b, k0, n0 + half, bar, kBoth);
           } else {
 #pragma unroll
             for (int nb = rank_m; nb < Cfg::kBlockN / 64; nb += 2) {
-              if (p.b_batched) tma_load_3d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar, kBoth);
-              else tma_load_2d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar, kBoth);
+              if (p.b_batched)
+                tma_load_3d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar, kBoth);
+              else
+                tma_load_2d_mc(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar, kBoth);
             }
           }
         } else if constexpr (kBKMajor) {
-          if (p.b_batched) tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
-          else tma_load_2d(sb, &tmap_b, k0, n0, bar);
+          if (p.b_batched)
+            tma_load_3d(sb, &tmap_b, k0, n0, batch, bar);
+          else
+            tma_load_2d(sb, &tmap_b, k0, n0, bar);
         } else {
 #pragma unroll
           for (int nb = 0; nb < Cfg::kBlockN / 64; ++nb) {
-            if (p.b_batched) tma_load_3d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar);
-            else tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
+            if (p.b_batched)
+              tma_load_3d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, batch, bar);
+            else
+              tma_load_2d(sb + nb * 8192, &tmap_b, n0 + nb * 64, k0, bar);
           }
         }
         if (++stage == kStages) {
@@ -523,18 +565,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // tile's start.
     const uint32_t my_bias = bias_buf + cw * Cfg::kBiasBufBytes;
     constexpr int kBiasCols = (Cfg::kBlockN + 127) / 128;
-    auto in_tile = [tid_wg](int i) { return Cfg::kBlockN % 128 == 0 || tid_wg + 128 * i < Cfg::kBlockN; };
+    auto in_tile = [tid_wg](int i) {
+      return Cfg::kBlockN % 128 == 0 || tid_wg + 128 * i < Cfg::kBlockN;
+    };
     float bias_next[kBiasCols];
     auto load_bias = [&](int64_t tile_of) {
       int b_ = 0, tm_ = 0, tn_ = 0;
-      if (tile_of < p.num_tiles) tile_coord<Cfg>(static_cast<int>(tile_of), p, rank_m, rank_n, b_, tm_, tn_);
+      if (tile_of < p.num_tiles)
+        tile_coord<Cfg>(static_cast<int>(tile_of), p, rank_m, rank_n, b_, tm_, tn_);
 #pragma unroll
       for (int i = 0; i < kBiasCols; ++i) {
         const int col = tn_ * Cfg::kBlockN + tid_wg + 128 * i;
-        bias_next[i] = tile_of < p.num_tiles && in_tile(i) && col < p.n ? to_float<T>(bias[col]) : 0.f;
+        bias_next[i] =
+            tile_of < p.num_tiles && in_tile(i) && col < p.n ? to_float<T>(bias[col]) : 0.f;
       }
     };
-    if constexpr (kHasBias) load_bias(first_tile + static_cast<int64_t>(Cfg::kPingPong ? cw : 0) * tile_stride);
+    if constexpr (kHasBias)
+      load_bias(first_tile + static_cast<int64_t>(Cfg::kPingPong ? cw : 0) * tile_stride);
     for (int local = Cfg::kPingPong ? cw : 0;; local += kTileStep) {
       const int64_t tile64 = first_tile + static_cast<int64_t>(local) * tile_stride;
       if (tile64 >= p.num_tiles) break;
@@ -575,7 +622,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int64_t pos = static_cast<int64_t>(local) * p.k_tiles;
         stage = static_cast<int>(pos % kStages);
         phase = static_cast<uint32_t>((pos / kStages) & 1);
-        if (local >= 1) mbar_wait(order_bar + 8 * cw, static_cast<uint32_t>(((local - 1) >> 1) & 1));
+        if (local >= 1)
+          mbar_wait(order_bar + 8 * cw, static_cast<uint32_t>(((local - 1) >> 1) & 1));
       }
 
       int prev_stage = 0;
@@ -619,7 +667,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // block j, rows 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1): acc[ms][4 j + 2 h + e].
       const int m_left = p.m - tile_m * Cfg::kBlockM;
       const int n_left = p.n - tile_n * Cfg::kBlockN;
-      T* c_tile = c + batch * p.stride_c_batch + static_cast<int64_t>(tile_m) * Cfg::kBlockM * p.stride_cm +
+      T* c_tile = c + batch * p.stride_c_batch +
+                  static_cast<int64_t>(tile_m) * Cfg::kBlockM * p.stride_cm +
                   static_cast<int64_t>(tile_n) * Cfg::kBlockN;
       const int row_base = row0 + warp * 16 + lane / 4;
       const int col_base = 2 * (lane % 4);
@@ -654,8 +703,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               if (b * 64 >= n_left) break;  // boxes wholly right of C: nothing to store
               const int n0 = tile_n * Cfg::kBlockN + b * 64;
               const uint32_t src = my_buf + b * (Cfg::kWgRows * 128);
-              if (p.c_batched) tma_store_3d(&tmap_c, src, n0, m0, batch);
-              else tma_store_2d(&tmap_c, src, n0, m0);
+              if (p.c_batched)
+                tma_store_3d(&tmap_c, src, n0, m0, batch);
+              else
+                tma_store_2d(&tmap_c, src, n0, m0);
             }
             bulk_commit();
           }
@@ -721,10 +772,10 @@ inline bool tma_stride_ok(int64_t size, int64_t stride_elems) {
 // unit stride along `inner`; box 64 (inner) x box_outer, 128-byte swizzle, zero fill outside.
 // Operands (A, B) are read with L2 promotion; C's map (TMA stores from the epilogue's staging
 // layout, clipped at C's edges) passes CU_TENSOR_MAP_L2_PROMOTION_NONE.
-inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, int64_t inner, int64_t outer,
-                             int64_t stride_outer, bool batched, int64_t batch, int64_t stride_batch,
-                             uint32_t box_outer,
-                             CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+inline bool make_operand_map(
+    CUtensorMap* map, DType dtype, const void* base, int64_t inner, int64_t outer,
+    int64_t stride_outer, bool batched, int64_t batch, int64_t stride_batch, uint32_t box_outer,
+    CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   const EncodeTiledFn encode = encode_tiled_fn();
   if (encode == nullptr) return false;
   const int64_t row_bytes = (inner * 2 + 15) / 16 * 16;
@@ -734,10 +785,12 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
                                  static_cast<cuuint64_t>(stride_batch * 2)};
   const cuuint32_t box[3] = {64, box_outer, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r =
-      encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             batched ? 3 : 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map,
+                            dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            batched ? 3 : 2, const_cast<void*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -746,7 +799,8 @@ inline bool make_operand_map(CUtensorMap* map, DType dtype, const void* base, in
 template <typename T, typename Cfg, bool kBKMajor, Activation kAct, bool kHasBias>
 int resident_clusters() {
   static_assert(Cfg::kCluster > 1, "single CTAs need no cluster query");
-  const void* kernel = reinterpret_cast<const void*>(gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>);
+  const void* kernel =
+      reinterpret_cast<const void*>(gemm_sm90_kernel<T, Cfg, kBKMajor, kAct, kHasBias>);
   if (ensure_dynamic_smem(kernel, Cfg::kSmemBytes) != cudaSuccess) return 0;
   return max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
 }
@@ -764,20 +818,22 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     max_clusters = resident_clusters<T, Cfg, kBKMajor, kAct, kHasBias>();
     if (max_clusters < 1) return cudaErrorInvalidConfiguration;
   } else {
-    const cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+    const cudaError_t err =
+        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   const bool a_batched = args.batch > 1 && args.stride_a_batch != 0;
   const bool b_batched = args.batch > 1 && args.stride_b_batch != 0;
   CUtensorMap map_a, map_b;
-  if (!make_operand_map(&map_a, args.dtype, args.a, args.k, args.m, args.stride_am, a_batched, args.batch,
-                        args.stride_a_batch, Cfg::kBlockM / Cfg::kClusterN))
+  if (!make_operand_map(&map_a, args.dtype, args.a, args.k, args.m, args.stride_am, a_batched,
+                        args.batch, args.stride_a_batch, Cfg::kBlockM / Cfg::kClusterN))
     return cudaErrorInvalidValue;
   const bool b_ok =
-      kBKMajor ? make_operand_map(&map_b, args.dtype, args.b, args.k, args.n, args.stride_b_outer, b_batched,
-                                  args.batch, args.stride_b_batch, Cfg::kBlockN / Cfg::kClusterM)
-               : make_operand_map(&map_b, args.dtype, args.b, args.n, args.k, args.stride_b_outer, b_batched,
-                                  args.batch, args.stride_b_batch, 64);
+      kBKMajor ? make_operand_map(&map_b, args.dtype, args.b, args.k, args.n, args.stride_b_outer,
+                                  b_batched, args.batch, args.stride_b_batch,
+                                  Cfg::kBlockN / Cfg::kClusterM)
+               : make_operand_map(&map_b, args.dtype, args.b, args.n, args.k, args.stride_b_outer,
+                                  b_batched, args.batch, args.stride_b_batch, 64);
   if (!b_ok) return cudaErrorInvalidValue;
 
   // C by TMA (configs with kTmaStore): 16-byte aligned base and row / batch strides, as for A
@@ -788,8 +844,9 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
   if constexpr (Cfg::kTmaStore) {
     c_tma = is_aligned16(args.c) && tma_stride_ok(args.m, args.stride_cm) &&
             (!c_batched || tma_stride_ok(args.batch, args.stride_c_batch)) &&
-            make_operand_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched, args.batch,
-                             args.stride_c_batch, Cfg::kWgRows, CU_TENSOR_MAP_L2_PROMOTION_NONE);
+            make_operand_map(&map_c, args.dtype, args.c, args.n, args.m, args.stride_cm, c_batched,
+                             args.batch, args.stride_c_batch, Cfg::kWgRows,
+                             CU_TENSOR_MAP_L2_PROMOTION_NONE);
   }
 
   KernelParams p;
@@ -829,7 +886,8 @@ cudaError_t launch_config(const GemmArgs& args, cudaStream_t stream) {
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
-    config.gridDim = dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_clusters)));
+    config.gridDim =
+        dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_clusters)));
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, p);
   }
 }
@@ -848,11 +906,14 @@ inline bool can_run(const GemmArgs& args) {
       args.batch > detail::kMaxInt)
     return false;
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr) return false;
-  if ((reinterpret_cast<uintptr_t>(args.a) | reinterpret_cast<uintptr_t>(args.b)) % 16 != 0) return false;
+  if ((reinterpret_cast<uintptr_t>(args.a) | reinterpret_cast<uintptr_t>(args.b)) % 16 != 0)
+    return false;
   if (!detail::tma_stride_ok(args.m, args.stride_am)) return false;
   if (!detail::tma_stride_ok(args.b_k_major ? args.n : args.k, args.stride_b_outer)) return false;
-  if (args.stride_a_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_a_batch)) return false;
-  if (args.stride_b_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_b_batch)) return false;
+  if (args.stride_a_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_a_batch))
+    return false;
+  if (args.stride_b_batch != 0 && !detail::tma_stride_ok(args.batch, args.stride_b_batch))
+    return false;
   if (args.stride_a_batch < 0 || args.stride_b_batch < 0) return false;
   // Tile counts (of the smallest tile launch() may pick) must fit the kernel's int tile index.
   if (args.batch * ceil_div(args.m, 64) * ceil_div(args.n, 128) > detail::kMaxInt) return false;
@@ -888,23 +949,25 @@ inline bool can_run(const GemmArgs& args) {
 // A GPC holds whole clusters, so only 30 of them fit on an H100's 132 SMs; a second wave for the
 // last few costs more than the multicast saves (1000^3 needs 32: 15.8 us against pairs' 13.5).
 enum class TileChoice {
-  k128x256,              // Tile128x256Tma
-  k128x256Pair,          // Tile128x256TmaC2, else Tile128x256Tma
-  kPingPong128x128,      // PingPong128x128Tma
-  kPingPong64x128,       // PingPong64x128Tma
-  kPingPong64x128Pair,   // PingPong64x128TmaC2, else the few-tile single config below
-  kPingPong64x128Quad,   // PingPong64x128TmaC4, else as kPingPong64x128Pair
-  k128x128,              // Tile128x128Tma
+  k128x256,             // Tile128x256Tma
+  k128x256Pair,         // Tile128x256TmaC2, else Tile128x256Tma
+  kPingPong128x128,     // PingPong128x128Tma
+  kPingPong64x128,      // PingPong64x128Tma
+  kPingPong64x128Pair,  // PingPong64x128TmaC2, else the few-tile single config below
+  kPingPong64x128Quad,  // PingPong64x128TmaC4, else as kPingPong64x128Pair
+  k128x128,             // Tile128x128Tma
 };
 
 // Host arithmetic only (tests/test_cuda_host_logic.py runs it on the CPU). resident_quads() is
 // how many 2 x 2 clusters of PingPong64x128TmaC4 fit at once (an occupancy query, asked only
 // where the answer matters; < 1 where clusters cannot run).
 template <typename ResidentQuads>
-TileChoice choose_tiles(const GemmArgs& args, bool has_activation, int64_t num_sms, ResidentQuads resident_quads) {
+TileChoice choose_tiles(const GemmArgs& args, bool has_activation, int64_t num_sms,
+                        ResidentQuads resident_quads) {
   const int64_t t256 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 256);
   const int64_t t128 = args.batch * ceil_div(args.m, 128) * ceil_div(args.n, 128);
-  const bool b_rows_off_sector = args.stride_b_outer % 16 != 0;  // can_run: a multiple of 8 elements
+  const bool b_rows_off_sector =
+      args.stride_b_outer % 16 != 0;  // can_run: a multiple of 8 elements
   if (args.n > 128 && 4 * t256 >= 3 * num_sms) {
     if (has_activation && args.k <= 1024) return TileChoice::kPingPong128x128;
     if (b_rows_off_sector && args.m > 128) return TileChoice::k128x256Pair;
@@ -912,8 +975,10 @@ TileChoice choose_tiles(const GemmArgs& args, bool has_activation, int64_t num_s
   }
   if (2 * t128 <= num_sms) {
     if (b_rows_off_sector && args.m > 64) {
-      const int64_t quads = args.batch * ceil_div(ceil_div(args.m, 64), 2) * ceil_div(ceil_div(args.n, 128), 2);
-      if (args.n > 128 && quads <= static_cast<int64_t>(resident_quads())) return TileChoice::kPingPong64x128Quad;
+      const int64_t quads =
+          args.batch * ceil_div(ceil_div(args.m, 64), 2) * ceil_div(ceil_div(args.n, 128), 2);
+      if (args.n > 128 && quads <= static_cast<int64_t>(resident_quads()))
+        return TileChoice::kPingPong64x128Quad;
       return TileChoice::kPingPong64x128Pair;
     }
     if (!has_activation) return TileChoice::kPingPong64x128;
@@ -926,7 +991,8 @@ template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit types only");
   if (!can_run(args)) return cudaErrorInvalidValue;
-  if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16)) return cudaErrorInvalidValue;
+  if (args.dtype != (std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16))
+    return cudaErrorInvalidValue;
   // A config is passed as a value of its (empty) type: run(Tile128x128Tma{}).
   auto run = [&](auto config) {
     using Cfg = decltype(config);
@@ -941,19 +1007,24 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
     return fallback();
   };
   auto resident_quads = [&] {
-    return args.b_k_major ? detail::resident_clusters<T, PingPong64x128TmaC4, true, kAct, kHasBias>()
-                          : detail::resident_clusters<T, PingPong64x128TmaC4, false, kAct, kHasBias>();
+    return args.b_k_major
+               ? detail::resident_clusters<T, PingPong64x128TmaC4, true, kAct, kHasBias>()
+               : detail::resident_clusters<T, PingPong64x128TmaC4, false, kAct, kHasBias>();
   };
   // The few-tile branch's single-CTA config where clusters cannot run: ping-pong 64 x 128, or
   // with an activation cooperative 128 x 128 (as choose_tiles picks on aligned rows).
   auto few_tile_single = [&] {
-    if constexpr (kAct == Activation::kNone) return run(PingPong64x128Tma{});
-    else return run(Tile128x128Tma{});
+    if constexpr (kAct == Activation::kNone)
+      return run(PingPong64x128Tma{});
+    else
+      return run(Tile128x128Tma{});
   };
   auto pair = [&] { return run_cluster_or(PingPong64x128TmaC2{}, few_tile_single); };
   switch (choose_tiles(args, kAct != Activation::kNone, device_props().num_sms, resident_quads)) {
-    case TileChoice::k128x256: return run(Tile128x256Tma{});
-    case TileChoice::k128x256Pair: return run_cluster_or(Tile128x256TmaC2{}, [&] { return run(Tile128x256Tma{}); });
+    case TileChoice::k128x256:
+      return run(Tile128x256Tma{});
+    case TileChoice::k128x256Pair:
+      return run_cluster_or(Tile128x256TmaC2{}, [&] { return run(Tile128x256Tma{}); });
     // (choose_tiles gives these two only with / without an activation: one kernel fewer to build)
     case TileChoice::kPingPong128x128:
       if constexpr (kAct != Activation::kNone) return run(PingPong128x128Tma{});
@@ -961,9 +1032,12 @@ cudaError_t launch(const GemmArgs& args, cudaStream_t stream) {
     case TileChoice::kPingPong64x128:
       if constexpr (kAct == Activation::kNone) return run(PingPong64x128Tma{});
       break;
-    case TileChoice::kPingPong64x128Pair: return pair();
-    case TileChoice::kPingPong64x128Quad: return run_cluster_or(PingPong64x128TmaC4{}, pair);
-    case TileChoice::k128x128: break;
+    case TileChoice::kPingPong64x128Pair:
+      return pair();
+    case TileChoice::kPingPong64x128Quad:
+      return run_cluster_or(PingPong64x128TmaC4{}, pair);
+    case TileChoice::k128x128:
+      break;
   }
   return run(Tile128x128Tma{});
 }

@@ -43,8 +43,9 @@ cudaError_t launch_add(const StridedOperand& a, const StridedOperand& b, void* o
 cudaError_t launch_relu_scale(const StridedOperand& x, void* out, const ElementwiseShape& shape,
                               bool dense, float scale, DType dtype, cudaStream_t stream);
 
-// ---------------------------------------------------------------- GEMM family (matmul, linear_gelu, linear_glu)
-// C[b] = act(A[b] @ B[b] + bias), fp32 accumulation, act and bias applied before the down-cast.
+// ---------------------------------------------------------------- GEMM family (matmul,
+// linear_gelu, linear_glu) C[b] = act(A[b] @ B[b] + bias), fp32 accumulation, act and bias applied
+// before the down-cast.
 //   A: (m, k) with unit stride along k (row stride stride_am).
 //   B: (k, n). b_k_major = false: unit stride along n, row stride stride_b_outer (= stride_bk).
 //              b_k_major = true:  unit stride along k (B = W^T for a row-major W of shape (n, k)),
@@ -106,8 +107,8 @@ constexpr int kMaxMlpLayers = 8;
 
 // out = L_{n-1}(act(... act(L_0(x)))) with L_i(h) = h @ W_i^T + b_i, all in one launch.
 //   x: (m, widths[0]) with unit stride along features, row stride stride_xm.
-//   weights[i]: (widths[i+1], widths[i]) row-major contiguous; biases[i]: (widths[i+1],) or nullptr.
-//   out: (m, widths[num_layers]) contiguous.
+//   weights[i]: (widths[i+1], widths[i]) row-major contiguous; biases[i]: (widths[i+1],) or
+//   nullptr. out: (m, widths[num_layers]) contiguous.
 struct FusedMlpArgs {
   const void* x;
   int64_t stride_xm;

@@ -50,11 +50,13 @@ constexpr int kSimtThreads = 256;
 
 template <typename T>
 __device__ __forceinline__ float load_b(const T* b, const GemmArgs& args, int64_t kk, int64_t col) {
-  return to_float<T>(args.b_k_major ? b[col * args.stride_b_outer + kk] : b[kk * args.stride_b_outer + col]);
+  return to_float<T>(args.b_k_major ? b[col * args.stride_b_outer + kk]
+                                    : b[kk * args.stride_b_outer + col]);
 }
 
 template <typename T, Activation kAct>
-__global__ void __launch_bounds__(kSimtThreads) glu_simt_kernel(const GemmArgs gate, const GemmArgs up) {
+__global__ void __launch_bounds__(kSimtThreads)
+    glu_simt_kernel(const GemmArgs gate, const GemmArgs up) {
   __shared__ float xs[kSimtK][kSimtTile + 1];
   __shared__ float gs[kSimtK][kSimtTile + 1];
   __shared__ float us[kSimtK][kSimtTile + 1];
@@ -124,8 +126,7 @@ __global__ void __launch_bounds__(kSimtThreads) glu_simt_kernel(const GemmArgs g
 // rows of the weights (both k-major), as one B tile of 2 kHalfN rows; the output tile is
 // kBlockM x kHalfN. Two consumer warpgroups (cooperative, kBlockM / 2 = 64 rows each) and one
 // producer warpgroup, one CTA per SM, persistent over output tiles (gemm_sm90's tile order).
-template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_>
-struct GluTile {
+template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTile {
   static constexpr int kBlockM = kBlockM_, kHalfN = kHalfN_, kStages = kStages_;
   static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kBlockN = 2 * kHalfN;  // accumulator columns: [gate | up]
@@ -141,7 +142,8 @@ struct GluTile {
   // One staging buffer per consumer: kWgRows x kHalfN as kHalfN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kHalfN * 2 : 0;
   // Ring, C staging, full[] and empty[]; +1024 for aligning the dynamic base to 1024 bytes.
-  static constexpr int kSmemBytes = kStages * kStageBytes + kConsumerWGs * kCBufBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kConsumerWGs * kCBufBytes + 2 * kStages * 8 + 1024;
   // As gemm_sm90::TileConfig: the producer's registers go to the consumers.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -175,13 +177,13 @@ struct Sm90Params {
   int c_tma;  // tmap_c is valid (kTmaStore configs only)
 };
 
-template <typename T>
-__device__ __forceinline__ float bias_at(const void* bias, int64_t col) {
+template <typename T> __device__ __forceinline__ float bias_at(const void* bias, int64_t col) {
   return bias != nullptr ? to_float<T>(static_cast<const T*>(bias)[col]) : 0.f;
 }
 
 // The same grouped order as gemm_sm90 (kGroupM tile rows walked column by column).
-__device__ __forceinline__ void glu_tile_coord(int tile, const Sm90Params& p, int& tile_m, int& tile_n) {
+__device__ __forceinline__ void glu_tile_coord(int tile, const Sm90Params& p, int& tile_m,
+                                               int& tile_n) {
   constexpr int kGroupM = gemm_sm90::kGroupM;
   const int per_group = kGroupM * p.tiles_n;
   const int first_m = (tile / per_group) * kGroupM;
@@ -196,9 +198,10 @@ __device__ __forceinline__ void glu_tile_coord(int tile, const Sm90Params& p, in
 // cooperative, unclustered, k-major-B case; only the producer's B loads and the epilogue differ.
 template <typename T, typename Cfg, Activation kAct>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    linear_glu_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_g,
-                           const __grid_constant__ CUtensorMap tmap_u, const __grid_constant__ CUtensorMap tmap_c,
-                           const Sm90Params p) {
+    linear_glu_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x,
+                           const __grid_constant__ CUtensorMap tmap_g,
+                           const __grid_constant__ CUtensorMap tmap_u,
+                           const __grid_constant__ CUtensorMap tmap_c, const Sm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace gemm_sm90::sm90;
   constexpr int kStages = Cfg::kStages;
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* __restrict__ c = static_cast<T*>(p.c);
     const uint64_t desc_a0 = make_desc(smem + row0 * 128, 16, 1024);
     const uint64_t desc_b0 = make_desc(smem + Cfg::kStageBytesA, 16, 1024);
-    constexpr uint32_t kStepB = 32;  // bytes per k16 step inside a k-major row
+    constexpr uint32_t kStepB = 32;             // bytes per k16 step inside a k-major row
     constexpr int kHalfCols = Cfg::kHalfN / 8;  // n8 column blocks per half
 
     int stage = 0;
@@ -345,7 +348,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int b = 0; b < Cfg::kHalfN / 64; ++b) {
               if (b * 64 >= n_left) break;  // boxes wholly right of C: nothing to store
-              tma_store_2d(&tmap_c, my_buf + b * (Cfg::kWgRows * 128), static_cast<int>(col0) + b * 64, m0);
+              tma_store_2d(&tmap_c, my_buf + b * (Cfg::kWgRows * 128),
+                           static_cast<int>(col0) + b * 64, m0);
             }
             bulk_commit();
           }
@@ -404,7 +408,8 @@ inline bool can_run_sm90(const GluArgs& args) {
   const GemmArgs& u = args.up;
   if (g.dtype != DType::kFloat16 && g.dtype != DType::kBFloat16) return false;
   if (g.batch != 1 || g.m < 1 || g.n < 1 || g.k < 1) return false;
-  if (g.m > gemm_sm90::detail::kMaxInt || g.n > gemm_sm90::detail::kMaxInt || g.k > gemm_sm90::detail::kMaxInt)
+  if (g.m > gemm_sm90::detail::kMaxInt || g.n > gemm_sm90::detail::kMaxInt ||
+      g.k > gemm_sm90::detail::kMaxInt)
     return false;
   if (!g.b_k_major || !u.b_k_major) return false;
   if (g.a == nullptr || g.b == nullptr || u.b == nullptr || g.c == nullptr) return false;
@@ -412,7 +417,8 @@ inline bool can_run_sm90(const GluArgs& args) {
   if (!gemm_sm90::detail::tma_stride_ok(g.m, g.stride_am)) return false;
   if (!gemm_sm90::detail::tma_stride_ok(g.n, g.stride_b_outer)) return false;
   if (!gemm_sm90::detail::tma_stride_ok(g.n, u.stride_b_outer)) return false;
-  if (ceil_div(g.m, 128) * ceil_div(g.n, GluNarrow::kHalfN) > gemm_sm90::detail::kMaxInt) return false;
+  if (ceil_div(g.m, 128) * ceil_div(g.n, GluNarrow::kHalfN) > gemm_sm90::detail::kMaxInt)
+    return false;
   if (!device_is_sm90()) return false;
   return encode_tiled_fn() != nullptr;
 }
@@ -426,8 +432,10 @@ cudaError_t launch_sm90_config(const GluArgs& args, cudaStream_t stream) {
   const GemmArgs& g = args.gate;
   CUtensorMap map_x, map_g, map_u, map_c{};
   if (!make_operand_map(&map_x, g.dtype, g.a, g.k, g.m, g.stride_am, false, 1, 0, Cfg::kBlockM) ||
-      !make_operand_map(&map_g, g.dtype, g.b, g.k, g.n, g.stride_b_outer, false, 1, 0, Cfg::kHalfN) ||
-      !make_operand_map(&map_u, g.dtype, args.up.b, g.k, g.n, args.up.stride_b_outer, false, 1, 0, Cfg::kHalfN))
+      !make_operand_map(&map_g, g.dtype, g.b, g.k, g.n, g.stride_b_outer, false, 1, 0,
+                        Cfg::kHalfN) ||
+      !make_operand_map(&map_u, g.dtype, args.up.b, g.k, g.n, args.up.stride_b_outer, false, 1, 0,
+                        Cfg::kHalfN))
     return cudaErrorInvalidValue;
   bool c_tma = false;
   if constexpr (Cfg::kTmaStore) {
@@ -468,7 +476,8 @@ enum class Route { kNothing, kSm90, kPreActivations, kSimt };
 // Rows per pre-activation chunk: the workspace holds 2 x rows x n floats, at most 2^26 (256 MB).
 constexpr int64_t kMaxWorkspaceFloats = int64_t{1} << 26;
 inline int64_t chunk_rows(const GluArgs& args) {
-  return std::max<int64_t>(1, std::min<int64_t>(args.gate.m, kMaxWorkspaceFloats / (2 * args.gate.n)));
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(args.gate.m, kMaxWorkspaceFloats / (2 * args.gate.n)));
 }
 
 inline Route plan_route(const GluArgs& args) {
@@ -477,7 +486,8 @@ inline Route plan_route(const GluArgs& args) {
   if (g.k == 0) return Route::kPreActivations;  // the epilogue alone (no GEMM, no workspace)
   if (can_run_sm90(args)) return Route::kSm90;
   if (g.dtype == DType::kFloat32) return Route::kPreActivations;
-  const bool aligned = gemm::a_rows_aligned(g, 2) && gemm::b_rows_aligned(g, 2) && gemm::b_rows_aligned(args.up, 2);
+  const bool aligned =
+      gemm::a_rows_aligned(g, 2) && gemm::b_rows_aligned(g, 2) && gemm::b_rows_aligned(args.up, 2);
   return aligned && g.k < (int64_t{1} << 31) ? Route::kPreActivations : Route::kSimt;
 }
 
@@ -485,7 +495,8 @@ template <typename T, Activation kAct>
 cudaError_t launch_simt(const GluArgs& args, cudaStream_t stream) {
   const int64_t tiles = ceil_div(args.gate.m, kSimtTile) * ceil_div(args.gate.n, kSimtTile);
   const int64_t blocks = std::min<int64_t>(tiles, int64_t{device_props().num_sms} * 8);
-  glu_simt_kernel<T, kAct><<<static_cast<unsigned>(blocks), kSimtThreads, 0, stream>>>(args.gate, args.up);
+  glu_simt_kernel<T, kAct>
+      <<<static_cast<unsigned>(blocks), kSimtThreads, 0, stream>>>(args.gate, args.up);
   return cudaGetLastError();
 }
 
@@ -535,12 +546,14 @@ cudaError_t run_typed(const GluArgs& args, Route route, cudaStream_t stream) {
   return launch_pre_activations<T, kAct>(args, stream);
 }
 
-template <Activation kAct>
-cudaError_t run(const GluArgs& args, Route route, cudaStream_t stream) {
+template <Activation kAct> cudaError_t run(const GluArgs& args, Route route, cudaStream_t stream) {
   switch (args.gate.dtype) {
-    case DType::kFloat32: return run_typed<float, kAct>(args, route, stream);
-    case DType::kFloat16: return run_typed<__half, kAct>(args, route, stream);
-    case DType::kBFloat16: return run_typed<__nv_bfloat16, kAct>(args, route, stream);
+    case DType::kFloat32:
+      return run_typed<float, kAct>(args, route, stream);
+    case DType::kFloat16:
+      return run_typed<__half, kAct>(args, route, stream);
+    case DType::kBFloat16:
+      return run_typed<__nv_bfloat16, kAct>(args, route, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -554,14 +567,18 @@ int64_t linear_glu_workspace_floats(const GluArgs& args) {
 
 const char* linear_glu_route_name(const GluArgs& args) {
   switch (glu::plan_route(args)) {
-    case glu::Route::kNothing: return "nothing to compute";
+    case glu::Route::kNothing:
+      return "nothing to compute";
     case glu::Route::kSm90:
-      return glu::choose_tiles(args.gate.m, args.gate.n, device_props().num_sms) == glu::GluTiles::kWide
+      return glu::choose_tiles(args.gate.m, args.gate.n, device_props().num_sms) ==
+                     glu::GluTiles::kWide
                  ? "sm90 wgmma 128x(2x128)"
                  : "sm90 wgmma 128x(2x32)";
     case glu::Route::kPreActivations:
-      return args.gate.k == 0 ? "bias epilogue (k = 0)" : "portable: two fp32 GEMMs + gated epilogue";
-    case glu::Route::kSimt: return "portable: one-pass SIMT";
+      return args.gate.k == 0 ? "bias epilogue (k = 0)"
+                              : "portable: two fp32 GEMMs + gated epilogue";
+    case glu::Route::kSimt:
+      return "portable: one-pass SIMT";
   }
   return "unknown";
 }
@@ -570,7 +587,8 @@ cudaError_t launch_linear_glu(const GluArgs& args, cudaStream_t stream) {
   const GemmArgs& g = args.gate;
   const GemmArgs& u = args.up;
   if (g.batch != 1 || u.batch != 1 || g.m < 0 || g.n < 0 || g.k < 0) return cudaErrorInvalidValue;
-  if (u.m != g.m || u.n != g.n || u.k != g.k || u.dtype != g.dtype || u.a != g.a) return cudaErrorInvalidValue;
+  if (u.m != g.m || u.n != g.n || u.k != g.k || u.dtype != g.dtype || u.a != g.a)
+    return cudaErrorInvalidValue;
   glu::Route route = glu::plan_route(args);
   if (route == glu::Route::kNothing) return cudaSuccess;
   if (g.c == nullptr || (g.k > 0 && (g.a == nullptr || g.b == nullptr || u.b == nullptr)))
@@ -580,11 +598,16 @@ cudaError_t launch_linear_glu(const GluArgs& args, cudaStream_t stream) {
       (args.workspace == nullptr || args.workspace_floats < 2 * glu::chunk_rows(args) * g.n))
     route = glu::Route::kSimt;
   switch (g.activation) {
-    case Activation::kSilu: return glu::run<Activation::kSilu>(args, route, stream);
-    case Activation::kGeluTanh: return glu::run<Activation::kGeluTanh>(args, route, stream);
-    case Activation::kGeluErf: return glu::run<Activation::kGeluErf>(args, route, stream);
-    case Activation::kRelu: return glu::run<Activation::kRelu>(args, route, stream);
-    default: return cudaErrorInvalidValue;
+    case Activation::kSilu:
+      return glu::run<Activation::kSilu>(args, route, stream);
+    case Activation::kGeluTanh:
+      return glu::run<Activation::kGeluTanh>(args, route, stream);
+    case Activation::kGeluErf:
+      return glu::run<Activation::kGeluErf>(args, route, stream);
+    case Activation::kRelu:
+      return glu::run<Activation::kRelu>(args, route, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

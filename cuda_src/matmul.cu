@@ -18,14 +18,14 @@ int64_t gemm_split_k_workspace_floats(const GemmArgs& args) {
 namespace gemm {
 namespace {
 
-template <typename T>
-cudaError_t launch_partials(const GemmArgs& part, cudaStream_t stream) {
+template <typename T> cudaError_t launch_partials(const GemmArgs& part, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     return launch_simt<float, Activation::kNone, false>(part, stream);
   } else {
     return part.b_k_major
                ? launch_tensor_core<T, TcSmall, true, Activation::kNone, false, float>(part, stream)
-               : launch_tensor_core<T, TcSmall, false, Activation::kNone, false, float>(part, stream);
+               : launch_tensor_core<T, TcSmall, false, Activation::kNone, false, float>(part,
+                                                                                        stream);
   }
 }
 

@@ -7,7 +7,9 @@ namespace {
 
 struct ReluScaleOp {
   float scale;
-  __device__ __forceinline__ float operator()(const float (&v)[1]) const { return relu(v[0]) * scale; }
+  __device__ __forceinline__ float operator()(const float (&v)[1]) const {
+    return relu(v[0]) * scale;
+  }
 };
 
 }  // namespace
