@@ -20,6 +20,13 @@
 #   bench/gpu_session.sh OUT_DIR models  # the zoo (all models x modes), model-layer GPU tests
 #   bench/gpu_session.sh OUT_DIR ddp     # DDP step through dualk.fuse vs nn.Linear, NCCL tests
 #   bench/gpu_session.sh OUT_DIR suite   # the whole GPU test suite
+#   bench/gpu_session.sh OUT_DIR fresh   # build every family into a new prebuilt folder
+#                                        # (OUT_DIR/prebuilt.tar.xz, carried next), then the whole
+#                                        # GPU test suite within SUITE_TIMEOUT seconds
+#   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
+#                                        # build/old-tree.tar.xz (its cuda_src replaced by this
+#                                        # one's, so both load the same carried prebuilt build)
+#                                        # and this tree, bench/host_cost.py alternately, ROUNDS each
 #
 # A carried build/cuda-cache.tar.xz seeds the CUDA build cache (as bench/gpu_check.sh).
 # .peers/tcnn (carried: a copy of ../shared/peers/tcnn) is the tiny-cuda-nn peer.
@@ -197,6 +204,42 @@ suite)
   seed_cache
   build
   FUZZ_BUDGET=${FUZZ_BUDGET:-0} bash bench/gpu_check.sh "$OUT" tests
+  ;;
+fresh)
+  t0=$(date +%s)
+  mkdir -p /tmp/pre/prebuilt
+  $PY -m dualk build --out /tmp/pre/prebuilt >> "$LOG" 2>&1
+  say "dualk build --out (every family): rc=$? in $(( $(date +%s) - t0 )) s"
+  ls /tmp/pre/prebuilt/cuda | tee -a "$LOG"
+  find /tmp/pre -name "*.o" -delete
+  XZ_OPT=-6 tar cJf "$OUT/prebuilt.tar.xz" -C /tmp/pre prebuilt && ls -la "$OUT/prebuilt.tar.xz"
+  prebuilt_from /tmp/pre/prebuilt
+  # its own process group, interrupted as a whole at SUITE_TIMEOUT (pytest then still writes
+  # its summary; the xdist workers must not outlive the call)
+  FUZZ_BUDGET=${FUZZ_BUDGET:-0} setsid bash bench/gpu_check.sh "$OUT" tests &
+  suite=$!
+  ( sleep ${SUITE_TIMEOUT:-330}; kill -INT -- -$suite 2>/dev/null; sleep 20; kill -KILL -- -$suite 2>/dev/null ) &
+  watchdog=$!
+  wait $suite; rc=$?
+  kill $watchdog 2>/dev/null
+  say "suite: rc=$rc"
+  ;;
+house)
+  mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
+  rm -rf /tmp/old && mkdir -p /tmp/old && tar xf build/old-tree.tar.xz -C /tmp/old || { say "no build/old-tree.tar.xz"; exit 1; }
+  rm -rf /tmp/old/cuda_src && cp -r cuda_src /tmp/old/cuda_src
+  mkdir -p /tmp/hc
+  for r in $(seq 1 ${ROUNDS:-3}); do
+    for tree in old new; do
+      if [ $tree = old ]; then dir=/tmp/old; else dir=$PWD; fi
+      t0=$(date +%s)
+      (cd $dir && PYTHONPATH=$dir timeout 120 $PY bench/host_cost.py --label $tree-$r --json /tmp/hc/$tree-$r.json) \
+        > /tmp/hc/$tree-$r.log 2>&1
+      say "host_cost $tree round $r: rc=$? in $(( $(date +%s) - t0 )) s ($(grep -m1 dualk_file /tmp/hc/$tree-$r.json))"
+    done
+  done
+  $PY bench/host_cost.py --compare /tmp/hc/*.json > "$OUT/host_cost_house.txt" 2>&1; cat "$OUT/host_cost_house.txt"
+  tar cJf "$OUT/host_cost_house.tar.xz" -C /tmp hc
   ;;
 esac
 say "done"

@@ -177,14 +177,41 @@ def profile_compiled(report: dict) -> None:
     )
 
 
+def compare(paths: list[str]) -> int:
+    """Before / after table: per row, the median over the runs of each label's prefix (the part
+    before the last '-': `old-1`, `old-2`, ... are one tree), and new / old."""
+    runs: dict[str, list[dict]] = {}
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        runs.setdefault(report["label"].rsplit("-", 1)[0], []).append(report)
+    trees = sorted(runs, key=lambda t: (t != "old", t))  # the tree before first
+    first = runs[trees[0]][0]
+    print(f"{first['device']}  torch {first['torch']}  runs: "
+          + ", ".join(f"{t} x{len(runs[t])}" for t in trees))  # fmt: skip
+    print(f"{'host us per call (median of runs)':34s}" + "".join(f"{t:>10s}" for t in trees)
+          + (f"{trees[-1] + ' / ' + trees[0]:>14s}" if len(trees) == 2 else ""))  # fmt: skip
+    for name in first["host_us"]:
+        meds = [statistics.median(r["host_us"][name] for r in runs[t] if name in r["host_us"])
+                for t in trees]  # fmt: skip
+        ratio = f"{meds[-1] / meds[0]:14.3f}" if len(meds) == 2 else ""
+        print(f"  {name:32s}" + "".join(f"{m:10.2f}" for m in meds) + ratio)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", required=True)
+    parser.add_argument("--json")
+    parser.add_argument("--compare", nargs="+", metavar="JSON",
+                        help="print a before/after table of earlier runs' JSON files and exit")  # fmt: skip
     parser.add_argument("--label", default="", help="a name for this tree (before/after runs)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile-compiled", action="store_true")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args.compare)
+    if not args.json:
+        parser.error("--json is required")
     props = torch.cuda.get_device_properties(0)
     report: dict = {
         "label": args.label,
