@@ -72,7 +72,16 @@ def device() -> torch.device:
 
 @pytest.fixture(autouse=True)
 def _clean_dispatch_state(monkeypatch, tmp_path_factory):
-    """Each test starts without backend overrides from the environment or earlier tests."""
+    """Each test starts without backend overrides from the environment or earlier tests, and
+    leaves TRITON_INTERPRET as it found it: the CLI's CPU smoke check (run by tests that model a
+    machine without a GPU) sets it for good, and on a GPU machine it would send every later
+    test's Triton kernels to the interpreter's code paths (bf16 upcasts that do not fit on chip)."""
+    was = os.environ.get("TRITON_INTERPRET")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (records the value to restore)
+    if was is None:
+        monkeypatch.delenv("TRITON_INTERPRET")
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", was)
     for key in list(os.environ):
         if key.startswith("DUALK_BACKEND"):
             monkeypatch.delenv(key)

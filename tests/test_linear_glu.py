@@ -311,7 +311,13 @@ def test_fuse_real_transformers_llama_mlp():
     )
     from transformers.models.llama.modeling_llama import LlamaMLP
 
-    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=40, hidden_act="silu")
+    config = transformers.LlamaConfig(
+        hidden_size=16,
+        intermediate_size=40,
+        hidden_act="silu",
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )  # (transformers 5 checks the heads divide the hidden size)
     torch.manual_seed(3)
     model = LlamaMLP(config).to(DEVICE)
     fused, report = dualk.fuse(model, backend="triton", report=True)

@@ -59,6 +59,13 @@ def auto(gpu, monkeypatch):  # noqa: F811
     return gpu, timed
 
 
+# Tests that run dualk's real Triton kernels on CPU tensors need Triton's CPU interpreter, which a
+# GPU machine's test run does not enable (test_gpu_triton_tuned_off_the_users_thread is theirs).
+on_the_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="runs Triton's CPU interpreter on CPU tensors"
+)
+
+
 def triton_note(*args) -> str:
     expl = dualk.explain("add", *args)
     (note,) = [n for n in expl.notes if n.startswith("triton backend, this class: ")]
@@ -124,6 +131,7 @@ def test_triton_is_tuned_in_the_background_then_joins(auto, monkeypatch, tmp_pat
     assert ran == ["triton"] and timed == []
 
 
+@on_the_interpreter
 def test_guard_is_on_for_triton_in_a_user_call(auto, monkeypatch):
     """auto's runs of Triton while deciding in a user's call are made under no_config_search();
     the winner's run (its config known by then) and an explicit backend="triton" are not."""
@@ -376,6 +384,7 @@ def test_cache_file_reread_keeps_this_process_entries(auto):
 
 
 # ---------------------------------------------------------------------------- the real tuner
+@on_the_interpreter
 def test_real_tuner_process_on_the_interpreter_waits_for_the_class_lock(auto, monkeypatch):
     """`python -m dualk.dispatch.triton_tune_worker` end to end (Triton's CPU interpreter): it
     rebuilds the call, runs dualk's Triton add; a second tuner of the same class (here a process holding the class
