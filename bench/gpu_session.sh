@@ -23,6 +23,11 @@
 #   bench/gpu_session.sh OUT_DIR fresh   # build every family into a new prebuilt folder
 #                                        # (OUT_DIR/prebuilt.tar.xz, carried next), then the whole
 #                                        # GPU test suite within SUITE_TIMEOUT seconds
+#   bench/gpu_session.sh OUT_DIR steps   # carried prebuilt; STEPS (default "build tests host small
+#                                        # zoo glu") in order: rebuild stale families into it
+#                                        # (OUT_DIR/prebuilt.tar.xz back when any was rebuilt), the
+#                                        # tests in TESTS, host_cost --profile-compiled, small batch
+#                                        # vs tcnn, the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS)
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -223,6 +228,56 @@ fresh)
   wait $suite; rc=$?
   kill $watchdog 2>/dev/null
   say "suite: rc=$rc"
+  ;;
+steps)
+  mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre || { say "no build/prebuilt.tar.xz"; exit 1; }
+  for step in ${STEPS:-build tests host small zoo glu}; do
+    t0=$(date +%s)
+    case $step in
+    build)
+      before=$(ls /tmp/pre/prebuilt/cuda | sort | tr '\n' ' ')
+      $PY -m dualk build --out /tmp/pre/prebuilt >> "$LOG" 2>&1
+      say "dualk build --out: rc=$? in $(( $(date +%s) - t0 )) s"
+      for f in elementwise gemm mlp; do
+        ls -dt /tmp/pre/prebuilt/cuda/$f-* 2>/dev/null | tail -n +2 | xargs -r rm -rf
+      done
+      after=$(ls /tmp/pre/prebuilt/cuda | sort | tr '\n' ' ')
+      if [ "$before" != "$after" ]; then
+        find /tmp/pre -name "*.o" -delete
+        XZ_OPT=-6 tar cJf "$OUT/prebuilt.tar.xz" -C /tmp/pre prebuilt && say "rebuilt: $after"
+      fi
+      prebuilt_from /tmp/pre/prebuilt
+      ;;
+    tests)
+      timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
+        > "$OUT/pytest-steps.log" 2>&1
+      say "pytest: rc=$? in $(( $(date +%s) - t0 )) s"
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest-steps.log" | head -20; tail -n 1 "$OUT/pytest-steps.log"
+      ;;
+    host)
+      timeout 200 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > /dev/null 2>&1
+      say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
+      $PY -c "import json; d=json.load(open('$OUT/host_cost.json')); [print(f'  {k:34s} {v:8.2f}') for k, v in {**d['host_us'], **d.get('nerf_host_us', {})}.items()]"
+      ;;
+    small)
+      tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
+      timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > /tmp/small_batch_latency.log 2>&1
+      say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 22 /tmp/small_batch_latency.log
+      ;;
+    zoo)
+      timeout ${ZOO_TIMEOUT:-360} $PY -m dualk bench ${ZOO_ARGS:---models all --modes eager,compiled,train} \
+        --json "$OUT/zoo.json" > "$OUT/zoo.log" 2>&1
+      say "zoo: rc=$? in $(( $(date +%s) - t0 )) s"
+      grep -A40 "^model " "$OUT/zoo.log" | head -40
+      ;;
+    glu)
+      timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > /tmp/linear_glu_llama.log 2>&1
+      say "linear_glu_llama: rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 30 /tmp/linear_glu_llama.log
+      ;;
+    esac
+  done
   ;;
 house)
   mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre && prebuilt_from /tmp/pre/prebuilt
