@@ -48,6 +48,37 @@ def test_add_export_round_trip_and_keys(tmp_path):
         dataset.export(path, "run-b")
 
 
+ZOO = {
+    "env": {"date": "2026-11-27T11:00:00+00:00", "device": "NVIDIA H200", "torch": "2.11"},
+    "method": {"ratio": "original wall ms / fused wall ms per call"},
+    "results": [
+        {"model": "seed_dnn", "mode": "eager", "dtype": "float32", "ratio": 3.4, "orig_ms": 0.12,
+         "fused_ms": 0.035, "samples": [[0.12, 0.035]], "fuse": "1 FusedMLP", "ok": True},
+        {"model": "gpt2", "mode": "compiled", "dtype": "bfloat16", "ratio": 0.99, "orig_ms": 1.1,
+         "fused_ms": 1.11, "samples": [], "fuse": "no chain", "ok": True},
+    ],
+}  # fmt: skip
+
+
+def test_zoo_run_round_trip(tmp_path):
+    """A model zoo run is recorded as rows op "model:<name>", case the mode, backend dualk.fuse,
+    without its per-round samples, and exported back in the zoo's own form."""
+    path = tmp_path / "h200.jsonl"
+    assert dataset.gpu_slug(ZOO["env"]) == "h200"
+    assert dataset.add(path, ZOO, "zoo-a", "abc1234") == 2
+    runs, rows = dataset.read(path)
+    assert runs["zoo-a"]["kind"] == "zoo" and runs["zoo-a"]["gpu"] == "h200"
+    assert [(r["op"], r["case"], r["backend"]) for r in rows] == [
+        ("model:seed_dnn", "eager", "dualk.fuse"), ("model:gpt2", "compiled", "dualk.fuse")]  # fmt: skip
+    assert all("samples" not in r for r in rows) and rows[0]["ratio"] == 3.4
+    back = dataset.export(path, "zoo-a")
+    assert back["method"] == ZOO["method"]
+    assert back["results"] == [
+        {k: v for k, v in r.items() if k != "samples"} for r in ZOO["results"]
+    ]
+    assert dataset.select(rows, op="model:gpt2")[0]["ratio"] == 0.99
+
+
 def test_cli_add_list_export(tmp_path):
     run_file = tmp_path / "2026-11-27-h100-x.json"
     run_file.write_text(json.dumps(REPORT))

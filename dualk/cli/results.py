@@ -199,7 +199,8 @@ def results_list(dataset: Path) -> None:
 @click.option("--run", "run_name", help="The run's name (default: JSON_FILE's stem).")
 @click.option("--commit", help="The commit the run measured.")
 def results_add(dataset: Path, json_file: Path, run_name: str | None, commit: str | None) -> None:
-    """Append a `dualk bench --json` run to DATASET (created if missing)."""
+    """Append a `dualk bench --json` run (operators, or the model zoo's `--models`) to DATASET
+    (created if missing)."""
     report = json.loads(json_file.read_text())
     try:
         added = dataset_store.add(dataset, report, run_name or json_file.stem, commit)

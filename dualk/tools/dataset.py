@@ -9,6 +9,12 @@ Two kinds of line, each a JSON object:
   "case": ..., "dtype": ..., "backend": ..., <the row's measurements>}`, one per measured row;
   "backend" is the row's implementation (`dualk:cuda`, `torch eager`, `cuBLAS`, ...).
 
+A model zoo run (`dualk bench --models --json`) is recorded the same way: its run line has
+`"kind": "zoo"` and its `method`; each of its results is a row with op `model:<name>`, case the
+mode (eager, compiled, train), backend "dualk.fuse" and the result's fields (ratio, wall, device
+and host times of the original and the fused model, errors, what fuse replaced; the per-round
+samples are left out).
+
 A row is keyed by (op, case, dtype, backend, gpu, date, commit). `export` gives a run back in
 `dualk bench --json`'s form, so `dualk report` renders any recorded run; `plot` draws one metric
 of one operator across the recorded runs (`dualk results plot`)."""
@@ -22,12 +28,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 KEY = ("op", "case", "dtype", "backend", "gpu", "date", "commit")
-METRICS = ("us", "host_us", "tflops", "gbs", "roofline_pct", "speedup_vs_eager", "rel_err")
+METRICS = ("us", "host_us", "tflops", "gbs", "roofline_pct", "speedup_vs_eager", "rel_err", "ratio",
+           "device_ratio")  # fmt: skip
+ZOO_BACKEND = "dualk.fuse"
+_ZOO_LEFT_OUT = ("samples",)  # per-round timings: in the run's own JSON file, not the dataset
 
 
 def gpu_slug(env: dict) -> str:
     """ "h100", "h200", ... from a run's environment ("NVIDIA H100 80GB HBM3" -> "h100")."""
-    name = str(env.get("gpu") or "cpu")
+    name = str(env.get("gpu") or env.get("device") or "cpu")  # (the zoo's env says "device")
     found = re.search(r"\b([A-Z]\d{2,4}[A-Za-z]?)\b", name)
     return found.group(1).lower() if found else re.sub(r"\W+", "-", name.lower()).strip("-")
 
@@ -51,10 +60,25 @@ def read(path: str | os.PathLike) -> tuple[dict[str, dict], list[dict]]:
     return runs, rows
 
 
+def is_zoo(report: dict) -> bool:
+    """Whether `report` is a model zoo run (`dualk bench --models --json`)."""
+    results = report.get("results")
+    return isinstance(results, list) and "rows" not in report and all("model" in r for r in results)
+
+
 def lines_of(report: dict, run: str, commit: str | None = None) -> list[dict]:
-    """The dataset lines of one `dualk bench --json` report recorded as `run`."""
+    """The dataset lines of one `dualk bench --json` report (operators or the model zoo) recorded
+    as `run`."""
     env = report.get("env") or {}
     head = {"run": run, "gpu": gpu_slug(env), "date": env.get("date"), "commit": commit}
+    if is_zoo(report):
+        out = [{"type": "run", **head, "kind": "zoo", "env": env, "method": report.get("method")}]
+        for result in report["results"]:
+            fields = {k: v for k, v in result.items() if k not in _ZOO_LEFT_OUT}
+            model, mode = fields.pop("model"), fields.pop("mode")
+            out.append({"type": "row", **head, "op": f"model:{model}", "case": mode, **fields,
+                        "backend": ZOO_BACKEND})  # fmt: skip
+        return out
     out = [{"type": "run", **head, "env": env, "ceilings": report.get("ceilings") or {}}]
     for row in report.get("rows") or []:
         fields = dict(row)
@@ -77,11 +101,22 @@ def add(path: str | os.PathLike, report: dict, run: str, commit: str | None = No
 
 
 def export(path: str | os.PathLike, run: str) -> dict:
-    """Run `run` of the dataset in `dualk bench --json`'s form (env, ceilings, rows)."""
+    """Run `run` of the dataset in `dualk bench --json`'s form (env, ceilings, rows; a zoo run:
+    env, method, results)."""
     runs, rows = read(path)
     if run not in runs:
         raise KeyError(f"{path} holds no run named {run!r} (runs: {', '.join(runs)})")
     meta = runs[run]
+    if meta.get("kind") == "zoo":
+        results = []
+        for row in rows:
+            if row["run"] != run:
+                continue
+            fields = {k: v for k, v in row.items()
+                      if k not in ("type", "run", "gpu", "date", "commit", "backend")}  # fmt: skip
+            model, mode = fields.pop("op").removeprefix("model:"), fields.pop("case")
+            results.append({"model": model, "mode": mode, **fields})
+        return {"env": meta.get("env", {}), "method": meta.get("method"), "results": results}
     out_rows = []
     for row in rows:
         if row["run"] != run:
