@@ -99,9 +99,11 @@ def test_triton_is_tuned_in_the_background_then_joins(auto, monkeypatch, tmp_pat
         assert torch.equal(dualk.add(x, x), first)
         assert ran == ["torch"]
     assert timed == [] and len(tuners.jobs) == 1 and stored_winners() == {}
+    assert triton_tune.background_pending()  # what benchmarks wait on before timing auto
 
     tuners.release()
     wait_for_tuner()
+    assert not triton_tune.background_pending()
     ran.clear()
     assert torch.equal(dualk.add(x, x), first)  # loads Triton's kernel, runs the provisional torch
     assert ran == ["triton", "torch"] and timed == []

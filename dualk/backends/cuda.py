@@ -837,6 +837,11 @@ def start_build(family: str) -> Job:
     return job
 
 
+def building() -> list[str]:
+    """The families whose builder process this process started and has not yet seen finish."""
+    return list(_jobs)
+
+
 def _poll(family: str) -> None:
     """A finished builder's outcome: the family ready (loaded from what it built) or failed."""
     job = _jobs.get(family)

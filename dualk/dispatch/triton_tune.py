@@ -530,6 +530,15 @@ def running() -> list[subprocess.Popen]:
     return [j.proc for j in _job]
 
 
+def background_pending() -> bool:
+    """Whether this process still has work in the background that auto's decisions wait for: a
+    CUDA family building, or classes queued for or held by Triton's tuner (their decisions are
+    provisional until then). Polls both. Benchmarks wait on it before timing auto."""
+    cuda.poll_builds()
+    poll(start=True)
+    return bool(cuda.building()) or bool(_queue) or bool(_job)
+
+
 def clear() -> None:
     """Forget every class's state (autotune.clear_memory); a running tuner is left to finish
     (its results are cached on disk) and no longer polled."""
