@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 import dualk
+from dualk.dispatch import triton_tune
 
 
 def host_us(fn, calls: int) -> float:
@@ -63,6 +64,11 @@ def interleaved(rows: dict, calls: int, repeats: int, measure=host_us) -> dict:
     for fn in rows.values():  # warm up every path (plans, decisions, allocator)
         for _ in range(20):
             fn()
+    # auto's final decisions (no CUDA build or Triton tuning left in the background), then again
+    if triton_tune.settle(lambda: [fn() for fn in rows.values()], 90.0):
+        for fn in rows.values():
+            for _ in range(5):
+                fn()
     for _ in range(repeats):
         for name, fn in rows.items():
             samples[name].append(measure(fn, calls))

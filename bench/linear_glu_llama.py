@@ -159,19 +159,6 @@ def _route(path: str, x, wg, wu) -> str | None:
     return None
 
 
-def _settle(call, on_gpu: bool, limit_s: float = 90.0) -> None:
-    """Call until no CUDA build or Triton tuning is pending in the background (auto's decision is
-    final then), at most limit_s; then a few calls for auto to decide with every backend."""
-    deadline = time.perf_counter() + limit_s
-    while triton_tune.background_pending() and time.perf_counter() < deadline:
-        call()
-        if on_gpu:
-            torch.cuda.synchronize()
-        time.sleep(0.05)
-    for _ in range(3):
-        call()
-
-
 def run_shape(shape: Shape, dtype, device, args, timer) -> Row:
     row = Row(shape)
     gen = torch.Generator().manual_seed(shape.rows * 1_000_003 + shape.n)
@@ -196,7 +183,9 @@ def run_shape(shape: Shape, dtype, device, args, timer) -> Row:
                 if (
                     path == "auto"
                 ):  # time auto's final decision, not a fresh process's provisional one
-                    _settle(lambda fn=fn: fn(x, wg, wu), x.is_cuda)
+                    triton_tune.settle(lambda fn=fn: fn(x, wg, wu), 90.0)
+                    for _ in range(3):
+                        fn(x, wg, wu)
             res.error = _rel_err(out, ref)
             res.ok = res.error <= tol
             res.route = _route(path, x, wg, wu)

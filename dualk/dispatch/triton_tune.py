@@ -539,6 +539,21 @@ def background_pending() -> bool:
     return bool(cuda.building()) or bool(_queue) or bool(_job)
 
 
+def settle(call: Callable[[], object] | None = None, limit_s: float = 120.0) -> bool:
+    """Wait until background_pending() is False, at most limit_s, calling `call` (a user's model,
+    say: its calls are what let auto take in a finished build or tuning) between polls. Returns
+    whether it settled; call `call` a few more times after it, so that auto decides again with
+    every backend."""
+    deadline = time.perf_counter() + limit_s
+    while background_pending():
+        if time.perf_counter() >= deadline:
+            return False
+        if call is not None:
+            call()
+        time.sleep(0.05)
+    return True
+
+
 def clear() -> None:
     """Forget every class's state (autotune.clear_memory); a running tuner is left to finish
     (its results are cached on disk) and no longer polled."""

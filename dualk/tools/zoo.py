@@ -553,14 +553,8 @@ def _settle(fn, device) -> None:
     building, Triton's tuner), at most SETTLE_S: its decisions are then final, not the
     provisional ones of a fresh process, and a few more calls let auto and the fused modules
     decide again with every backend. A user's long-running model gets there the same way."""
-    deadline = time.perf_counter() + SETTLE_S
-    waited = False
-    while triton_tune.background_pending() and time.perf_counter() < deadline:
-        fn()
-        _sync(device)
-        time.sleep(0.05)
-        waited = True
-    if waited:
+    if triton_tune.background_pending():
+        triton_tune.settle(lambda: (fn(), _sync(device)), SETTLE_S)
         for _ in range(3):
             fn()
         _sync(device)
