@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dualk
 from dualk.core.errors import (
@@ -126,15 +127,106 @@ def test_gradients_match_float64_autograd(activation, approximate, layout, dtype
         )
 
 
-def test_backward_recomputes_instead_of_saving_pre_activations():
-    """The autograd formula saves the inputs only (x, weights, biases): no (M, N) tensor."""
-    x, wg, wu, bg, bu = _params(_sample("contiguous", "silu", "tanh", torch.float32).args)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(
-        lambda t: saved.append(t.shape) or t, lambda t: t
+class _CountGemms(TorchDispatchMode):
+    """Records the shapes of the GEMMs (aten mm / addmm / bmm) that run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def _glu_train_routes(backend):
+    """linear_glu's recorded routes: the eager autograd.Function, the registered training op
+    (what torch.compile and tensor subclasses record) and the plain registered op called
+    directly (which recomputes the pre-activations with the training implementation)."""
+    return {
+        "eager": lambda x, wg, wu, bg, bu, activation, approximate: dualk.linear_glu(
+            x, wg, wu, bg, bu, activation=activation, approximate=approximate, backend=backend
+        ),
+        "train op": lambda x, wg, wu, bg, bu, activation, approximate: (
+            torch.ops.dualk.linear_glu_train(x, wg, wu, bg, bu, activation, approximate, backend)[0]
+        ),
+        "plain op": lambda x, wg, wu, bg, bu, activation, approximate: torch.ops.dualk.linear_glu(
+            x, wg, wu, bg, bu, activation, approximate, backend
+        ),
+    }
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+def test_backward_runs_the_four_gradient_gemms_only(layout):
+    """Training keeps both pre-activations (x's dtype, (M, N) each), as eager PyTorch does, and
+    the backward runs the four gradient GEMMs (dX from dG and dU, dWg, dWu) and no product of
+    shape (M, N): the two forward GEMMs are not run again (issue 35's backward goal)."""
+    s = _sample(layout, "silu", "tanh", torch.float32)
+    for route in ("eager", "train op"):
+        x, wg, wu, bg, bu = _params(s.args)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t, saved=saved: saved.append(tuple(t.shape)) or t, lambda t: t
+        ):
+            out = _glu_train_routes("torch")[route](x, wg, wu, bg, bu, "silu", "tanh")
+        m, n = out.shape
+        assert saved.count((m, n)) == 2, (route, saved)
+        with _CountGemms() as gemms:
+            out.backward(torch.randn(out.shape, generator=_gen("g", route)))
+        assert len(gemms.shapes) == 4 and (m, n) not in gemms.shapes, (route, gemms.shapes)
+        assert sorted(gemms.shapes) == sorted([x.shape, x.shape, (n, 24), (n, 24)]), route
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_training_forward_equals_inference_forward(dtype, backend):
+    """linear_glu_train's output is the no-grad call's bit for bit (same kernel, same
+    accumulators on Triton; the same operations on torch), its pre-activations those of the
+    float64 reference within the GEMM budget; every recorded route gives the same gradients bit
+    for bit (one formula from the same saved tensors)."""
+    if backend == "cuda":
+        pytest.skip("the CUDA training forward is eager's GEMMs: within tolerance, not bit-equal")
+    for layout in ("contiguous", "packed", "batched_x"):
+        s = _sample(layout, "gelu", "none", dtype, bias=layout != "batched_x")
+        with torch.no_grad():
+            ref = dualk.linear_glu(*s.args, **s.kwargs, backend=backend)
+        out, gate, up = torch.ops.dualk.linear_glu_train(*s.args, "gelu", "none", backend)
+        assert torch.equal(out, ref), (layout, backend)
+        assert gate.shape == up.shape == out.shape and gate.dtype == dtype
+        x, wg, wu, bg, bu = (a.double() if a is not None else None for a in s.args)
+        from dualk.backends.torch_ref import split_glu_parameters
+
+        wg, wu, bg, bu = split_glu_parameters(wg, wu, bg, bu)
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(gate.double(), F.linear(x, wg, bg), rtol=tol, atol=tol)
+        torch.testing.assert_close(up.double(), F.linear(x, wu, bu), rtol=tol, atol=tol)
+        weight = torch.randn(out.shape, generator=_gen("w", layout)).to(DEVICE, dtype)
+        grads = {}
+        for route, fn in _glu_train_routes(backend).items():
+            args = _params(s.args)
+            fn(*args, "gelu", "none").mul(weight).sum().backward()
+            grads[route] = [a.grad for a in args if isinstance(a, torch.Tensor)]
+        for route, got in grads.items():
+            for a, b in zip(got, grads["eager"]):
+                assert torch.equal(a, b), (layout, backend, route)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck_training_op(backend):
+    """torch.library.opcheck of dualk::linear_glu_train (schema, fake, autograd registration
+    with its two non-differentiable outputs, AOT dispatch), separate and packed weights."""
+    for layout, act, approx, bias in (
+        ("contiguous", "silu", "tanh", True),
+        ("packed", "gelu", "none", False),
+        ("batched_x", "relu", "tanh", False),
     ):
-        out = dualk.linear_glu(x, wg, wu, bg, bu, backend="torch")
-    assert out.shape not in saved and saved
+        s = _sample(layout, act, approx, torch.float32, bias=bias, m=5, k=8, n=6)
+        args = _params(s.args)
+        torch.library.opcheck(
+            torch.ops.dualk.linear_glu_train.default, (*args, act, approx, backend)
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
