@@ -153,6 +153,7 @@ class _LinearGluFunction(torch.autograd.Function):
         )
         ctx.save_for_backward(x, weight_gate, weight_up, bias_gate, bias_up, gate, up)
         ctx.activation, ctx.approximate, ctx.backend = activation, approximate, backend
+        ctx.direct = True  # glu_backward calls kernels, not registered ops
         return out
 
     @staticmethod

@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch
 
+from ..backends import triton as triton_backend
+from ..backends import unavailable_reason
 from ..backends.torch_ref import glu_activation, split_glu_parameters
 from ..core.layout import as_rows
 from ..runtime import operators
@@ -403,7 +405,8 @@ def linear_glu_formula(ctx, grad):
 def glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate, up):
     """linear_glu's gradients (x, weight_gate, weight_up, bias_gate, bias_up, then None for the
     options) from the forward's pre-activations `gate` and `up` ((..., N), x's dtype): the
-    elementwise part and the four gradient GEMMs. gate / up None, or a backward that autograd
+    elementwise part (one pass writing [d_gate | d_up]) and the four gradient GEMMs (two with
+    packed weights). gate / up None, or a backward that autograd
     records (create_graph=True): they are recomputed with dualk.matmul, differentiably.
     ctx: needs_input_grad, activation, approximate, backend."""
     packed = weight_up is None
@@ -420,14 +423,31 @@ def glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate,
             pre_u = pre_u + bu
     else:
         pre_g, pre_u = as_rows(gate), as_rows(up)
-    d_gate, d_up = glu_elementwise_backward(g, pre_g, pre_u, ctx.activation, ctx.approximate)
+    d_pre = None  # [d_gate | d_up] (M, 2N) from the fused elementwise pass
+    if not torch.is_grad_enabled() and _fused_glu_grads(ctx.backend, pre_g):
+        args = (g, pre_g, pre_u, ctx.activation, ctx.approximate)
+        if getattr(ctx, "direct", False):  # the eager route: the kernel itself
+            d_pre = triton_backend.linear_glu_grad_pre(*args)
+        else:  # a traced backward graph needs the registered op
+            d_pre = torch.ops.dualk.linear_glu_grad_pre(*args)
+        n = pre_g.shape[1]
+        d_gate, d_up = d_pre[:, :n], d_pre[:, n:]
+    else:
+        d_gate, d_up = glu_elementwise_backward(g, pre_g, pre_u, ctx.activation, ctx.approximate)
+    # Packed weights with a packed d_pre: one GEMM each for dX and d[Wg; Wu].
+    one_gemm = packed and d_pre is not None
     need = ctx.needs_input_grad
     grad_x = None
     if need[0]:
-        grad_x = mm(d_gate, wg)
-        grad_x = (grad_x + mm(d_up, wu)).reshape(x.shape)
+        if one_gemm:
+            grad_x = mm(d_pre, weight_gate).reshape(x.shape)
+        else:
+            grad_x = mm(d_gate, wg)
+            grad_x = (grad_x + mm(d_up, wu)).reshape(x.shape)
     grad_wg = grad_wu = grad_bg = grad_bu = None
-    if need[1] or (not packed and need[2]):
+    if one_gemm and need[1]:
+        grad_wg = mm(d_pre.t(), x2d)
+    elif need[1] or (not packed and need[2]):
         dwg = mm(d_gate.t(), x2d) if need[1] or packed else None
         dwu = mm(d_up.t(), x2d) if packed or need[2] else None
         if packed:
@@ -435,8 +455,11 @@ def glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate,
         else:
             grad_wg, grad_wu = (dwg if need[1] else None), (dwu if need[2] else None)
     if bias_gate is not None and need[3]:
-        dbg = d_gate.sum(0)
-        grad_bg = torch.cat((dbg, d_up.sum(0))) if packed else dbg
+        if one_gemm:
+            grad_bg = d_pre.sum(0)
+        else:
+            dbg = d_gate.sum(0)
+            grad_bg = torch.cat((dbg, d_up.sum(0))) if packed else dbg
     if bias_up is not None and need[4]:
         grad_bu = d_up.sum(0)
     return grad_x, grad_wg, grad_wu, grad_bg, grad_bu, None, None, None
@@ -447,6 +470,31 @@ def glu_elementwise_backward(grad, gate, up, activation: str, approximate: str):
     d_gate = _glu_act_backward(grad * up, gate, activation, approximate)
     d_up = grad * glu_activation(gate, activation, approximate)
     return d_gate, d_up
+
+
+def _fused_glu_grads(backend: str, t: torch.Tensor) -> bool:
+    """Whether the backward's elementwise part runs as Triton's one fused pass (backend "triton";
+    "auto" and "cuda" on a GPU where Triton runs) rather than PyTorch's ops (backend "torch",
+    CPU tensors off backend "triton", no Triton)."""
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        return True
+    return t.is_cuda and unavailable_reason("triton", t.device) is None
+
+
+@torch.library.custom_op(f"{LIB}::linear_glu_grad_pre", mutates_args=())
+def linear_glu_grad_pre(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, approximate: str
+) -> torch.Tensor:
+    """linear_glu's backward, elementwise part, on Triton: [d_gate | d_up] (M, 2N) from the
+    upstream gradient and the pre-activations, all (M, N) (what traced backward graphs call)."""
+    return triton_backend.linear_glu_grad_pre(grad, gate, up, activation, approximate)
+
+
+@linear_glu_grad_pre.register_fake
+def _(grad, gate, up, activation, approximate):
+    return gate.new_empty((gate.shape[0], 2 * gate.shape[1]))
 
 
 linear_glu.register_autograd(linear_glu_formula, setup_context=linear_glu_setup)

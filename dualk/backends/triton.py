@@ -166,3 +166,14 @@ def linear_glu_train(
         )  # fmt: skip
     shape = (*x.shape[:-1], wg.shape[0])
     return out.reshape(shape), gate.reshape(shape), up.reshape(shape)
+
+
+def linear_glu_grad_pre(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, approximate: str
+) -> torch.Tensor:
+    """linear_glu's backward, elementwise part, in one pass (triton_src/linear_glu_backward.py):
+    [d_gate | d_up] (M, 2N) from grad, gate, up (M, N)."""
+    with _device_guard(gate):
+        return kernel_module("linear_glu_backward").glu_backward(
+            grad, gate, up, activation, approximate
+        )
