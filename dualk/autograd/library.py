@@ -467,9 +467,13 @@ def glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate,
 
 def glu_elementwise_backward(grad, gate, up, activation: str, approximate: str):
     """(d_gate, d_up) = (grad * up * act'(gate), grad * act(gate)) for 2-dim (M, N) tensors."""
-    d_gate = _glu_act_backward(grad * up, gate, activation, approximate)
     d_up = grad * glu_activation(gate, activation, approximate)
-    return d_gate, d_up
+    if activation == "silu" and torch.is_grad_enabled():
+        # A backward that autograd records (create_graph=True): aten.silu_backward has no
+        # derivative, so silu' = s (1 + x (1 - s)) by differentiable ops.
+        s = torch.sigmoid(gate)
+        return grad * up * (s * (1 + gate * (1 - s))), d_up
+    return _glu_act_backward(grad * up, gate, activation, approximate), d_up
 
 
 def _fused_glu_grads(backend: str, t: torch.Tensor) -> bool:
