@@ -16,6 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dualk
 from dualk.autograd import calls as formula_calls
+from dualk.backends import unavailable_reason
+from dualk.backends.torch_ref import glu_activation, split_glu_parameters
 from dualk.core.errors import (
     BackendUnavailableError,
     DeviceMismatchError,
@@ -216,8 +218,6 @@ def test_training_forward_equals_inference_forward(dtype, backend):
         assert torch.equal(out, ref), (layout, backend)
         assert gate.shape == up.shape == out.shape and gate.dtype == dtype
         x, wg, wu, bg, bu = (a.double() if a is not None else None for a in s.args)
-        from dualk.backends.torch_ref import split_glu_parameters
-
         wg, wu, bg, bu = split_glu_parameters(wg, wu, bg, bu)
         tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
         torch.testing.assert_close(gate.double(), F.linear(x, wg, bg), rtol=tol, atol=tol)
@@ -247,6 +247,32 @@ def test_opcheck_training_op(backend):
         torch.library.opcheck(
             torch.ops.dualk.linear_glu_train.default, (*args, act, approx, backend)
         )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_fused_elementwise_backward(dtype):
+    """The backward's one Triton pass ([d_gate | d_up] from grad, gate, up; registered as
+    dualk::linear_glu_grad_pre for traced backwards) against float64 for every activation, with
+    an expanded upstream gradient (stride 0, what sum().backward() hands over); opcheck."""
+    if unavailable_reason("triton", DEVICE) is not None:
+        pytest.skip(unavailable_reason("triton", DEVICE))
+    g = _gen("elementwise", dtype)
+    m, n = 7, 45
+    gate = (3 * randn((m, n), dtype, DEVICE, g)).to(dtype)
+    up = randn((m, n), dtype, DEVICE, g)
+    for grad in (randn((m, n), dtype, DEVICE, g), torch.ones((), dtype=dtype).expand(m, n)):
+        for activation, approximate in ACTIVATIONS:
+            args = (grad.to(DEVICE), gate, up, activation, approximate)
+            d_pre = torch.ops.dualk.linear_glu_grad_pre(*args)
+            assert d_pre.shape == (m, 2 * n) and d_pre.dtype == dtype
+            z = gate.double().requires_grad_()
+            out = glu_activation(z, activation, approximate) * up.double()
+            (d_gate,) = torch.autograd.grad(out, z, grad.double())
+            d_up = grad.double() * glu_activation(gate.double(), activation, approximate)
+            tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+            want = torch.cat((d_gate, d_up), 1)
+            torch.testing.assert_close(d_pre.double(), want, rtol=tol, atol=tol)
+    torch.library.opcheck(torch.ops.dualk.linear_glu_grad_pre.default, args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
