@@ -312,18 +312,11 @@ class GatedMLP(GatedBase):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
-# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
-# torch 2.11: every compiled fused module kept dualk's op); there, export of a fused module on
-# the GPU is measured like a compile.
-_EXPORTING_IS_ACCURATE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
-
-
 _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
-
-
-def _exporting() -> bool:
-    return _EXPORTING_IS_ACCURATE and _is_exporting()
+# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
+# torch 2.11: every compiled fused module kept dualk's op); there route.exporting() is False,
+# and export of a fused module on the GPU is measured like a compile.
+_exporting = route.exporting
 
 
 _is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the trace records

@@ -57,6 +57,7 @@ _F64 = torch.float64
 _is_compiling = route.is_compiling
 _is_tracing = route.is_tracing
 _is_grad_enabled = route.is_grad_enabled
+_exporting = route.exporting
 _Tensor = torch.Tensor
 _direct = route.direct
 _recorded = route.recorded
@@ -234,9 +235,15 @@ def linear_glu(
     if _recorded(x, weight_gate, weight_up, bias_gate, bias_up):
         return eager_autograd.linear_glu(*args, backend)
     _check_before_op(backend, _check_linear_glu, *args)
-    if _is_grad_enabled() and any(
-        isinstance(t, _Tensor) and t.requires_grad
-        for t in (x, weight_gate, weight_up, bias_gate, bias_up)
+    # torch.export (a graph to deploy, not to train) keeps the plain op, whose backward reruns
+    # the training forward for any caller that does differentiate it.
+    if (
+        _is_grad_enabled()
+        and not _exporting()
+        and any(
+            isinstance(t, _Tensor) and t.requires_grad
+            for t in (x, weight_gate, weight_up, bias_gate, bias_up)
+        )
     ):
         return _dualk.linear_glu_train(*args, backend)[0]
     return _dualk.linear_glu(*args, backend)

@@ -249,6 +249,42 @@ def test_opcheck_training_op(backend):
         )
 
 
+def test_compile_records_the_training_op_only_when_training():
+    """Under torch.compile, a call whose inputs need gradients records dualk::linear_glu_train
+    (so the compiled backward reads its saved pre-activations); under no_grad the plain op."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    s = _sample("packed", "silu", "tanh", torch.float32)
+    args = _params(s.args)
+    fn = torch.compile(
+        lambda *a: dualk.linear_glu(*a, backend="torch"), backend=backend, fullgraph=True
+    )
+    out = fn(*args)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*args), out.detach(), rtol=0, atol=0)
+    assert any("dualk.linear_glu_train" in t for t in graphs[0]), graphs[0]
+    assert any(t in ("dualk.linear_glu", "dualk.linear_glu.default") for t in graphs[1])
+    assert not any("linear_glu_train" in t for t in graphs[1]), graphs[1]
+    out.sum().backward()
+    assert all(a.grad is not None for a in args if isinstance(a, torch.Tensor))
+
+
+def test_export_keeps_the_inference_op():
+    """torch.export of a GatedMLP (parameters that need gradients, grad mode on) records the
+    plain dualk::linear_glu, not the training op that also writes the pre-activations."""
+    torch.manual_seed(3)
+    mlp = dualk.nn.GatedMLP(16, 24, 12, bias=True, backend="torch", device=DEVICE)
+    x = torch.randn(3, 16, device=DEVICE)
+    ep = torch.export.export(mlp, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if "dualk" in str(n.target)]
+    assert targets == ["dualk.linear_glu.default"], targets
+    torch.testing.assert_close(ep.module()(x), mlp(x))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_fused_elementwise_backward(dtype):
     """The backward's one Triton pass ([d_gate | d_up] from grad, gate, up; registered as

@@ -12,7 +12,7 @@ backend named for the forward also computes its gradients: matmul and linear_gel
 `dualk.matmul` (through dualk/autograd/calls.py); fused_mlp has a fused Triton backward (triton_src/fused_mlp_backward.py) where
 its kernel fits, else recomputes the layers and walks them back with `dualk.matmul`;
 linear_glu's training forward (`dualk::linear_glu_train`) keeps both pre-activations, so its
-backward runs the gradient GEMMs (`dualk.matmul`) and the elementwise part only. The
+backward runs the gradient GEMMs (`dualk.matmul`) and one fused elementwise pass only. The
 elementwise derivatives (sums over broadcast dims, masks, GELU/SiLU derivatives) are PyTorch's
 own ATen backward functions, so they round exactly as PyTorch's autograd does.
 """
