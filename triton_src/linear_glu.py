@@ -258,7 +258,8 @@ def linear_glu(
         dtype, *(int_spec(v) for v in ints), ptr_spec(x2d), ptr_spec(weight_gate),
         ptr_spec(weight_up), ptr_spec(out), bias_gate is not None, bias_up is not None,
     )  # fmt: skip
-    head = (bias_gate is not None, bias_up is not None, act, fast_act, precision, store_pre)
+    epilogue = (bias_gate is not None, bias_up is not None, act, fast_act, precision)
+    head = (*epilogue, store_pre)
     args = (
         x2d, weight_gate, weight_up, bias_gate if bias_gate is not None else out,
         bias_up if bias_up is not None else out, out, gate, up, *ints,
@@ -273,13 +274,15 @@ def linear_glu(
     if interpreting():
         launch_with(INTERPRETER_CONFIG)
         return (out, gate, up) if store_pre else out
-    key = (device, kind, spec, act, fast_act, precision, store_pre)
+    # One config for the inference and the training kernel (store_pre is in neither key): the
+    # same tiles sum in the same order, so the training output is the inference one bit for bit.
+    key = (device, kind, spec, act, fast_act, precision)
     cfg = _best_config.get(key)
     if cfg is None:
         candidates = _candidates(kind, M, N)
         # The class: M rounded up to a power of two; N, K, epilogue, dtype and layout exact.
         class_key = "|".join(
-            str(v) for v in (kind, str(dtype)[6:], pow2_bucket(M), N, K, *head, *spec[4:])
+            str(v) for v in (kind, str(dtype)[6:], pow2_bucket(M), N, K, *epilogue, *spec[4:])
         )
         best, _, keep = tuned_config(
             device, "linear_glu", class_key, [astuple(c) for c in candidates],
