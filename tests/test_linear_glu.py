@@ -234,6 +234,27 @@ def test_training_forward_equals_inference_forward(dtype, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["empty", "k0", "tiny"])
+def test_training_route_on_degenerate_shapes(case, backend):
+    """No rows, K = 0 (the output is act(bias_gate) * bias_up) and 1 x 1 x 1: the training
+    forward gives the inference answer, and gradients of the right shapes, equal to PyTorch's
+    autograd of the reference (exact for these shapes)."""
+    sample = SPEC.case(case).make(torch.float32, DEVICE, _gen("degenerate", case))
+    with torch.no_grad():
+        ref = dualk.linear_glu(*sample.args, **sample.kwargs, backend=backend)
+    ours, theirs = _params(sample.args), _params(sample.args)
+    out = dualk.linear_glu(*ours, **sample.kwargs, backend=backend)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-6, atol=1e-6)
+    weight = torch.randn(out.shape, generator=_gen("degenerate-w", case)).to(DEVICE)
+    (out * weight).sum().backward()
+    (SPEC.reference(*theirs, **sample.kwargs) * weight).sum().backward()
+    for a, b in zip(ours, theirs):
+        if isinstance(a, torch.Tensor):
+            assert a.grad is not None and a.grad.shape == a.shape, case
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_opcheck_training_op(backend):
     """torch.library.opcheck of dualk::linear_glu_train (schema, fake, autograd registration
     with its two non-differentiable outputs, AOT dispatch), separate and packed weights."""
