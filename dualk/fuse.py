@@ -8,9 +8,10 @@ or torch.relu, F.relu, F.gelu(approximate=...), F.silu, Tensor.relu calls; or no
 the Linears share one dtype (float32, float16 or bfloat16) and device. A chain of >= 2 Linears
 becomes a `dualk.nn.FusedMLP` (split into pieces of at most 8 layers, what one fused kernel
 holds), a single Linear followed by GELU a `dualk.nn.LinearGELU`. A gated MLP (LLaMA's
-`down(act(gate(x)) * up(x))`: two Linears of one shape on the same input, a SiLU / GELU / ReLU
-on the gate's output alone, their product going into a Linear) has its gated part (gate, act,
-up, mul) run as one `dualk.linear_glu` (report kind "LinearGLU"); `down` stays in the graph.
+`down(act(gate(x)) * up(x))`, timm's SwiGLU: two Linears of one shape on the same input, a
+SiLU / GELU / ReLU on the gate's output alone, their product going into a Linear, directly or
+through nn.Dropout / nn.Identity modules) has its gated part (gate, act, up, mul) run as one
+`dualk.linear_glu` (report kind "LinearGLU"); `down` (and those modules) stay in the graph.
 Linears and activations that are subclasses with their own forward, or have hooks, are not
 fused.
 
@@ -628,25 +629,44 @@ def _single_user(node: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _other_factor(mul: fx.Node | None, act_node: fx.Node) -> fx.Node | None:
+    """The other factor when `mul` is a product of `act_node` and one other node (operator.mul,
+    torch.mul or Tensor.mul, either order), else None."""
+    if mul is None or mul.kwargs or len(mul.args) != 2 or act_node not in mul.args:
+        return None
+    if not (
+        (mul.op == "call_function" and mul.target in _MULS)
+        or (mul.op == "call_method" and mul.target == "mul")
+    ):
+        return None
+    other = mul.args[1] if mul.args[0] is act_node else mul.args[0]
+    return other if isinstance(other, fx.Node) and other is not act_node else None
+
+
+def _goes_into_linear(gm: fx.GraphModule, mul: fx.Node) -> bool:
+    """Whether the product goes into an nn.Linear (the down projection), through nn.Dropout /
+    nn.Identity modules (timm's SwiGLU and GluMlp: drop1, then norm, an nn.Identity unless a
+    norm layer is asked for), which stay in the graph."""
+    tail, down_node = mul, _single_user(mul)
+    while down_node is not None and _passthrough(gm, down_node, tail) is not None:
+        tail, down_node = down_node, _single_user(down_node)
+    down = None if down_node is None else _linear_module(gm, down_node)
+    return down is not None and _call_problem(down_node, tail) is None
+
+
 def _glu_at(gm: fx.GraphModule, gate_node: fx.Node, gate: nn.Linear) -> _Chain | None:
     """The gated part `act(gate(x)) * up(x)` (followed by a Linear) starting at the Linear call
     `gate_node`, or None: the activation applies to the gate's output alone, `up` is an
     nn.Linear of the gate's shape, bias presence, dtype and device called on the same input,
-    each value has one user, and the product goes into an nn.Linear (the down projection)."""
+    each value has one user, and the product goes into an nn.Linear (the down projection;
+    nn.Dropout / nn.Identity modules between them stay, as in timm's SwiGLU)."""
     act_node = _single_user(gate_node)
     if act_node is None or _call_problem(gate_node, None):
         return None
     act = _activation_of(gm, act_node, gate_node)
     mul = _single_user(act_node) if act is not None else None
-    if mul is None or mul.kwargs or len(mul.args) != 2 or act_node not in mul.args:
-        return None
-    if not (
-        (mul.op == "call_function" and mul.target in _MULS)
-        or (mul.op == "call_method" and mul.target == "mul" and mul.args[0] is act_node)
-    ):
-        return None
-    up_node = mul.args[1] if mul.args[0] is act_node else mul.args[0]
-    if not isinstance(up_node, fx.Node) or up_node is act_node:
+    up_node = _other_factor(mul, act_node)
+    if up_node is None:
         return None
     up = _linear_module(gm, up_node)
     if (
@@ -659,11 +679,8 @@ def _glu_at(gm: fx.GraphModule, gate_node: fx.Node, gate: nn.Linear) -> _Chain |
         or up.weight.shape != gate.weight.shape
         or (up.bias is None) != (gate.bias is None)
         or _dtype_device(up) != _dtype_device(gate)
+        or not _goes_into_linear(gm, mul)
     ):
-        return None
-    down_node = _single_user(mul)
-    down = None if down_node is None else _linear_module(gm, down_node)
-    if down is None or _call_problem(down_node, mul):
         return None
     return _Chain([gate_node, act_node, up_node, mul], [0, 2], [gate, up], act, glu=True)
 

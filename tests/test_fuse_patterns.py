@@ -87,6 +87,111 @@ def test_active_dropout_runs_the_original_ops():
     torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
 
 
+# ------------------------------------------------------------------- timm's gated MLPs
+# Stand-ins with timm's structure and forward code (timm 1.0.31, timm/layers/mlp.py, use_conv
+# False): timm needs torchvision, whose PyPI wheels do not load against a local torch build, so
+# the suite does not depend on it; test_real_timm_gated_mlps runs the real classes where timm
+# imports.
+class TimmSwiGLU(nn.Module):
+    """timm.layers.SwiGLU: fc1_g and fc1_x (split fc1), act (nn.SiLU), drop1, norm
+    (nn.Identity without a norm layer), fc2, drop2."""
+
+    def __init__(self, d=8, hidden=12, bias=True, p=0.0, act_layer=nn.SiLU):
+        super().__init__()
+        self.fc1_g = nn.Linear(d, hidden, bias=bias)
+        self.fc1_x = nn.Linear(d, hidden, bias=bias)
+        self.act, self.drop1, self.norm = act_layer(), nn.Dropout(p), nn.Identity()
+        self.fc2, self.drop2 = nn.Linear(hidden, d, bias=bias), nn.Dropout(p)
+
+    def forward(self, x):
+        x_gate = self.fc1_g(x)
+        x = self.fc1_x(x)
+        x = self.act(x_gate) * x
+        x = self.drop1(x)
+        x = self.norm(x)
+        x = self.fc2(x)
+        x = self.drop2(x)
+        return x
+
+
+def _timm_mlp_layers():
+    """timm.layers.mlp, or a skip saying why it cannot be used here."""
+    try:
+        from timm.layers import mlp
+    except Exception as exc:  # not installed, or torchvision broken against this torch
+        pytest.skip(
+            f"timm cannot be imported here ({type(exc).__name__}: {str(exc)[:120]}); the "
+            "stand-ins above cover its structure"
+        )
+    return mlp
+
+
+def _same_outputs_and_gradients(model, fused, x, seed=None):
+    """The fused model's output and gradients (x and every parameter) are the original's, its
+    parameters and state_dict keys the original's own."""
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in model.parameters()}
+    x = x.clone().requires_grad_()
+    leaves = [x, *model.parameters()]
+    outs, grads = [], []
+    for m in (fused, model):
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = m(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    return outs[0]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_timm_swiglu_gated_part_fuses(bias, backend):
+    """SwiGLU's gated part (fc1_g, act, fc1_x, the product) runs as one dualk.linear_glu on its
+    own Linears; drop1, norm (nn.Identity), fc2 and drop2 stay in the graph."""
+    torch.manual_seed(9)
+    model = TimmSwiGLU(bias=bias)
+    fused, rep = fuse(model, backend=backend, report=True)
+    [chain] = rep.fused
+    assert chain.kind == "LinearGLU" and chain.modules == ["fc1_g", "fc1_x"], str(rep)
+    assert chain.nodes == ["fc1_g", "act", "fc1_x", "mul"] and chain.widths == [8, 12]
+    assert chain.activation == "silu" and chain.backend == backend
+    assert dict(rep.skipped).keys() == {"fc2"}
+    _same_outputs_and_gradients(model, fused, torch.randn(2, 3, 8))
+
+
+def test_timm_swiglu_active_dropout_stays_in_the_graph():
+    """drop1 (p > 0, training) is not absorbed: it drops the fused product as it dropped the
+    original one (the same random draws under the same seed)."""
+    torch.manual_seed(10)
+    model = TimmSwiGLU(p=0.5).train()
+    fused, rep = fuse(model, backend="torch", report=True)
+    assert [c.kind for c in rep.fused] == ["LinearGLU"]
+    out = _same_outputs_and_gradients(model, fused, torch.randn(6, 8), seed=11)
+    assert (out == 0).any()  # drop2 dropped
+
+
+def test_gated_product_not_into_a_linear_is_left_alone():
+    """A gated product that goes through something other than nn.Dropout / nn.Identity before
+    the down projection (a LayerNorm: timm's SwiGLU with a norm layer) is not taken."""
+    model = TimmSwiGLU()
+    model.norm = nn.LayerNorm(12)
+    _, rep = fuse(model, report=True)
+    assert not any(c.kind == "LinearGLU" for c in rep.fused), str(rep)
+
+
+def test_real_timm_gated_mlps():
+    """timm's own SwiGLU fuses as its stand-in does (skips where timm cannot be imported)."""
+    mlp = _timm_mlp_layers()
+    torch.manual_seed(12)
+    model = mlp.SwiGLU(8, 12)
+    fused, rep = fuse(model, backend="torch", report=True)
+    assert [(c.kind, c.modules) for c in rep.fused] == [("LinearGLU", ["fc1_g", "fc1_x"])]
+    _same_outputs_and_gradients(model, fused, torch.randn(3, 8))
+
+
 def _fake_transformers_activations(monkeypatch):
     """Classes with transformers.activations' names and forwards (transformers is not a test
     dependency): fuse matches them by module and class name."""
