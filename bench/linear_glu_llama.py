@@ -14,7 +14,10 @@ Paths, each timed in the same process:
   cuda / triton / auto   dualk.linear_glu(x, Wg, Wu, backend=...)
 Forward under torch.no_grad(); backward: torch.autograd.grad of the same output (a fixed random
 upstream gradient) with respect to x, Wg and Wu, the forward run once outside the timed window
-(retain_graph), so the backward alone is timed; dualk's backward is its registered formula.
+(retain_graph), so the backward alone is timed; dualk's backward is its registered formula: the
+training forward (dualk::linear_glu_train) keeps both pre-activations, as eager does, so the
+backward runs the four gradient GEMMs and one fused elementwise pass (Triton on a GPU); the
+"bwd" route lines say what each dualk path's forward saved ((M, N) tensors: 2 = gate and up).
 Timing: dualk.tools.bench.time_device (CUDA events, an L2 flush and a GPU sleep before each call,
 interquartile mean), ROUNDS passes over the paths, a row's time is the median of its passes.
 Checks: every output (and every gradient) against eager's, relative Frobenius error within the
@@ -225,7 +228,14 @@ def run_backward(row, shape, inputs, upstream, fns, timer, args, tol) -> None:
         try:
             if path == "compile":  # a fresh compile: the forward's was traced under no_grad
                 fns[path] = torch.compile(eager_glu, dynamic=False)
-            out = fns[path](*leaves)
+            kept: list = []
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t, kept=kept: kept.append(tuple(t.shape)) or t, lambda t: t
+            ):
+                out = fns[path](*leaves)
+            if path in DUALK_PATHS:
+                mn = tuple(out.shape)
+                res.route = f"{type(out.grad_fn).__name__}, saved {kept.count(mn)} (M, N) tensors"
             grads = torch.autograd.grad(out, leaves, upstream, retain_graph=True)
             res.error = max(_rel_err(g, r) for g, r in zip(grads, ref_grads))
             res.ok = res.error <= tol
@@ -350,6 +360,9 @@ def print_table(rows: list[Row], dtype) -> None:
         for p, r in row.forward.items():
             if r.route:
                 print(f"{row.shape.label:>18}  {p}: {r.route}")
+        for p, r in row.backward.items():
+            if r.route:
+                print(f"{row.shape.label:>18}  bwd {p}: {r.route}")
         if row.sweep:
             ran = [e for e in row.sweep if e.get("us") is not None]
             best = min(ran, key=lambda e: e["us"]) if ran else None

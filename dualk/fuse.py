@@ -8,9 +8,13 @@ or torch.relu, F.relu, F.gelu(approximate=...), F.silu, Tensor.relu calls; or no
 the Linears share one dtype (float32, float16 or bfloat16) and device. A chain of >= 2 Linears
 becomes a `dualk.nn.FusedMLP` (split into pieces of at most 8 layers, what one fused kernel
 holds), a single Linear followed by GELU a `dualk.nn.LinearGELU`. A gated MLP (LLaMA's
-`down(act(gate(x)) * up(x))`: two Linears of one shape on the same input, a SiLU / GELU / ReLU
-on the gate's output alone, their product going into a Linear) has its gated part (gate, act,
-up, mul) run as one `dualk.linear_glu` (report kind "LinearGLU"); `down` stays in the graph.
+`down(act(gate(x)) * up(x))`, timm's SwiGLU: two Linears of one shape on the same input, a
+SiLU / GELU / ReLU on the gate's output alone, their product going into a Linear, directly or
+through nn.Dropout / nn.Identity modules) has its gated part (gate, act, up, mul) run as one
+`dualk.linear_glu` (report kind "LinearGLU"); `down` (and those modules) stay in the graph. So
+does timm's GluMlp, one Linear whose output is split in halves (`x.chunk(2, dim=-1)`) with the
+activation on one of them: its weight is passed packed where the gate is the first half (timm's
+SwiGLUPacked), as views of its halves where it is the second (GluMlp's default gate_last=True).
 Linears and activations that are subclasses with their own forward, or have hooks, are not
 fused.
 
@@ -459,6 +463,9 @@ class _Chain:
     # per gap between two Linears: the nn.Dropout / nn.Identity modules after the activation
     between: list[tuple[nn.Module, ...]] = field(default_factory=list)
     glu: bool = False  # a gated part: nodes (gate, act, up, mul), linears (gate, up)
+    # a gated part of one Linear whose output is split in halves (timm's GluMlp): linears
+    # (that Linear,), and which half the gate is (0: [gate | up], 1: [up | gate])
+    gate_half: int = 0
 
 
 def _linear_module(gm: fx.GraphModule, node: fx.Node) -> nn.Linear | None:
@@ -628,25 +635,44 @@ def _single_user(node: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _other_factor(mul: fx.Node | None, act_node: fx.Node) -> fx.Node | None:
+    """The other factor when `mul` is a product of `act_node` and one other node (operator.mul,
+    torch.mul or Tensor.mul, either order), else None."""
+    if mul is None or mul.kwargs or len(mul.args) != 2 or act_node not in mul.args:
+        return None
+    if not (
+        (mul.op == "call_function" and mul.target in _MULS)
+        or (mul.op == "call_method" and mul.target == "mul")
+    ):
+        return None
+    other = mul.args[1] if mul.args[0] is act_node else mul.args[0]
+    return other if isinstance(other, fx.Node) and other is not act_node else None
+
+
+def _goes_into_linear(gm: fx.GraphModule, mul: fx.Node) -> bool:
+    """Whether the product goes into an nn.Linear (the down projection), through nn.Dropout /
+    nn.Identity modules (timm's SwiGLU and GluMlp: drop1, then norm, an nn.Identity unless a
+    norm layer is asked for), which stay in the graph."""
+    tail, down_node = mul, _single_user(mul)
+    while down_node is not None and _passthrough(gm, down_node, tail) is not None:
+        tail, down_node = down_node, _single_user(down_node)
+    down = None if down_node is None else _linear_module(gm, down_node)
+    return down is not None and _call_problem(down_node, tail) is None
+
+
 def _glu_at(gm: fx.GraphModule, gate_node: fx.Node, gate: nn.Linear) -> _Chain | None:
     """The gated part `act(gate(x)) * up(x)` (followed by a Linear) starting at the Linear call
     `gate_node`, or None: the activation applies to the gate's output alone, `up` is an
     nn.Linear of the gate's shape, bias presence, dtype and device called on the same input,
-    each value has one user, and the product goes into an nn.Linear (the down projection)."""
+    each value has one user, and the product goes into an nn.Linear (the down projection;
+    nn.Dropout / nn.Identity modules between them stay, as in timm's SwiGLU)."""
     act_node = _single_user(gate_node)
     if act_node is None or _call_problem(gate_node, None):
         return None
     act = _activation_of(gm, act_node, gate_node)
     mul = _single_user(act_node) if act is not None else None
-    if mul is None or mul.kwargs or len(mul.args) != 2 or act_node not in mul.args:
-        return None
-    if not (
-        (mul.op == "call_function" and mul.target in _MULS)
-        or (mul.op == "call_method" and mul.target == "mul" and mul.args[0] is act_node)
-    ):
-        return None
-    up_node = mul.args[1] if mul.args[0] is act_node else mul.args[0]
-    if not isinstance(up_node, fx.Node) or up_node is act_node:
+    up_node = _other_factor(mul, act_node)
+    if up_node is None:
         return None
     up = _linear_module(gm, up_node)
     if (
@@ -659,23 +685,90 @@ def _glu_at(gm: fx.GraphModule, gate_node: fx.Node, gate: nn.Linear) -> _Chain |
         or up.weight.shape != gate.weight.shape
         or (up.bias is None) != (gate.bias is None)
         or _dtype_device(up) != _dtype_device(gate)
+        or not _goes_into_linear(gm, mul)
     ):
-        return None
-    down_node = _single_user(mul)
-    down = None if down_node is None else _linear_module(gm, down_node)
-    if down is None or _call_problem(down_node, mul):
         return None
     return _Chain([gate_node, act_node, up_node, mul], [0, 2], [gate, up], act, glu=True)
 
 
-def _find_glus(gm: fx.GraphModule, consumed: set[fx.Node]) -> list[_Chain]:
+def _halves(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(split, first half, second half) when `node`'s one user splits it in two along the last
+    dim (`node.chunk(2, dim=-1)` or `torch.chunk(node, 2, -1)`) and both halves are taken
+    (`[0]`, `[1]`, as `a, b = ...` does), each used once."""
+    split = _single_user(node)
+    if split is None or not (
+        (split.op == "call_method" and split.target == "chunk")
+        or (split.op == "call_function" and split.target is torch.chunk)
+    ):
+        return None
+    bound = dict(zip(("input", "chunks", "dim"), split.args))
+    for key, value in split.kwargs.items():
+        if key in bound or key not in ("chunks", "dim"):
+            return None
+        bound[key] = value
+    if bound.get("input") is not node or bound.get("chunks") != 2 or bound.get("dim") != -1:
+        return None
+    taken: dict[int, fx.Node] = {}
+    for user in split.users:
+        if not (
+            user.op == "call_function"
+            and user.target is operator.getitem
+            and len(user.args) == 2
+            and user.args[0] is split
+            and user.args[1] in (0, 1)
+            and user.args[1] not in taken
+            and _single_user(user) is not None
+        ):
+            return None
+        taken[user.args[1]] = user
+    if len(taken) != 2:
+        return None
+    return split, taken[0], taken[1]
+
+
+def _halves_glu_at(gm: fx.GraphModule, node: fx.Node, lin: nn.Linear) -> _Chain | str | None:
+    """The gated part of timm's GluMlp starting at the Linear call `node`: its output split in
+    halves, an activation on one half alone (the gate), the product of that and the other half
+    going into an nn.Linear (through nn.Dropout / nn.Identity modules). A _Chain, or a sentence
+    saying why such a product cannot be fused (its activation), or None (another pattern)."""
+    halves = _halves(node)
+    if halves is None or _call_problem(node, None) or lin.out_features % 2:
+        return None
+    split, first, second = halves
+    for gate_half, (gate, up) in enumerate(((first, second), (second, first))):
+        act_node = _single_user(gate)
+        act = _activation_of(gm, act_node, gate)
+        mul = _single_user(act_node)
+        if _other_factor(mul, act_node) is not up or _single_user(up) is not mul:
+            continue
+        if not _goes_into_linear(gm, mul):
+            return None
+        if act is None:
+            return (
+                f"its output halves make a gated product whose gate goes through "
+                f"{_node_text(gm, act_node)}, which dualk.linear_glu cannot take (its "
+                "activations: silu, gelu, relu, as modules without hooks or functions)"
+            )
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        nodes = sorted((node, split, first, second, act_node, mul), key=order.__getitem__)
+        return _Chain(nodes, [0], [lin], act, glu=True, gate_half=gate_half)
+    return None
+
+
+def _find_glus(
+    gm: fx.GraphModule, consumed: set[fx.Node], reasons: dict[fx.Node, str]
+) -> list[_Chain]:
+    """The gated parts: two Linears (LLaMA's MLP, timm's SwiGLU) or one split in halves (timm's
+    GluMlp). reasons: a Linear whose gated product cannot be fused, with why."""
     chains = []
     for node in gm.graph.nodes:
         lin = _linear_module(gm, node)
         if lin is None or node in consumed or _linear_reject(lin):
             continue
-        chain = _glu_at(gm, node, lin)
-        if chain is not None and not consumed.intersection(chain.nodes):
+        chain = _glu_at(gm, node, lin) or _halves_glu_at(gm, node, lin)
+        if isinstance(chain, str):
+            reasons[node] = chain
+        elif chain is not None and not consumed.intersection(chain.nodes):
             consumed.update(chain.nodes)
             chains.append(chain)
     return chains
@@ -683,7 +776,9 @@ def _find_glus(gm: fx.GraphModule, consumed: set[fx.Node]) -> list[_Chain]:
 
 def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]:
     consumed: set[fx.Node] = set()
-    chains = _find_glus(gm, consumed)  # gated MLPs first: their Linears are no chain's start
+    glu_reasons: dict[fx.Node, str] = {}
+    # gated MLPs first: their Linears are no chain's start
+    chains = _find_glus(gm, consumed, glu_reasons)
     for node in gm.graph.nodes:
         if node in consumed:
             continue
@@ -697,7 +792,8 @@ def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]
         chain = _walk(gm, node, lin, consumed, ctx, prefix)
         n = len(chain.linears)
         if n == 1 and not chain.trailing_gelu:  # a lone Linear: nothing to fuse
-            ctx.lone.setdefault(_label(node, prefix), chain.stop or "nothing to fuse it with")
+            why = glu_reasons.get(node) or chain.stop or "nothing to fuse it with"
+            ctx.lone.setdefault(_label(node, prefix), why)
             continue
         if n < ctx.min_layers:
             reason = f"a chain of {n} Linear(s), fewer than min_layers={ctx.min_layers}"
@@ -756,7 +852,12 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
     act = chain.activation or _NONE
     if chain.glu:
         kind, name = "LinearGLU", _unique_name(gm, "dualk_linear_glu")
-        module: nn.Module = _SharedLinearGLU(*chain.linears, act, ctx.backend)
+        if len(chain.linears) == 1:
+            module: nn.Module = _SharedHalvesGLU(
+                chain.linears[0], chain.gate_half == 0, act, ctx.backend
+            )
+        else:
+            module = _SharedLinearGLU(*chain.linears, act, ctx.backend)
     elif len(chain.linears) == 1:
         kind, name = "LinearGELU", _unique_name(gm, "dualk_linear_gelu")
         module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
@@ -773,7 +874,8 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
         gm.graph.erase_node(node)
     widths = [chain.linears[0].in_features, *(lin.out_features for lin in chain.linears)]
     if chain.glu:
-        widths = [chain.linears[0].in_features, chain.linears[0].out_features]
+        n = chain.linears[0].out_features // (2 if len(chain.linears) == 1 else 1)
+        widths = [chain.linears[0].in_features, n]
     ctx.report.fused.append(
         FusedChain(
             prefix + name,
@@ -874,6 +976,34 @@ class _SharedLinearGLU(GatedBase):
         return (
             f"activation={act}, backend={self.backend!r}, gate={self.shared_names[0]}, "
             f"up={self.shared_names[1]} (shared)"
+        )
+
+
+class _SharedHalvesGLU(GatedBase):
+    """The gated part of timm's GluMlp, `act(gate) * up` with `gate, up` the halves of one
+    Linear's output ([gate | up], or [up | gate] for GluMlp's gate_last=True), over that Linear,
+    which stays registered where the model has it (held in a tuple, as _SharedLinearGLU)."""
+
+    def __init__(self, linear: nn.Linear, gate_first: bool, act: Activation, backend: str):
+        nn.Module.__init__(self)
+        self.activation, self.approximate = act
+        self.backend = check_name(backend, "dualk.fuse(backend=)")
+        self.gate_first = gate_first
+        object.__setattr__(self, "_shared", (linear,))
+        self.shared_names = [""]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._halves_glu(x, self._shared[0], self.gate_first)
+
+    def _get_name(self) -> str:
+        return "LinearGLU"
+
+    def extra_repr(self) -> str:
+        act = _describe((self.activation, self.approximate))
+        halves = "[gate | up]" if self.gate_first else "[up | gate]"
+        return (
+            f"activation={act}, backend={self.backend!r}, linear={self.shared_names[0]} "
+            f"{halves} (shared)"
         )
 
 

@@ -345,14 +345,22 @@ def shape_of_linear_glu(weight_gate, weight_up, bias_gate, bias_up, activation: 
             str(weight_gate.dtype), str(weight_gate.device))  # fmt: skip
 
 
-def original_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate):
-    """linear_glu by PyTorch's own ops: act(F.linear(x, Wg, bg)) * F.linear(x, Wu, bu)."""
-    gate = F.linear(x, weight_gate, bias_gate)
+def original_glu(
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, gate_last=False
+):
+    """linear_glu by PyTorch's own ops: act(F.linear(x, Wg, bg)) * F.linear(x, Wu, bu). With
+    weight_up None, one Linear (weight_gate, bias_gate) computes both: one GEMM whose output
+    halves are [gate | up] ([up | gate] with gate_last, as timm's GluMlp), as the model does."""
+    if weight_up is None:
+        first, second = F.linear(x, weight_gate, bias_gate).chunk(2, dim=-1)
+        gate, up = (second, first) if gate_last else (first, second)
+    else:
+        gate, up = F.linear(x, weight_gate, bias_gate), None
     if activation == "gelu":
         gate = F.gelu(gate, approximate=approximate)
     else:
         gate = F.silu(gate) if activation == "silu" else F.relu(gate)
-    return gate * F.linear(x, weight_up, bias_up)
+    return gate * (F.linear(x, weight_up, bias_up) if up is None else up)
 
 
 def auto_allowed(spec_name: str, backend: str) -> bool:

@@ -212,8 +212,9 @@ def _check_glu_activation(where: str, activation, approximate) -> None:
 class GatedBase(nn.Module):
     """The gated part `act(x @ Wg.T + bg) * (x @ Wu.T + bu)` of a gated MLP, fused
     (`dualk.linear_glu`) or by PyTorch's ops, chosen by dualk.module_choice (kind
-    "linear_glu"). Subclasses provide `_gate_up()` -> (gate Linear, up Linear) and set
-    `activation`, `approximate` and `backend`."""
+    "linear_glu"). Subclasses provide `_gate_up()` -> (gate Linear, up Linear) and call
+    `_glu`, or call `_halves_glu` with one Linear computing both; they set `activation`,
+    `approximate` and `backend`."""
 
     def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
         raise NotImplementedError
@@ -230,7 +231,33 @@ class GatedBase(nn.Module):
             backend=self.backend,
         )  # fmt: skip
 
+    def _halves_glu(self, x: torch.Tensor, linear: nn.Linear, gate_first: bool) -> torch.Tensor:
+        """The gated part where one Linear computes both projections, its output split in halves
+        (timm's GluMlp: `fc1(x).chunk(2, dim=-1)`): [gate | up] when gate_first, else [up |
+        gate] (GluMlp's gate_last=True). Fused on the Linear's own parameters: the packed weight
+        as it is when the gate comes first, else views of its halves; the original path is the
+        model's own computation (one GEMM, then the halves)."""
+        w, b = linear.weight, linear.bias
+        path = _choose_path(self, "linear_glu", x, [w], [b])
+        self.__dict__["_last_path"] = path
+        act, approximate = self.activation, self.approximate
+        if path == "original":
+            return module_choice.original_glu(x, w, None, b, None, act, approximate, not gate_first)
+        if gate_first:
+            return ops.linear_glu(
+                x, w, None, b, None, activation=act, approximate=approximate, backend=self.backend
+            )
+        n = w.shape[0] // 2
+        bg, bu = (None, None) if b is None else (b[n:], b[:n])
+        return ops.linear_glu(
+            x, w[n:], w[:n], bg, bu, activation=act, approximate=approximate, backend=self.backend
+        )
+
     def _choice_shape(self, weights, biases) -> tuple:
+        if len(weights) == 1:  # one Linear computing both halves: each half's shape
+            w, b = weights[0], biases[0]
+            n = w.shape[0] // 2
+            weights, biases = [w[:n], w[n:]], [None, None] if b is None else [b[:n], b[n:]]
         return module_choice.shape_of_linear_glu(
             *weights, *biases, self.activation, self.approximate
         )
@@ -312,18 +339,11 @@ class GatedMLP(GatedBase):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
-# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
-# torch 2.11: every compiled fused module kept dualk's op); there, export of a fused module on
-# the GPU is measured like a compile.
-_EXPORTING_IS_ACCURATE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
-
-
 _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compiling)
-
-
-def _exporting() -> bool:
-    return _EXPORTING_IS_ACCURATE and _is_exporting()
+# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
+# torch 2.11: every compiled fused module kept dualk's op); there route.exporting() is False,
+# and export of a fused module on the GPU is measured like a compile.
+_exporting = route.exporting
 
 
 _is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the trace records

@@ -57,6 +57,7 @@ _F64 = torch.float64
 _is_compiling = route.is_compiling
 _is_tracing = route.is_tracing
 _is_grad_enabled = route.is_grad_enabled
+_exporting = route.exporting
 _Tensor = torch.Tensor
 _direct = route.direct
 _recorded = route.recorded
@@ -214,7 +215,9 @@ def linear_glu(
     `[gate; up]` (2N, K), its bias likewise packed in `bias_gate` (2N,) (bias_up None).
     activation: "silu", "gelu" (`approximate` "tanh" or "none", as nn.GELU) or "relu";
     float32, float16 or bfloat16. Under torch.autocast the inputs are cast to its dtype first,
-    as for F.linear. No CUDA kernel yet: backend="cuda" raises, "auto" never picks it."""
+    as for F.linear. When autograd records the call, the forward also keeps both
+    pre-activations (2 x rows x N elements, as eager PyTorch keeps them) so that the backward
+    runs the gradient GEMMs only (dualk::linear_glu_train)."""
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x, weight_gate, weight_up, bias_gate, bias_up = (
             _autocast(dtype, t) for t in (x, weight_gate, weight_up, bias_gate, bias_up)
@@ -226,9 +229,23 @@ def linear_glu(
     if _direct(x, weight_gate, weight_up, bias_gate, bias_up):
         return _run_linear_glu(*args, backend)
     _check_glu_options(activation, approximate)
+    # Training: the forward also keeps both pre-activations (dualk::linear_glu_train), so that
+    # the backward runs the four gradient GEMMs only (as eager PyTorch, which saves them too)
+    # instead of recomputing the two forward GEMMs first.
     if _recorded(x, weight_gate, weight_up, bias_gate, bias_up):
-        return eager_autograd.apply("linear_glu", *args, backend)
+        return eager_autograd.linear_glu(*args, backend)
     _check_before_op(backend, _check_linear_glu, *args)
+    # torch.export (a graph to deploy, not to train) keeps the plain op, whose backward reruns
+    # the training forward for any caller that does differentiate it.
+    if (
+        _is_grad_enabled()
+        and not _exporting()
+        and any(
+            isinstance(t, _Tensor) and t.requires_grad
+            for t in (x, weight_gate, weight_up, bias_gate, bias_up)
+        )
+    ):
+        return _dualk.linear_glu_train(*args, backend)[0]
     return _dualk.linear_glu(*args, backend)
 
 

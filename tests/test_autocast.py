@@ -1,7 +1,8 @@
-"""dualk under torch.autocast: the matmul-like operators (matmul, linear_gelu, fused_mlp) cast
-their floating inputs to the autocast dtype as F.linear / torch.mm do, so an autocast model can
-call them with fp32 parameters, or with an activation that an autocast op before them produced in
-16-bit (which would otherwise be a mixed-dtype error); gradients reach the fp32 parameters."""
+"""dualk under torch.autocast: the matmul-like operators (matmul, linear_gelu, fused_mlp,
+linear_glu) cast their floating inputs to the autocast dtype as F.linear / torch.mm do, so an
+autocast model can call them with fp32 parameters, or with an activation that an autocast op
+before them produced in 16-bit (which would otherwise be a mixed-dtype error); gradients reach
+the fp32 parameters."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _params(*shapes):
 
 def _calls(backend):
     """op -> (call on tensors, the fp32 tensors it takes)."""
-    x, w1, b1, w2, b2, bm = _params((9, 16), (24, 16), (24,), (8, 24), (8,), (16, 5))
+    x, w1, b1, w2, b2, bm, wu = _params((9, 16), (24, 16), (24,), (8, 24), (8,), (16, 5), (24, 16))
     return {
         "matmul": (lambda t: dualk.matmul(t[0], t[1], backend=backend), [x, bm]),
         "linear_gelu": (lambda t: dualk.linear_gelu(*t, backend=backend), [x, w1, b1]),
@@ -41,12 +42,16 @@ def _calls(backend):
             lambda t: dualk.fused_mlp(t[0], [t[1], t[3]], [t[2], t[4]], backend=backend),
             [x, w1, b1, w2, b2],
         ),
+        "linear_glu": (
+            lambda t: dualk.linear_glu(t[0], t[1], t[2], t[3], None, backend=backend),
+            [x, w1, wu, b1],
+        ),
     }
 
 
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op", ["matmul", "linear_gelu", "fused_mlp"])
+@pytest.mark.parametrize("op", ["matmul", "linear_gelu", "fused_mlp", "linear_glu"])
 def test_autocast_runs_the_op_in_its_dtype_with_fp32_gradients(op, backend, dtype):
     _skip_unavailable(backend)
     call, tensors = _calls(backend)[op]

@@ -87,6 +87,205 @@ def test_active_dropout_runs_the_original_ops():
     torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
 
 
+# ------------------------------------------------------------------- timm's gated MLPs
+# Stand-ins with timm's structure and forward code (timm 1.0.31, timm/layers/mlp.py, use_conv
+# False): timm needs torchvision, whose PyPI wheels do not load against a local torch build, so
+# the suite does not depend on it; test_real_timm_gated_mlps runs the real classes where timm
+# imports.
+class TimmSwiGLU(nn.Module):
+    """timm.layers.SwiGLU: fc1_g and fc1_x (split fc1), act (nn.SiLU), drop1, norm
+    (nn.Identity without a norm layer), fc2, drop2."""
+
+    def __init__(self, d=8, hidden=12, bias=True, p=0.0, act_layer=nn.SiLU):
+        super().__init__()
+        self.fc1_g = nn.Linear(d, hidden, bias=bias)
+        self.fc1_x = nn.Linear(d, hidden, bias=bias)
+        self.act, self.drop1, self.norm = act_layer(), nn.Dropout(p), nn.Identity()
+        self.fc2, self.drop2 = nn.Linear(hidden, d, bias=bias), nn.Dropout(p)
+
+    def forward(self, x):
+        x_gate = self.fc1_g(x)
+        x = self.fc1_x(x)
+        x = self.act(x_gate) * x
+        x = self.drop1(x)
+        x = self.norm(x)
+        x = self.fc2(x)
+        x = self.drop2(x)
+        return x
+
+
+class TimmGluMlp(nn.Module):
+    """timm.layers.GluMlp (use_conv=False): fc1 computes both halves, chunked; the activation
+    (nn.Sigmoid by default: the original GLU) on the second half when gate_last (the default),
+    else on the first (timm's SwiGLUPacked: nn.SiLU, gate_last=False); then drop1, norm, fc2,
+    drop2."""
+
+    def __init__(self, d=8, hidden=24, bias=True, p=0.0, act_layer=nn.Sigmoid, gate_last=True):
+        super().__init__()
+        self.chunk_dim = -1
+        self.gate_last = gate_last
+        self.fc1 = nn.Linear(d, hidden, bias=bias)
+        self.act, self.drop1, self.norm = act_layer(), nn.Dropout(p), nn.Identity()
+        self.fc2, self.drop2 = nn.Linear(hidden // 2, d, bias=bias), nn.Dropout(p)
+
+    def forward(self, x):
+        x = self.fc1(x)
+        x1, x2 = x.chunk(2, dim=self.chunk_dim)
+        x = x1 * self.act(x2) if self.gate_last else self.act(x1) * x2
+        x = self.drop1(x)
+        x = self.norm(x)
+        x = self.fc2(x)
+        x = self.drop2(x)
+        return x
+
+
+def _timm_mlp_layers():
+    """timm.layers.mlp, or a skip saying why it cannot be used here."""
+    try:
+        from timm.layers import mlp
+    except Exception as exc:  # not installed, or torchvision broken against this torch
+        pytest.skip(
+            f"timm cannot be imported here ({type(exc).__name__}: {str(exc)[:120]}); the "
+            "stand-ins above cover its structure"
+        )
+    return mlp
+
+
+def _same_outputs_and_gradients(model, fused, x, seed=None):
+    """The fused model's output and gradients (x and every parameter) are the original's, its
+    parameters and state_dict keys the original's own."""
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in model.parameters()}
+    x = x.clone().requires_grad_()
+    leaves = [x, *model.parameters()]
+    outs, grads = [], []
+    for m in (fused, model):
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = m(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    for g, e in zip(*grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    return outs[0]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_timm_swiglu_gated_part_fuses(bias, backend):
+    """SwiGLU's gated part (fc1_g, act, fc1_x, the product) runs as one dualk.linear_glu on its
+    own Linears; drop1, norm (nn.Identity), fc2 and drop2 stay in the graph."""
+    torch.manual_seed(9)
+    model = TimmSwiGLU(bias=bias)
+    fused, rep = fuse(model, backend=backend, report=True)
+    [chain] = rep.fused
+    assert chain.kind == "LinearGLU" and chain.modules == ["fc1_g", "fc1_x"], str(rep)
+    assert chain.nodes == ["fc1_g", "act", "fc1_x", "mul"] and chain.widths == [8, 12]
+    assert chain.activation == "silu" and chain.backend == backend
+    assert dict(rep.skipped).keys() == {"fc2"}
+    _same_outputs_and_gradients(model, fused, torch.randn(2, 3, 8))
+
+
+def test_timm_swiglu_active_dropout_stays_in_the_graph():
+    """drop1 (p > 0, training) is not absorbed: it drops the fused product as it dropped the
+    original one (the same random draws under the same seed)."""
+    torch.manual_seed(10)
+    model = TimmSwiGLU(p=0.5).train()
+    fused, rep = fuse(model, backend="torch", report=True)
+    assert [c.kind for c in rep.fused] == ["LinearGLU"]
+    out = _same_outputs_and_gradients(model, fused, torch.randn(6, 8), seed=11)
+    assert (out == 0).any()  # drop2 dropped
+
+
+def test_gated_product_not_into_a_linear_is_left_alone():
+    """A gated product that goes through something other than nn.Dropout / nn.Identity before
+    the down projection (a LayerNorm: timm's SwiGLU with a norm layer) is not taken."""
+    model = TimmSwiGLU()
+    model.norm = nn.LayerNorm(12)
+    _, rep = fuse(model, report=True)
+    assert not any(c.kind == "LinearGLU" for c in rep.fused), str(rep)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("gate_last", [True, False])
+def test_timm_glu_mlp_gated_part_fuses(gate_last, bias, backend, monkeypatch):
+    """GluMlp's gated part (fc1, chunk, act on the gate half, the product) runs as one
+    dualk.linear_glu on fc1's own parameters: packed as they are where the gate is the first
+    half, the halves' views swapped where it is the second (gate_last)."""
+    torch.manual_seed(13)
+    model = TimmGluMlp(bias=bias, act_layer=nn.GELU, gate_last=gate_last)
+    fused, rep = fuse(model, backend=backend, report=True)
+    [chain] = rep.fused
+    assert chain.kind == "LinearGLU" and chain.modules == ["fc1"], str(rep)
+    assert chain.nodes == ["fc1", "chunk", "getitem", "getitem_1", "act", "mul"]
+    assert chain.widths == [8, 12] and chain.activation == "gelu(none)"
+    [module] = [m for m in fused.modules() if type(m).__name__ == "_SharedHalvesGLU"]
+    assert module.gate_first is not gate_last
+    calls = []
+    real = dualk.ops.linear_glu
+
+    def spy(x, weight_gate, weight_up=None, bias_gate=None, bias_up=None, **kwargs):
+        calls.append((weight_gate, weight_up, bias_gate, bias_up))
+        return real(x, weight_gate, weight_up, bias_gate, bias_up, **kwargs)
+
+    monkeypatch.setattr(dualk.ops, "linear_glu", spy)
+    _same_outputs_and_gradients(model, fused, torch.randn(2, 3, 8))
+    wg, wu, bg, bu = calls[0]
+    w, b = model.fc1.weight, model.fc1.bias
+    if not gate_last:  # [gate | up]: the packed weight itself
+        assert wg is w and wu is None and bg is b and bu is None
+    else:  # [up | gate]: views of fc1's weight, the gate the second half
+        assert wg.data_ptr() == w[12:].data_ptr() and wu.data_ptr() == w.data_ptr()
+        assert bias is (bg is not None) and (not bias or bg.data_ptr() == b[12:].data_ptr())
+
+
+def test_timm_glu_mlp_sigmoid_is_reported_not_fused():
+    """GluMlp's default gate activation, nn.Sigmoid (the original GLU), is none of
+    linear_glu's: nothing is fused and the report says why."""
+    _, rep = fuse(TimmGluMlp(), report=True)
+    assert rep.fused == []
+    skipped = dict(rep.skipped)
+    assert "act (Sigmoid), which dualk.linear_glu cannot take" in skipped["fc1"], str(rep)
+
+
+@pytest.mark.parametrize("gate_last", [True, False])
+def test_timm_glu_mlp_original_path(measured, gate_last):
+    """Where the measured choice takes the original path (PyTorch's ops), the fused GluMlp
+    computes as the model does: one GEMM, its halves in the model's order."""
+    torch.manual_seed(14)
+    model = TimmGluMlp(act_layer=nn.SiLU, gate_last=gate_last)
+    fused = fuse(model)
+    [module] = [m for m in fused.modules() if type(m).__name__ == "_SharedHalvesGLU"]
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-6, atol=1e-6)
+    assert module._last_path == "original"
+    [(key, entry)] = module_choice.details().items()
+    assert "linear_glu" in key and entry["path"] == "original"
+    _same_outputs_and_gradients(model, fused, x)
+
+
+def test_real_timm_gated_mlps():
+    """timm's own SwiGLU, GluMlp (SiLU, both gate halves) and SwiGLUPacked fuse as their
+    stand-ins do; GluMlp's default (Sigmoid) does not (skips where timm cannot be imported)."""
+    mlp = _timm_mlp_layers()
+    torch.manual_seed(12)
+    models = {
+        "SwiGLU": (mlp.SwiGLU(8, 12), ["fc1_g", "fc1_x"]),
+        "GluMlp gate_last": (mlp.GluMlp(8, 24, act_layer=nn.SiLU), ["fc1"]),
+        "GluMlp gate first": (mlp.GluMlp(8, 24, act_layer=nn.SiLU, gate_last=False), ["fc1"]),
+        "SwiGLUPacked": (mlp.SwiGLUPacked(8, 24), ["fc1"]),
+    }
+    for name, (model, modules) in models.items():
+        fused, rep = fuse(model, backend="torch", report=True)
+        assert [(c.kind, c.modules) for c in rep.fused] == [("LinearGLU", modules)], name
+        _same_outputs_and_gradients(model, fused, torch.randn(3, 8))
+    _, rep = fuse(mlp.GluMlp(8, 24), report=True)
+    assert rep.fused == [] and "Sigmoid" in dict(rep.skipped)["fc1"]
+
+
 def _fake_transformers_activations(monkeypatch):
     """Classes with transformers.activations' names and forwards (transformers is not a test
     dependency): fuse matches them by module and class name."""

@@ -160,9 +160,10 @@ def _climbs(fn) -> tuple[list, list]:
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_a_call_never_climbs_back_to_a_layer_it_left(backend):
-    """dualk.linear_gelu and dualk.fused_mlp, forward and backward: every call inside dualk goes
-    to the caller's layer or one below (the eager autograd route and the backward formulas
-    reach operators through the runtime, not through dualk.ops)."""
+    """dualk.linear_gelu, dualk.fused_mlp and dualk.linear_glu (its training route), forward
+    and backward: every call inside dualk goes to the caller's layer or one below (the eager
+    autograd route and the backward formulas reach operators through the runtime, not through
+    dualk.ops)."""
     import torch
 
     import dualk
@@ -174,6 +175,7 @@ def test_a_call_never_climbs_back_to_a_layer_it_left(backend):
         lambda: dualk.linear_gelu(x.detach(), w, b, backend=backend),
         lambda: dualk.linear_gelu(x, w, b, backend=backend).sum().backward(),
         lambda: dualk.fused_mlp(x, ws, bs, backend=backend).sum().backward(),
+        lambda: dualk.linear_glu(x, w, None, b, backend=backend).sum().backward(),
         lambda: dualk.add(x.detach(), x.detach(), backend=backend),
     ):
         fn()  # warm: auto's decision, lazy imports

@@ -166,12 +166,14 @@ def _second_derivatives(fn, args, kwargs, gen_key):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op", ["matmul", "linear_gelu", "fused_mlp"])
+@pytest.mark.parametrize("op", ["matmul", "linear_gelu", "fused_mlp", "linear_glu"])
 def test_second_derivatives_match_float64_autograd(op, backend):
     """Double backward (create_graph=True) through every op whose gradient depends on its
     inputs: dualk's backward kernels are not differentiable, so a backward that autograd records
     must not use them (fused_mlp's fused backward once gave second derivatives off by 300 here,
-    silently). float32, both routes: the eager one and the registered op."""
+    silently; linear_glu's saved pre-activations are constants to autograd, so recorded
+    backwards recompute them). float32, both routes: the eager one and the registered op (for
+    linear_glu its training op, what torch.compile records)."""
     _skip_unavailable(backend)
     spec = OPS[op]
     dtype = torch.float32
@@ -191,6 +193,14 @@ def test_second_derivatives_match_float64_autograd(op, backend):
                 return torch.ops.dualk.fused_mlp(x, weights, present, mask, activation, backend)
 
             routes["registered op"] = registered
+        if op == "linear_glu":  # the training op (what torch.compile records)
+
+            def registered_train(x, wg, wu, bg, bu, activation="silu", approximate="tanh"):
+                return torch.ops.dualk.linear_glu_train(
+                    x, wg, wu, bg, bu, activation, approximate, backend
+                )[0]
+
+            routes["registered op"] = registered_train
         for route, fn in routes.items():
             ours = _second_derivatives(fn, _as_parameters(sample.args), sample.kwargs, key)
             for i, (g, t, r) in enumerate(zip(ours, theirs, ref)):
@@ -201,6 +211,21 @@ def test_second_derivatives_match_float64_autograd(op, backend):
                     f"{op} [{sample.label}] {backend} ({route}) second derivative of input {i}: "
                     f"max error {err:.3g} vs PyTorch's {torch_err:.3g} (+{floor:.3g})"
                 )
+
+
+# Ops whose training forward on a backend is not its inference kernel: linear_glu on CUDA keeps
+# the pre-activations for the backward, which cuda_src/linear_glu.cu cannot store yet, so its
+# training forward is eager PyTorch's GEMMs (dualk/backends/cuda.py linear_glu_train): the same
+# values within the op's tolerance, not bit for bit. Gradients still agree bit for bit across
+# routes (one formula from the same saved tensors).
+_TRAINING_FORWARD_DIFFERS = {("linear_glu", "cuda")}
+
+
+def _assert_training_output(op, backend, out, ref):
+    if (op, backend) in _TRAINING_FORWARD_DIFFERS:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    else:
+        assert torch.equal(out, ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -220,7 +245,7 @@ def test_parameters_accepted_and_no_grad_saves_nothing(op, backend):
         inference = fn(*args, **sample.kwargs)
     for out in (no_grad, inference):
         assert out.grad_fn is None and not out.requires_grad
-        assert torch.equal(out, with_grad.detach())
+        _assert_training_output(op, backend, out, with_grad.detach())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -430,7 +455,7 @@ def test_eager_autograd_route_equals_registered_op(op, backend):
     out = getattr(dualk, op)(*eager_args, **sample.kwargs, backend=backend)
     assert "dualk" not in type(out.grad_fn).__name__.lower()  # the Function, not the op
     ref = getattr(torch.ops.dualk, op)(*_op_args(op, Sample(op_args, sample.kwargs, "")), backend)
-    assert torch.equal(out, ref)
+    _assert_training_output(op, backend, out, ref.detach())
     weight = torch.randn(out.shape, generator=_gen(op, "route")).to(DEVICE)
     (out * weight).sum().backward()
     (ref * weight).sum().backward()

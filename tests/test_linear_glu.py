@@ -12,8 +12,12 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dualk
+from dualk.autograd import calls as formula_calls
+from dualk.backends import unavailable_reason
+from dualk.backends.torch_ref import glu_activation, split_glu_parameters
 from dualk.core.errors import (
     BackendUnavailableError,
     DeviceMismatchError,
@@ -126,15 +130,206 @@ def test_gradients_match_float64_autograd(activation, approximate, layout, dtype
         )
 
 
-def test_backward_recomputes_instead_of_saving_pre_activations():
-    """The autograd formula saves the inputs only (x, weights, biases): no (M, N) tensor."""
-    x, wg, wu, bg, bu = _params(_sample("contiguous", "silu", "tanh", torch.float32).args)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(
-        lambda t: saved.append(t.shape) or t, lambda t: t
+class _CountGemms(TorchDispatchMode):
+    """Records the shapes of the GEMMs (aten mm / addmm / bmm) that run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def _glu_train_routes(backend):
+    """linear_glu's recorded routes: the eager autograd.Function, the registered training op
+    (what torch.compile and tensor subclasses record) and the plain registered op called
+    directly (which recomputes the pre-activations with the training implementation)."""
+    return {
+        "eager": lambda x, wg, wu, bg, bu, activation, approximate: dualk.linear_glu(
+            x, wg, wu, bg, bu, activation=activation, approximate=approximate, backend=backend
+        ),
+        "train op": lambda x, wg, wu, bg, bu, activation, approximate: (
+            torch.ops.dualk.linear_glu_train(x, wg, wu, bg, bu, activation, approximate, backend)[0]
+        ),
+        "plain op": lambda x, wg, wu, bg, bu, activation, approximate: torch.ops.dualk.linear_glu(
+            x, wg, wu, bg, bu, activation, approximate, backend
+        ),
+    }
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+def test_backward_runs_the_gradient_gemms_only(layout, backend, monkeypatch):
+    """Training keeps both pre-activations (x's dtype, (M, N) each), as eager PyTorch does, and
+    the backward runs the gradient GEMMs only (dX from dG and dU, dWg, dWu; with packed weights
+    and Triton's packed [dG | dU], one GEMM for dX and one for d[Wg; Wu]) and no product of shape
+    (M, N): the two forward GEMMs are not run again (issue 35's backward goal). Counted at
+    dualk.matmul as the formula calls it (dualk/autograd/calls.py) and, on the torch backend, at
+    ATen's mm / addmm."""
+    s = _sample(layout, "silu", "tanh", torch.float32)
+    calls = []
+    real = formula_calls.matmul
+
+    def counting(a, b, backend):
+        out = real(a, b, backend)
+        calls.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(formula_calls, "matmul", counting)
+    one_gemm = layout == "packed" and backend == "triton"
+    for route in ("eager", "train op"):
+        x, wg, wu, bg, bu = _params(s.args)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t, saved=saved: saved.append(tuple(t.shape)) or t, lambda t: t
+        ):
+            out = _glu_train_routes(backend)[route](x, wg, wu, bg, bu, "silu", "tanh")
+        m, n = out.shape
+        assert saved.count((m, n)) == 2, (route, saved)
+        calls.clear()
+        with _CountGemms() as gemms:
+            out.backward(torch.randn(out.shape, generator=_gen("g", route)))
+        want = [x.shape, (2 * n, 24)] if one_gemm else [x.shape, x.shape, (n, 24), (n, 24)]
+        assert sorted(calls) == sorted(want), (route, calls)
+        if backend == "torch":
+            assert sorted(gemms.shapes) == sorted(want), (route, gemms.shapes)
+        else:
+            assert gemms.shapes == [], (route, gemms.shapes)  # Triton's GEMMs, no ATen one
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_training_forward_equals_inference_forward(dtype, backend):
+    """linear_glu_train's output is the no-grad call's bit for bit (same kernel, same
+    accumulators on Triton; the same operations on torch), its pre-activations those of the
+    float64 reference within the GEMM budget; every recorded route gives the same gradients bit
+    for bit (one formula from the same saved tensors)."""
+    if backend == "cuda":
+        pytest.skip("the CUDA training forward is eager's GEMMs: within tolerance, not bit-equal")
+    for layout in ("contiguous", "packed", "batched_x"):
+        s = _sample(layout, "gelu", "none", dtype, bias=layout != "batched_x")
+        with torch.no_grad():
+            ref = dualk.linear_glu(*s.args, **s.kwargs, backend=backend)
+        out, gate, up = torch.ops.dualk.linear_glu_train(*s.args, "gelu", "none", backend)
+        assert torch.equal(out, ref), (layout, backend)
+        assert gate.shape == up.shape == out.shape and gate.dtype == dtype
+        x, wg, wu, bg, bu = (a.double() if a is not None else None for a in s.args)
+        wg, wu, bg, bu = split_glu_parameters(wg, wu, bg, bu)
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(gate.double(), F.linear(x, wg, bg), rtol=tol, atol=tol)
+        torch.testing.assert_close(up.double(), F.linear(x, wu, bu), rtol=tol, atol=tol)
+        weight = torch.randn(out.shape, generator=_gen("w", layout)).to(DEVICE, dtype)
+        grads = {}
+        for route, fn in _glu_train_routes(backend).items():
+            args = _params(s.args)
+            fn(*args, "gelu", "none").mul(weight).sum().backward()
+            grads[route] = [a.grad for a in args if isinstance(a, torch.Tensor)]
+        for route, got in grads.items():
+            for a, b in zip(got, grads["eager"]):
+                assert torch.equal(a, b), (layout, backend, route)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["empty", "k0", "tiny"])
+def test_training_route_on_degenerate_shapes(case, backend):
+    """No rows, K = 0 (the output is act(bias_gate) * bias_up) and 1 x 1 x 1: the training
+    forward gives the inference answer, and gradients of the right shapes, equal to PyTorch's
+    autograd of the reference (exact for these shapes)."""
+    sample = SPEC.case(case).make(torch.float32, DEVICE, _gen("degenerate", case))
+    with torch.no_grad():
+        ref = dualk.linear_glu(*sample.args, **sample.kwargs, backend=backend)
+    ours, theirs = _params(sample.args), _params(sample.args)
+    out = dualk.linear_glu(*ours, **sample.kwargs, backend=backend)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-6, atol=1e-6)
+    weight = torch.randn(out.shape, generator=_gen("degenerate-w", case)).to(DEVICE)
+    (out * weight).sum().backward()
+    (SPEC.reference(*theirs, **sample.kwargs) * weight).sum().backward()
+    for a, b in zip(ours, theirs):
+        if isinstance(a, torch.Tensor):
+            assert a.grad is not None and a.grad.shape == a.shape, case
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck_training_op(backend):
+    """torch.library.opcheck of dualk::linear_glu_train (schema, fake, autograd registration
+    with its two non-differentiable outputs, AOT dispatch), separate and packed weights."""
+    for layout, act, approx, bias in (
+        ("contiguous", "silu", "tanh", True),
+        ("packed", "gelu", "none", False),
+        ("batched_x", "relu", "tanh", False),
     ):
-        out = dualk.linear_glu(x, wg, wu, bg, bu, backend="torch")
-    assert out.shape not in saved and saved
+        s = _sample(layout, act, approx, torch.float32, bias=bias, m=5, k=8, n=6)
+        args = _params(s.args)
+        torch.library.opcheck(
+            torch.ops.dualk.linear_glu_train.default, (*args, act, approx, backend)
+        )
+
+
+def test_compile_records_the_training_op_only_when_training():
+    """Under torch.compile, a call whose inputs need gradients records dualk::linear_glu_train
+    (so the compiled backward reads its saved pre-activations); under no_grad the plain op."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    s = _sample("packed", "silu", "tanh", torch.float32)
+    args = _params(s.args)
+    fn = torch.compile(
+        lambda *a: dualk.linear_glu(*a, backend="torch"), backend=backend, fullgraph=True
+    )
+    out = fn(*args)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*args), out.detach(), rtol=0, atol=0)
+    assert any("dualk.linear_glu_train" in t for t in graphs[0]), graphs[0]
+    assert any(t in ("dualk.linear_glu", "dualk.linear_glu.default") for t in graphs[1])
+    assert not any("linear_glu_train" in t for t in graphs[1]), graphs[1]
+    out.sum().backward()
+    assert all(a.grad is not None for a in args if isinstance(a, torch.Tensor))
+
+
+def test_export_keeps_the_inference_op():
+    """torch.export of a GatedMLP (parameters that need gradients, grad mode on) records the
+    plain dualk::linear_glu, not the training op that also writes the pre-activations."""
+    torch.manual_seed(3)
+    mlp = dualk.nn.GatedMLP(16, 24, 12, bias=True, backend="torch", device=DEVICE)
+    x = torch.randn(3, 16, device=DEVICE)
+    ep = torch.export.export(mlp, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if "dualk" in str(n.target)]
+    assert targets == ["dualk.linear_glu.default"], targets
+    torch.testing.assert_close(ep.module()(x), mlp(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_fused_elementwise_backward(dtype):
+    """The backward's one Triton pass ([d_gate | d_up] from grad, gate, up; registered as
+    dualk::linear_glu_grad_pre for traced backwards) against float64 for every activation, with
+    an expanded upstream gradient (stride 0, what sum().backward() hands over); opcheck."""
+    if unavailable_reason("triton", DEVICE) is not None:
+        pytest.skip(unavailable_reason("triton", DEVICE))
+    g = _gen("elementwise", dtype)
+    m, n = 7, 45
+    gate = (3 * randn((m, n), dtype, DEVICE, g)).to(dtype)
+    up = randn((m, n), dtype, DEVICE, g)
+    for grad in (randn((m, n), dtype, DEVICE, g), torch.ones((), dtype=dtype).expand(m, n)):
+        for activation, approximate in ACTIVATIONS:
+            args = (grad.to(DEVICE), gate, up, activation, approximate)
+            d_pre = torch.ops.dualk.linear_glu_grad_pre(*args)
+            assert d_pre.shape == (m, 2 * n) and d_pre.dtype == dtype
+            z = gate.double().requires_grad_()
+            out = glu_activation(z, activation, approximate) * up.double()
+            (d_gate,) = torch.autograd.grad(out, z, grad.double())
+            d_up = grad.double() * glu_activation(gate.double(), activation, approximate)
+            tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+            want = torch.cat((d_gate, d_up), 1)
+            torch.testing.assert_close(d_pre.double(), want, rtol=tol, atol=tol)
+    torch.library.opcheck(torch.ops.dualk.linear_glu_grad_pre.default, args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -119,6 +119,8 @@ def linear_glu_kernel(
     bg_ptr,
     bu_ptr,
     out_ptr,
+    gate_ptr,  # (M, N) contiguous, written when STORE_PRE (the training forward), else unused
+    up_ptr,
     # Sizes.
     M,
     N,
@@ -137,6 +139,7 @@ def linear_glu_kernel(
     ACTIVATION: tl.constexpr,  # common.ACT_* id of the gate's activation, in fp32
     FAST_ACT: tl.constexpr,  # cheap exp/division in the activation (fp16/bf16 outputs)
     INPUT_PRECISION: tl.constexpr,  # tl.dot's: "tf32x3", "ieee" or "tf32"
+    STORE_PRE: tl.constexpr,  # also store both pre-activations (biases added) for the backward
     DOT_IN_FP32: tl.constexpr,  # interpreter only, see common.dot_in_fp32
     EVEN_K: tl.constexpr,  # K % BLOCK_SIZE_K == 0: the k loop needs no mask
     BLOCK_SIZE_M: tl.constexpr,
@@ -180,8 +183,11 @@ def linear_glu_kernel(
     if HAS_BIAS_U:
         acc_u += tl.load(bu_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = apply_activation(acc_g, ACTIVATION, FAST_ACT) * acc_u
-    out_ptrs = out_ptr + (offs_m[:, None] * stride_om + offs_n[None, :])
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok & col_ok)
+    tile = offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptr + tile, out.to(out_ptr.dtype.element_ty), mask=row_ok & col_ok)
+    if STORE_PRE:  # the same accumulators: out above is the no-grad kernel's, bit for bit
+        tl.store(gate_ptr + tile, acc_g.to(gate_ptr.dtype.element_ty), mask=row_ok & col_ok)
+        tl.store(up_ptr + tile, acc_u.to(up_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
 
 _launcher = KernelLauncher(linear_glu_kernel)
@@ -207,17 +213,22 @@ def linear_glu(
     activation: str,
     approximate: str,
     allow_tf32: bool,
-) -> torch.Tensor:
+    store_pre: bool = False,
+):
     """act(x2d @ weight_gate.T + bias_gate) * (x2d @ weight_up.T + bias_up) as a new contiguous
     (M, N) tensor. x2d (M, K), both weights (N, K) (any strides: views of one packed weight
     too), biases (N,) or None; one dtype among fp32/fp16/bf16 (validated by dualk).
-    activation: "silu", "gelu" (`approximate` "tanh" or "none") or "relu"."""
+    activation: "silu", "gelu" (`approximate` "tanh" or "none") or "relu".
+    store_pre (the training forward): (out, gate, up) instead, gate and up the pre-activations
+    (biases added) in x2d's dtype, new contiguous (M, N) tensors written by the same launch from
+    the same accumulators (out is the store_pre=False answer bit for bit)."""
     act = _ACTIVATIONS[(activation, approximate)]
     M, K = x2d.shape
     N = weight_gate.shape[0]
     dtype, device = x2d.dtype, x2d.device
     if M == 0 or N == 0:
-        return torch.empty((M, N), dtype=dtype, device=device)
+        out = torch.empty((M, N), dtype=dtype, device=device)
+        return (out, torch.empty_like(out), torch.empty_like(out)) if store_pre else out
     if K == 0:  # both products are zero: act(bias_gate) * bias_up on every row
         from dualk.backends.torch_ref import glu_activation
 
@@ -225,9 +236,14 @@ def linear_glu(
         g = bias_gate.float() if bias_gate is not None else zeros
         u = bias_up.float() if bias_up is not None else zeros
         row = (glu_activation(g, activation, approximate) * u).to(dtype)
-        return row.expand(M, N).contiguous()
+        out = row.expand(M, N).contiguous()
+        if not store_pre:
+            return out
+        return out, g.to(dtype).expand(M, N).contiguous(), u.to(dtype).expand(M, N).contiguous()
 
     out = _alloc.empty((M, N), dtype, device)  # NaN under DUALK_POISON
+    gate = _alloc.empty((M, N), dtype, device) if store_pre else out
+    up = _alloc.empty((M, N), dtype, device) if store_pre else out
     bias_gate = bias_gate.contiguous() if bias_gate is not None else None
     bias_up = bias_up.contiguous() if bias_up is not None else None
     kind = "fp32" if dtype == torch.float32 else "tensor_core"
@@ -242,10 +258,11 @@ def linear_glu(
         dtype, *(int_spec(v) for v in ints), ptr_spec(x2d), ptr_spec(weight_gate),
         ptr_spec(weight_up), ptr_spec(out), bias_gate is not None, bias_up is not None,
     )  # fmt: skip
-    head = (bias_gate is not None, bias_up is not None, act, fast_act, precision)
+    epilogue = (bias_gate is not None, bias_up is not None, act, fast_act, precision)
+    head = (*epilogue, store_pre)
     args = (
         x2d, weight_gate, weight_up, bias_gate if bias_gate is not None else out,
-        bias_up if bias_up is not None else out, out, *ints,
+        bias_up if bias_up is not None else out, out, gate, up, *ints,
     )  # fmt: skip
 
     def launch_with(cfg: GluConfig) -> None:
@@ -256,14 +273,16 @@ def linear_glu(
 
     if interpreting():
         launch_with(INTERPRETER_CONFIG)
-        return out
+        return (out, gate, up) if store_pre else out
+    # One config for the inference and the training kernel (store_pre is in neither key): the
+    # same tiles sum in the same order, so the training output is the inference one bit for bit.
     key = (device, kind, spec, act, fast_act, precision)
     cfg = _best_config.get(key)
     if cfg is None:
         candidates = _candidates(kind, M, N)
         # The class: M rounded up to a power of two; N, K, epilogue, dtype and layout exact.
         class_key = "|".join(
-            str(v) for v in (kind, str(dtype)[6:], pow2_bucket(M), N, K, *head, *spec[4:])
+            str(v) for v in (kind, str(dtype)[6:], pow2_bucket(M), N, K, *epilogue, *spec[4:])
         )
         best, _, keep = tuned_config(
             device, "linear_glu", class_key, [astuple(c) for c in candidates],
@@ -273,4 +292,4 @@ def linear_glu(
         if keep:
             _best_config[key] = cfg
     launch_with(cfg)
-    return out
+    return (out, gate, up) if store_pre else out

@@ -138,3 +138,34 @@ def fused_mlp(x, weights: list, biases: list, activation: str, backend: str):
     """`dualk.fused_mlp` with autograd on the eager route (biases: one entry per layer, or
     None)."""
     return _FusedMlpFunction.apply(x, activation, backend, len(weights), *weights, *biases)
+
+
+class _LinearGluFunction(torch.autograd.Function):
+    """linear_glu's eager route when autograd records: the registered linear_glu_train op's
+    implementation and backward (library.run_linear_glu_train, library.glu_backward) without
+    torch.library's wrapper; the pre-activations are saved, not returned."""
+
+    @staticmethod
+    def forward(ctx, x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate,
+                backend):  # fmt: skip
+        out, gate, up = library.run_linear_glu_train(
+            x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+        )
+        ctx.save_for_backward(x, weight_gate, weight_up, bias_gate, bias_up, gate, up)
+        ctx.activation, ctx.approximate, ctx.backend = activation, approximate, backend
+        ctx.direct = True  # glu_backward calls kernels, not registered ops
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight_gate, weight_up, bias_gate, bias_up, gate, up = ctx.saved_tensors
+        return library.glu_backward(
+            ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate, up
+        )
+
+
+def linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
+    """`dualk.linear_glu` with autograd on the eager route (the pre-activations kept)."""
+    return _LinearGluFunction.apply(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+    )

@@ -10,7 +10,9 @@ contiguous (the fake implementations promise exactly that).
 Backward formulas run on dualk's own operators with the forward's `backend=` value, so a
 backend named for the forward also computes its gradients: matmul and linear_gelu use
 `dualk.matmul` (through dualk/autograd/calls.py); fused_mlp has a fused Triton backward (triton_src/fused_mlp_backward.py) where
-its kernel fits, else recomputes the layers and walks them back with `dualk.matmul`. The
+its kernel fits, else recomputes the layers and walks them back with `dualk.matmul`;
+linear_glu's training forward (`dualk::linear_glu_train`) keeps both pre-activations, so its
+backward runs the gradient GEMMs (`dualk.matmul`) and one fused elementwise pass only. The
 elementwise derivatives (sums over broadcast dims, masks, GELU/SiLU derivatives) are PyTorch's
 own ATen backward functions, so they round exactly as PyTorch's autograd does.
 """
@@ -21,6 +23,8 @@ from typing import Optional
 
 import torch
 
+from ..backends import triton as triton_backend
+from ..backends import unavailable_reason
 from ..backends.torch_ref import glu_activation, split_glu_parameters
 from ..core.layout import as_rows
 from ..runtime import operators
@@ -382,28 +386,68 @@ def _glu_act_backward(grad, pre, activation: str, approximate: str):
 
 
 def linear_glu_formula(ctx, grad):
+    """The plain op's backward (torch.ops.dualk.linear_glu called directly with inputs that need
+    gradients; dualk.linear_glu itself records linear_glu_train, which keeps the pre-activations):
+    the pre-activations come from the training forward's implementation run again, so the
+    gradients are those of the training route bit for bit."""
     x, weight_gate, weight_up, bias_gate, bias_up = ctx.saved_tensors
+    gate = up = None
+    if not torch.is_grad_enabled():  # else glu_backward recomputes them differentiably
+        args = (x, weight_gate, weight_up, bias_gate, bias_up, ctx.activation, ctx.approximate,
+                ctx.backend)  # fmt: skip
+        if getattr(ctx, "direct", False):  # the eager route: the implementation itself
+            _, gate, up = operators.run_linear_glu_train(*args)
+        else:  # a traced backward graph sees fake tensors: the registered op
+            _, gate, up = torch.ops.dualk.linear_glu_train(*args)
+    return glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate, up)
+
+
+def glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate, up):
+    """linear_glu's gradients (x, weight_gate, weight_up, bias_gate, bias_up, then None for the
+    options) from the forward's pre-activations `gate` and `up` ((..., N), x's dtype): the
+    elementwise part (one pass writing [d_gate | d_up]) and the four gradient GEMMs (two with
+    packed weights). gate / up None, or a backward that autograd
+    records (create_graph=True): they are recomputed with dualk.matmul, differentiably.
+    ctx: needs_input_grad, activation, approximate, backend."""
     packed = weight_up is None
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     mm = _matmul_with(ctx.backend)
     x2d = as_rows(x)
-    # Recompute both pre-activations (two GEMMs) rather than keep them: the forward is one
-    # fused kernel that never writes them, and inference calls must not pay for training.
-    pre_g = mm(x2d, wg.t())
-    pre_u = mm(x2d, wu.t())
-    if bg is not None:
-        pre_g = pre_g + bg
-    if bu is not None:
-        pre_u = pre_u + bu
     g = as_rows(grad)
-    d_gate = _glu_act_backward(g * pre_u, pre_g, ctx.activation, ctx.approximate)
-    d_up = g * glu_activation(pre_g, ctx.activation, ctx.approximate)
+    if gate is None or torch.is_grad_enabled():
+        pre_g = mm(x2d, wg.t())
+        pre_u = mm(x2d, wu.t())
+        if bg is not None:
+            pre_g = pre_g + bg
+        if bu is not None:
+            pre_u = pre_u + bu
+    else:
+        pre_g, pre_u = as_rows(gate), as_rows(up)
+    d_pre = None  # [d_gate | d_up] (M, 2N) from the fused elementwise pass
+    if not torch.is_grad_enabled() and _fused_glu_grads(ctx.backend, pre_g):
+        args = (g, pre_g, pre_u, ctx.activation, ctx.approximate)
+        if getattr(ctx, "direct", False):  # the eager route: the kernel itself
+            d_pre = triton_backend.linear_glu_grad_pre(*args)
+        else:  # a traced backward graph needs the registered op
+            d_pre = torch.ops.dualk.linear_glu_grad_pre(*args)
+        n = pre_g.shape[1]
+        d_gate, d_up = d_pre[:, :n], d_pre[:, n:]
+    else:
+        d_gate, d_up = glu_elementwise_backward(g, pre_g, pre_u, ctx.activation, ctx.approximate)
+    # Packed weights with a packed d_pre: one GEMM each for dX and d[Wg; Wu].
+    one_gemm = packed and d_pre is not None
     need = ctx.needs_input_grad
     grad_x = None
     if need[0]:
-        grad_x = (mm(d_gate, wg) + mm(d_up, wu)).reshape(x.shape)
+        if one_gemm:
+            grad_x = mm(d_pre, weight_gate).reshape(x.shape)
+        else:
+            grad_x = mm(d_gate, wg)
+            grad_x = (grad_x + mm(d_up, wu)).reshape(x.shape)
     grad_wg = grad_wu = grad_bg = grad_bu = None
-    if need[1] or (not packed and need[2]):
+    if one_gemm and need[1]:
+        grad_wg = mm(d_pre.t(), x2d)
+    elif need[1] or (not packed and need[2]):
         dwg = mm(d_gate.t(), x2d) if need[1] or packed else None
         dwu = mm(d_up.t(), x2d) if packed or need[2] else None
         if packed:
@@ -411,11 +455,108 @@ def linear_glu_formula(ctx, grad):
         else:
             grad_wg, grad_wu = (dwg if need[1] else None), (dwu if need[2] else None)
     if bias_gate is not None and need[3]:
-        dbg = d_gate.sum(0)
-        grad_bg = torch.cat((dbg, d_up.sum(0))) if packed else dbg
+        if one_gemm:
+            grad_bg = d_pre.sum(0)
+        else:
+            dbg = d_gate.sum(0)
+            grad_bg = torch.cat((dbg, d_up.sum(0))) if packed else dbg
     if bias_up is not None and need[4]:
         grad_bu = d_up.sum(0)
     return grad_x, grad_wg, grad_wu, grad_bg, grad_bu, None, None, None
 
 
+def glu_elementwise_backward(grad, gate, up, activation: str, approximate: str):
+    """(d_gate, d_up) = (grad * up * act'(gate), grad * act(gate)) for 2-dim (M, N) tensors."""
+    d_up = grad * glu_activation(gate, activation, approximate)
+    if activation == "silu" and torch.is_grad_enabled():
+        # A backward that autograd records (create_graph=True): aten.silu_backward has no
+        # derivative, so silu' = s (1 + x (1 - s)) by differentiable ops.
+        s = torch.sigmoid(gate)
+        return grad * up * (s * (1 + gate * (1 - s))), d_up
+    return _glu_act_backward(grad * up, gate, activation, approximate), d_up
+
+
+def _fused_glu_grads(backend: str, t: torch.Tensor) -> bool:
+    """Whether the backward's elementwise part runs as Triton's one fused pass (backend "triton";
+    "auto" and "cuda" on a GPU where Triton runs) rather than PyTorch's ops (backend "torch",
+    CPU tensors off backend "triton", no Triton)."""
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        return True
+    return t.is_cuda and unavailable_reason("triton", t.device) is None
+
+
+@torch.library.custom_op(f"{LIB}::linear_glu_grad_pre", mutates_args=())
+def linear_glu_grad_pre(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, approximate: str
+) -> torch.Tensor:
+    """linear_glu's backward, elementwise part, on Triton: [d_gate | d_up] (M, 2N) from the
+    upstream gradient and the pre-activations, all (M, N) (what traced backward graphs call)."""
+    return triton_backend.linear_glu_grad_pre(grad, gate, up, activation, approximate)
+
+
+@linear_glu_grad_pre.register_fake
+def _(grad, gate, up, activation, approximate):
+    return gate.new_empty((gate.shape[0], 2 * gate.shape[1]))
+
+
 linear_glu.register_autograd(linear_glu_formula, setup_context=linear_glu_setup)
+
+
+# --------------------------------------------------------------------------- linear_glu_train
+# linear_glu's training forward: the output and both pre-activations, which the backward reads
+# (as eager PyTorch's autograd keeps them) instead of recomputing the two forward GEMMs.
+# dualk.linear_glu records this op (or its eager twin, dualk/autograd/eager.py) whenever an
+# input needs a gradient; the plain op stays the inference path (one fused kernel, nothing kept).
+def run_linear_glu_train(
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+):
+    out, gate, up = operators.run_linear_glu_train(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+    )
+    return fresh(out), fresh(gate), fresh(up)
+
+
+@torch.library.custom_op(f"{LIB}::linear_glu_train", mutates_args=())
+def linear_glu_train(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: Optional[torch.Tensor],  # noqa: UP045 (schema inference on torch 2.11)
+    bias_gate: Optional[torch.Tensor],  # noqa: UP045
+    bias_up: Optional[torch.Tensor],  # noqa: UP045
+    activation: str,
+    approximate: str,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, gate, up): linear_glu's output and its pre-activations x @ Wg.T + bg, x @ Wu.T + bu
+    (each (..., N), x's dtype)."""
+    return run_linear_glu_train(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
+    )
+
+
+@linear_glu_train.register_fake
+def _(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
+    _, _, _, n = operators.check_linear_glu(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
+    )
+    shape = (*x.shape[:-1], n)
+    return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape)
+
+
+def linear_glu_train_setup(ctx, inputs, output):
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend = inputs
+    _, gate, up = output
+    ctx.save_for_backward(x, weight_gate, weight_up, bias_gate, bias_up, gate, up)
+    ctx.activation, ctx.approximate, ctx.backend = activation, approximate, backend
+    ctx.mark_non_differentiable(gate, up)  # saved for the backward, not results of the call
+
+
+def linear_glu_train_formula(ctx, grad, grad_gate=None, grad_up=None):
+    """grad_gate / grad_up: None or zeros (gate and up are not differentiable outputs)."""
+    x, weight_gate, weight_up, bias_gate, bias_up, gate, up = ctx.saved_tensors
+    return glu_backward(ctx, grad, x, weight_gate, weight_up, bias_gate, bias_up, gate, up)
+
+
+linear_glu_train.register_autograd(linear_glu_train_formula, setup_context=linear_glu_train_setup)

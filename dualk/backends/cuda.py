@@ -73,7 +73,7 @@ import torch
 from ..core import alloc as _alloc
 from ..core.errors import BackendUnavailableError, BackendWarning, BuildNotice, user_stacklevel
 from ..core.layout import MAX_DIMS, as_rows, fit_plan, plan_elementwise
-from . import allow_tf32
+from . import allow_tf32, torch_ref
 from .torch_ref import split_glu_parameters
 
 
@@ -1108,6 +1108,25 @@ def linear_glu(
     if x.dim() == 2:
         return out
     return out.reshape(*x.shape[:-1], n)
+
+
+def linear_glu_train(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """linear_glu's training forward (out, gate, up): cuda_src/linear_glu.cu does not store the
+    pre-activations yet (experiments/NOTES-linear-glu.md, "Next"), so this is eager PyTorch's
+    forward (two cuBLAS GEMMs, the gate's activation and the product), whose pre-activations the
+    backward reads instead of recomputing them. out is therefore NOT the fused kernel's answer bit
+    for bit (16-bit: the products are rounded before the epilogue), only within its tolerance."""
+    return torch_ref.linear_glu_train(
+        x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
+    )
 
 
 def fused_mlp_runner(

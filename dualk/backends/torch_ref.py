@@ -149,3 +149,20 @@ def linear_glu(
     first, see split_glu_parameters)."""
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     return glu_activation(F.linear(x, wg, bg), activation, approximate) * F.linear(x, wu, bu)
+
+
+def linear_glu_train(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """linear_glu's training forward: (out, gate, up), gate and up the pre-activations
+    (..., N) that the backward reads instead of recomputing two GEMMs; out is linear_glu's
+    answer bit for bit (the same operations)."""
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    gate, up = F.linear(x, wg, bg), F.linear(x, wu, bu)
+    return glu_activation(gate, activation, approximate) * up, gate, up

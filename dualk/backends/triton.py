@@ -144,3 +144,36 @@ def linear_glu(
             allow_tf32=allow_tf32(x.dtype),
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], wg.shape[0])
+
+
+def linear_glu_train(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    activation: str = "silu",
+    approximate: str = "tanh",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """linear_glu's training forward: (out, gate, up) from one launch of the same kernel, which
+    also stores both pre-activations (out is linear_glu's answer bit for bit)."""
+    wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    x2d = as_rows(x)
+    with _device_guard(x):
+        out, gate, up = kernel_module("linear_glu").linear_glu(
+            x2d, wg, wu, bg, bu, activation=activation, approximate=approximate,
+            allow_tf32=allow_tf32(x.dtype), store_pre=True,
+        )  # fmt: skip
+    shape = (*x.shape[:-1], wg.shape[0])
+    return out.reshape(shape), gate.reshape(shape), up.reshape(shape)
+
+
+def linear_glu_grad_pre(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, approximate: str
+) -> torch.Tensor:
+    """linear_glu's backward, elementwise part, in one pass (triton_src/linear_glu_backward.py):
+    [d_gate | d_up] (M, 2N) from grad, gate, up (M, N)."""
+    with _device_guard(gate):
+        return kernel_module("linear_glu_backward").glu_backward(
+            grad, gate, up, activation, approximate
+        )

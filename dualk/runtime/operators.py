@@ -13,7 +13,7 @@ TF32 switch are module-level names, and checks are inlined where a helper measur
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.nn import ParameterList
@@ -238,11 +238,37 @@ def check_linear(op, x, weight, bias, wname="weight", bname="bias") -> tuple:
 def run_linear_glu(
     x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend: str
 ) -> torch.Tensor:
+    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
+    return _LINEAR_GLU.implementation(linear_glu_backend(*args, backend))(*args)
+
+
+def run_linear_glu_train(
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """linear_glu's training forward: (out, gate, up), gate and up the pre-activations (..., N)
+    in x's dtype, on the backend the forward itself would run on (its `linear_glu_train`,
+    beside `linear_glu` in the backend's module)."""
+    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
+    name = linear_glu_backend(*args, backend)
+    train = _glu_train.get(name)
+    if train is None:  # the registry resolves by module name: once per backend
+        train = _glu_train[name] = _LINEAR_GLU.backend_function(name, "linear_glu_train")
+    return train(*args)
+
+
+_glu_train: dict[str, Callable] = {}  # backend -> its linear_glu_train
+
+
+def linear_glu_backend(
+    x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend: str
+) -> str:
+    """The backend linear_glu runs on (the call validated first); the inference and the
+    training forward run on the same one."""
     dtype, index, x_shape, n = check_linear_glu(
         x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate
     )
-    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
     if backend == "auto" and _auto_unforced(_LINEAR_GLU):  # as in run_linear_gelu
+        args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
         sig = (
             "linear_glu", x_shape, x.is_contiguous() or x.stride(), weight_gate.shape,
             weight_gate.is_contiguous() or weight_gate.stride(),
@@ -250,9 +276,9 @@ def run_linear_glu(
             bias_gate is None, bias_up is None, activation, approximate,
             dtype is _F32 and _tf32(),
         )  # fmt: skip
-        name = _EXACT_HITS.get(sig) or _choose_exact(_LINEAR_GLU, args, sig)
-        return _LINEAR_GLU.implementation(name)(*args)
-    return _LINEAR_GLU.implementation(dispatch.choose(_LINEAR_GLU, backend, args))(*args)
+        return _EXACT_HITS.get(sig) or _choose_exact(_LINEAR_GLU, args, sig)
+    args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
+    return dispatch.choose(_LINEAR_GLU, backend, args)
 
 
 def check_glu_options(activation, approximate) -> None:

@@ -20,6 +20,10 @@ is_compiling = torch.compiler.is_compiling
 # frozen as constants), so traced calls take the registered op, which the trace records.
 is_tracing = torch._C._is_tracing
 is_grad_enabled = torch.is_grad_enabled
+_is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+# torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
+# torch 2.11); there it is not asked (never True).
+_EXPORTING_IS_ACCURATE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
 _F64 = torch.float64
 
 
@@ -77,3 +81,9 @@ def autocast_cast(dtype: torch.dtype, t):
     ):
         return t.to(dtype)
     return t
+
+
+def exporting() -> bool:
+    """torch.export traces the call (a graph to deploy: dualk.ops keeps inference ops there);
+    always False on a torch whose answer would include torch.compile's trace."""
+    return _EXPORTING_IS_ACCURATE and _is_exporting()
