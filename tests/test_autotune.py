@@ -151,7 +151,7 @@ def test_matrix_keys_round_rows_up_and_keep_k_n_and_parameters_exact(monkeypatch
 
     # fp32 with TF32 allowed is its own class for the matrix ops (not for elementwise ones).
     plain = mm(64, 64, 64)
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: True)
     assert mm(64, 64, 64) != plain
     assert "float32+tf32" in autotune.key_string(mm(64, 64, 64))
     assert key("add", add_args(64))[3] is False
@@ -758,14 +758,14 @@ def test_gemm_exact_tables_keep_the_tf32_switch(ran, monkeypatch, op):
         "matmul": ((r(8, 16), r(16, 32)), lambda a: dualk.matmul(*a)),
         "fused_mlp": (mlp_args(8, [16, 32, 8]), lambda a: dualk.fused_mlp(*a[:3])),
     }[op]  # fmt: skip
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     plant(op, args, "cuda")
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: True)
     plant(op, args, "triton")
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: True)
     assert last_backend(ran, lambda: call(args)) == "triton"
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     assert last_backend(ran, lambda: call(args)) == "cuda"
 

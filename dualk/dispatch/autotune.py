@@ -1,9 +1,6 @@
 """The autotuned backend="auto": time the candidates once per shape class and device, remember the
 winner in memory and on disk.
 
-Why one file of ~1000 lines: the key, the timer, the heuristic and the disk cache below are one
-decision path that must stay cheap and traceable; the CLI's table and plotting live elsewhere.
-
 `choose(spec, args)` (called by the dispatcher for "auto", with the positional arguments exactly
 as `spec.implementation(name)(*args)` takes them) builds a key and looks it up in a dict; only a
 miss does more:
@@ -51,23 +48,9 @@ for fused_mlp the CUDA fused kernel when every width is <= 128 and the batch is 
 its wide Hopper kernel (16-bit, widths 129-256: 3.0x eager at 256x3 bf16 on an H100), else torch
 (eager beats the mma.sync kernel at 256 wide, 16-bit).
 
-Key (shape class), per operator; the device (index in memory; name, compute capability and SM
-count through the cache file) and the dtype (fp32 with TF32 allowed is its own class for the
-matrix ops) are always part of it:
-  - add: numel of the larger input rounded up to a power of two (the output's numel unless both
-    inputs broadcast); broadcast (shapes differ) or not; dense (both contiguous) or strided.
-  - relu_scale: numel rounded up to a power of two; contiguous or strided.
-  - matmul: M and the batch rounded up to a power of two; K and N exact; 2-D/3-D operands; the
-    layout of each operand.
-  - linear_gelu: M (rows of x) rounded up to a power of two; K and N exact; bias or not;
-    `approximate`; the layouts of x and weight.
-  - fused_mlp: M rounded up to a power of two; every width exact; which layers have a bias;
-    the activation; the layout of x.
-  - linear_glu: M rounded up to a power of two; K and N exact; which of the gate and up
-    projections have a bias; the activation (with GELU's approximation); the layouts of x and
-    both weights ("p" for the up half of a packed weight).
-Layouts: "c" contiguous, "r" unit stride along the last dim (sliced or padded rows), "s" other
-strides (transposed). Scalars (alpha, scale) are not part of the key: they do not change the cost.
+Key (shape class): made by the operator's registry entry (`OpSpec.key`, its fields named by
+`OpSpec.key_fields`; the built-in operators' are in dualk/registry.py beside their shape cases);
+its text in the cache file is dualk/dispatch/keys.py's `key_string`.
 
 Disk: $DUALK_CACHE_DIR/autotune/ (default ~/.cache/dualk/autotune/), one JSON file per device
 and software fingerprint (GPU name, compute capability, SM count, driver and CUDA versions,
@@ -108,12 +91,17 @@ from .. import backends
 from ..backends import cuda
 from ..core import timing
 from ..core.errors import user_stacklevel
+from ..core.layout import row_count
 from ..registry import OpSpec
 from . import triton_tune
 
-# Re-exported: autotune.FIELDS, key_string and timing_blocked, as before they moved below it.
-from .shared import FIELDS as FIELDS
-from .shared import FromRegistry, file_lock, key_string, timing_blocked, warned
+# Re-exported: autotune.FIELDS, KEY_FUNCTIONS, make_key, key_string and timing_blocked, as before
+# they moved below it.
+from .keys import FIELDS as FIELDS
+from .keys import KEY_FUNCTIONS as KEY_FUNCTIONS
+from .keys import key_string as key_string
+from .keys import make_key as make_key
+from .shared import file_lock, timing_blocked, warned
 
 SCHEMA = 1
 # Timing budget per key, split among the candidates, flushes and sleeps included (the first call
@@ -131,120 +119,8 @@ class AutotuneCacheWarning(UserWarning):
     """The autotune cache file was unusable (set aside and rebuilt) or cannot be written."""
 
 
-# ---------------------------------------------------------------------------- keys
-_F32 = torch.float32
-_shape_of = torch.Tensor.shape.__get__
-tf32_allowed = backends.tf32_allowed  # a module global: tests patch it for the key functions
-
-
-def _layout(t: torch.Tensor) -> str:
-    if t.is_contiguous():
-        return "c"
-    return "r" if t.stride(-1) == 1 else "s"
-
-
-def _rows(x: torch.Tensor) -> int:
-    k = x.shape[-1]
-    if k:
-        return x.numel() // k
-    n = 1
-    for s in x.shape[:-1]:
-        n *= s
-    return n
-
-
-# Each key is (op, device index, dtype, tf32, *fields); FIELDS names the fields for the disk key.
-# Sizes that are bucketed are stored as exponents e (n <= 2^e; -1 for 0).
-def _key_add(args) -> tuple:
-    a = args[0]
-    b = args[1]
-    na = a.numel()
-    nb = b.numel()
-    n = na if na >= nb else nb
-    return (
-        "add", a.get_device(), a.dtype, False, (n - 1).bit_length() if n else -1,
-        na != nb or a.shape != b.shape,
-        "c" if a.is_contiguous() and b.is_contiguous() else "s",
-    )  # fmt: skip
-
-
-def _key_relu_scale(args) -> tuple:
-    x = args[0]
-    n = x.numel()
-    return (
-        "relu_scale", x.get_device(), x.dtype, False, (n - 1).bit_length() if n else -1,
-        "c" if x.is_contiguous() else "s",
-    )  # fmt: skip
-
-
-def _key_matmul(args) -> tuple:
-    a = args[0]
-    b = args[1]
-    sa = _shape_of(a)
-    sb = _shape_of(b)
-    da = len(sa)
-    db = len(sb)
-    batch = sa[0] if da == 3 else (sb[0] if db == 3 else 1)
-    m = sa[-2]
-    dtype = a.dtype
-    return (
-        "matmul", a.get_device(), dtype, dtype is _F32 and tf32_allowed(), da * 10 + db,
-        (batch - 1).bit_length() if batch else -1, (m - 1).bit_length() if m else -1,
-        sa[-1], sb[-1], _layout(a) + _layout(b),
-    )  # fmt: skip
-
-
-def _key_linear_gelu(args) -> tuple:
-    x = args[0]
-    w = args[1]
-    m = _rows(x)
-    dtype = x.dtype
-    return (
-        "linear_gelu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
-        (m - 1).bit_length() if m else -1, x.shape[-1], w.shape[0], args[2] is not None,
-        args[3], _layout(x) + _layout(w),
-    )  # fmt: skip
-
-
-def _key_fused_mlp(args) -> tuple:
-    x = args[0]
-    m = _rows(x)
-    dtype = x.dtype
-    return (
-        "fused_mlp", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
-        (m - 1).bit_length() if m else -1, tuple(map(_shape_of, args[1])),
-        tuple([b is not None for b in args[2]]), args[3], _layout(x),
-    )  # fmt: skip
-
-
-def _key_linear_glu(args) -> tuple:
-    x, wg, wu, bg, bu, activation, approximate = args
-    m = _rows(x)
-    dtype = x.dtype
-    packed = wu is None
-    return (
-        "linear_glu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
-        (m - 1).bit_length() if m else -1, x.shape[-1],
-        wg.shape[0] // 2 if packed else wg.shape[0], (bg is not None, bu is not None),
-        f"gelu({approximate})" if activation == "gelu" else activation,
-        _layout(x) + _layout(wg) + ("p" if packed else _layout(wu)),
-    )  # fmt: skip
-
-
-KEY_FUNCTIONS: dict[str, Callable[[tuple], tuple]] = {
-    "add": _key_add,
-    "relu_scale": _key_relu_scale,
-    "matmul": _key_matmul,
-    "linear_gelu": _key_linear_gelu,
-    "fused_mlp": _key_fused_mlp,
-    "linear_glu": _key_linear_glu,
-}
-# An operator added with registry.register() brings its own key and fields.
-KEY_FUNCTIONS = FromRegistry("key", KEY_FUNCTIONS)
-
-
-def make_key(spec: OpSpec, args: tuple) -> tuple:
-    return KEY_FUNCTIONS[spec.name](args)
+# PyTorch's TF32 switch, as the matrix ops' keys read it (dualk.registry: patch it there).
+tf32_allowed = backends.tf32_allowed
 
 
 # ---------------------------------------------------------------------------- state
@@ -269,7 +145,7 @@ EXACT_HITS_MAX = 4096  # exact shapes are many more than keys: emptied when it g
 
 def choose(spec: OpSpec, args: tuple) -> str:
     """The backend "auto" runs for `spec.implementation(name)(*args)`."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     name = _memory.get(key)
     if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
@@ -301,7 +177,7 @@ def choose_exact(spec: OpSpec, args: tuple, sig: tuple) -> str:
     its checks already read; it must determine the key (an op tag, then every shape, stride or
     flag the key reads), so one entry never answers for another key. Callers look `sig` up in
     exact_hits themselves and call this on a miss, only when dispatch.auto_unforced(spec)."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     name = _memory.get(key)
     if name is None or (_provisional and key in _provisional and _stale(key, spec, args)):
         name = _decide(spec, args, key, tune=True, revisit=True)["backend"]
@@ -321,7 +197,7 @@ def explain(spec: OpSpec, args: tuple, *, tune: bool = True) -> dict:
     no timing) or "only candidate". "rejected" maps each other backend to why it is not a
     candidate (unavailable, or raised when tried). With tune=False a key that is not decided yet
     is not timed: the answer is the heuristic's, with "pending": True."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     with _lock:
         if key in _memory:
             return dict(_details[key])
@@ -331,7 +207,7 @@ def explain(spec: OpSpec, args: tuple, *, tune: bool = True) -> dict:
 def tune(spec: OpSpec, args: tuple, *, force: bool = False) -> dict:
     """Decide this call's class now, timing even with DUALK_AUTOTUNE=0 (for `dualk tune`); a
     class already decided is kept unless `force`. Returns explain()'s dict."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     with _lock:
         if force:
             exact_hits.clear()
@@ -369,20 +245,20 @@ triton_tune.READY_HOOKS.append(reload_cache)  # the tuner wrote a class's config
 
 def provisional(spec: OpSpec, args: tuple) -> bool:
     """Whether this call's class holds a provisional decision (a candidate still building)."""
-    return KEY_FUNCTIONS[spec.name](args) in _provisional
+    return spec.key(args) in _provisional
 
 
 def provisional_winner(spec: OpSpec, args: tuple) -> str | None:
     """The winner of this call's class while its decision is provisional (a candidate still
     building or tuning), else None."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     return _memory.get(key) if key in _provisional else None
 
 
 def decided(spec: OpSpec, args: tuple) -> str | None:
     """The in-memory winner for this call's key, or None (nothing is timed or loaded; a
     provisional decision, made while a candidate was missing, is None too)."""
-    key = KEY_FUNCTIONS[spec.name](args)
+    key = spec.key(args)
     return None if key in _provisional else _memory.get(key)
 
 
@@ -472,12 +348,12 @@ def heuristic(spec: OpSpec, args: tuple, available: list[str]) -> tuple[str, str
     if spec.name == "fused_mlp" and "cuda" in available:
         x, weights = args[0], args[1]
         widths = [x.shape[-1], *(w.shape[0] for w in weights)]
-        if max(widths) <= 128 and _rows(x) > 0:
+        if max(widths) <= 128 and row_count(x) > 0:
             return "cuda", (
                 "fused_mlp with every width <= 128: the CUDA fused kernel (one launch) beats "
                 "eager torch on H100/H200"
             )
-        if max(widths) <= 256 and _rows(x) > 0 and _takes_wide_mlp_kernel(args):
+        if max(widths) <= 256 and row_count(x) > 0 and _takes_wide_mlp_kernel(args):
             return "cuda", (
                 "fused_mlp 129-256 wide, 16-bit, on Hopper: the CUDA planner takes the wide "
                 "one-launch kernel (3.0x eager at 256x3 bf16, B=2^18, H100)"
