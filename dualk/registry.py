@@ -205,9 +205,9 @@ def _add_cost(s: Sample) -> Cost:
 # the cache file (dualk/dispatch/keys.py). Sizes that are bucketed are stored as exponents e
 # (n <= 2^e; -1 for 0); the device and the dtype are always part of the key; fp32 with TF32
 # allowed is its own class for the matrix ops; layouts are core.layout.layout_code's letters;
-# scalars (alpha, scale) are not part of the key: they do not change the cost. The decisions of
-# earlier runs are found by the key's text, so a change here strands every cache file written
-# before (tests/test_autotune_keys.py pins them).
+# scalars (alpha, scale) are not part of the key: they do not change the cost. The cache file,
+# explain and `dualk cache show` name each class by the key's text (tests/test_autotune_keys.py
+# pins it).
 _F32 = torch.float32
 _shape_of = torch.Tensor.shape.__get__
 

@@ -1,11 +1,13 @@
 """auto's shape-class keys are persisted: the cache file stores each decision under the key's text,
-and dualk looks the decisions of earlier runs up by it. The keys must not change when the code
-that builds them moves, so the text (and the in-memory tuple) of sample calls is pinned here:
+and dualk looks the decisions of earlier runs (other processes, the background Triton tuner,
+`dualk tune`) up by it. The keys must not change when the code that builds them moves, so the
+text (and the in-memory tuple) of sample calls is pinned here:
 
 - hand-made calls that reach every field and bucket of every built-in operator (literal below);
 - every CPU shape case of the registry, in each dtype, with TF32 off and on
-  (tests/autotune_keys.json, written once by the code that first persisted these keys; regenerate
-  it only for a deliberate change of the key, which strands every cache file written before).
+  (tests/autotune_keys.json, written by the code as it was before the keys moved onto the
+  registry entries; regenerate it (`python tests/test_autotune_keys.py`) only for a deliberate
+  change of a key).
 """
 
 from __future__ import annotations
