@@ -1,11 +1,13 @@
 """The operator registry: one table that the dispatcher, the tests, the benchmarks and the CLI
-all read. Adding an operator means one CUDA file, one Triton file and one entry here.
+all read. What an operator needs besides its kernels is listed in CONTRIBUTING.md ("Adding an
+operator"); an entry alone is enough for dispatch, auto, explain and the benchmark.
 
 Each entry says: the operator's name; its PyTorch reference (the "torch" backend, and on float64
 inputs the oracle); its implementation per backend; the order "auto" tries them in; its shape
 cases (random-input makers) for tests and benchmarks; its cost model (FLOPs and the fewest bytes
-moved, for roofline percentages); and how its results are judged (a per-dtype tolerance table for
-elementwise ops, "within 2x PyTorch's own error" for the GEMM family).
+moved, for roofline percentages); how its results are judged (a per-dtype tolerance table for
+elementwise ops, "within 2x PyTorch's own error" for the GEMM family); and auto's shape-class key
+(`key`, `key_fields`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any, Literal
 
 import torch
 
-from .backends import torch_ref
+from .backends import tf32_allowed, torch_ref
 from .core.errors import InvalidArgumentError
+from .core.layout import layout_code, row_count
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = DTYPES
@@ -83,9 +86,9 @@ class OpSpec:
     auto_order_by_dtype: Mapping[torch.dtype, tuple[str, ...]] = field(default_factory=dict)
     # backends that have no implementation of this op yet -> why (dispatch reports it)
     missing: Mapping[str, str] = field(default_factory=dict)
-    # autotune's shape-class key of the implementations' arguments: (name, device index, dtype,
-    # tf32, *fields), key_fields naming the fields (the six built-in operators' keys live in
-    # dualk/dispatch/autotune.py, KEY_FUNCTIONS); required of an operator added by register()
+    # auto's shape-class key of the implementations' arguments: (name, device index, dtype,
+    # tf32, *fields), key_fields naming the fields (the built-in operators' are below, beside
+    # their cases); required of an operator added by register()
     key: Callable[[tuple], tuple] | None = None
     key_fields: tuple[str, ...] = ()
     # raises a DualkError unless the implementations' arguments make a valid call (explain and
@@ -197,6 +200,33 @@ def _add_cost(s: Sample) -> Cost:
     return Cost(2.0 * out_numel, (a.numel() + b.numel() + out_numel) * a.element_size())
 
 
+# Auto's shape-class key of an operator's implementation arguments (OpSpec.key): (name, device
+# index, dtype, TF32 allowed, *fields), OpSpec.key_fields naming the fields for the key's text in
+# the cache file (dualk/dispatch/keys.py). Sizes that are bucketed are stored as exponents e
+# (n <= 2^e; -1 for 0); the device and the dtype are always part of the key; fp32 with TF32
+# allowed is its own class for the matrix ops; layouts are core.layout.layout_code's letters;
+# scalars (alpha, scale) are not part of the key: they do not change the cost. The cache file,
+# explain and `dualk cache show` name each class by the key's text (tests/test_autotune_keys.py
+# pins it).
+_F32 = torch.float32
+_shape_of = torch.Tensor.shape.__get__
+
+
+def _add_key(args) -> tuple:
+    """numel of the larger input rounded up to a power of two (the output's numel unless both
+    inputs broadcast); broadcast (shapes differ) or not; dense (both contiguous) or strided."""
+    a = args[0]
+    b = args[1]
+    na = a.numel()
+    nb = b.numel()
+    n = na if na >= nb else nb
+    return (
+        "add", a.get_device(), a.dtype, False, (n - 1).bit_length() if n else -1,
+        na != nb or a.shape != b.shape,
+        "c" if a.is_contiguous() and b.is_contiguous() else "s",
+    )  # fmt: skip
+
+
 # ---- relu_scale
 def _relu_cases() -> tuple[ShapeCase, ...]:
     def s(x, label, scale=1.5) -> Sample:
@@ -230,6 +260,16 @@ def _relu_cases() -> tuple[ShapeCase, ...]:
 def _relu_cost(s: Sample) -> Cost:
     x = s.args[0]
     return Cost(2.0 * x.numel(), 2.0 * x.numel() * x.element_size())
+
+
+def _relu_key(args) -> tuple:
+    """numel rounded up to a power of two; contiguous or strided."""
+    x = args[0]
+    n = x.numel()
+    return (
+        "relu_scale", x.get_device(), x.dtype, False, (n - 1).bit_length() if n else -1,
+        "c" if x.is_contiguous() else "s",
+    )  # fmt: skip
 
 
 # ---- matmul
@@ -299,6 +339,25 @@ def _mm_cost(s: Sample) -> Cost:
     return Cost(2.0 * batch * m * n * k, (a.numel() + b.numel() + batch * m * n) * a.element_size())
 
 
+def _mm_key(args) -> tuple:
+    """M and the batch rounded up to a power of two; K and N exact; 2-D/3-D operands; the
+    layout of each operand."""
+    a = args[0]
+    b = args[1]
+    sa = _shape_of(a)
+    sb = _shape_of(b)
+    da = len(sa)
+    db = len(sb)
+    batch = sa[0] if da == 3 else (sb[0] if db == 3 else 1)
+    m = sa[-2]
+    dtype = a.dtype
+    return (
+        "matmul", a.get_device(), dtype, dtype is _F32 and tf32_allowed(), da * 10 + db,
+        (batch - 1).bit_length() if batch else -1, (m - 1).bit_length() if m else -1,
+        sa[-1], sb[-1], layout_code(a) + layout_code(b),
+    )  # fmt: skip
+
+
 # ---- linear_gelu
 def _lg_cases() -> tuple[ShapeCase, ...]:
     def lg(batch_shape, k, n, label, bias=True, approximate="tanh", w_view=None, **flags):
@@ -346,6 +405,20 @@ def _lg_cost(s: Sample) -> Cost:
     n, k = w.shape
     nbytes = (x.numel() + w.numel() + (n if b is not None else 0) + m * n) * x.element_size()
     return Cost(2.0 * m * n * k + 8.0 * m * n, nbytes)
+
+
+def _lg_key(args) -> tuple:
+    """M (rows of x) rounded up to a power of two; K and N exact; bias or not; `approximate`;
+    the layouts of x and weight."""
+    x = args[0]
+    w = args[1]
+    m = row_count(x)
+    dtype = x.dtype
+    return (
+        "linear_gelu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
+        (m - 1).bit_length() if m else -1, x.shape[-1], w.shape[0], args[2] is not None,
+        args[3], layout_code(x) + layout_code(w),
+    )  # fmt: skip
 
 
 # ---- fused_mlp
@@ -435,6 +508,19 @@ def _mlp_cost(s: Sample) -> Cost:
     return Cost(flops, nbytes)
 
 
+def _mlp_key(args) -> tuple:
+    """M rounded up to a power of two; every width exact; which layers have a bias; the
+    activation; the layout of x."""
+    x = args[0]
+    m = row_count(x)
+    dtype = x.dtype
+    return (
+        "fused_mlp", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
+        (m - 1).bit_length() if m else -1, tuple(map(_shape_of, args[1])),
+        tuple([b is not None for b in args[2]]), args[3], layout_code(x),
+    )  # fmt: skip
+
+
 # ---- linear_glu
 def _glu_cases() -> tuple[ShapeCase, ...]:
     def glu(batch_shape, k, n, label, activation="silu", approximate="tanh", bias=False,
@@ -491,6 +577,23 @@ def _glu_cost(s: Sample) -> Cost:
     return Cost(4.0 * m * n * k + 10.0 * m * n, (x.numel() + params + m * n) * x.element_size())
 
 
+def _glu_key(args) -> tuple:
+    """M rounded up to a power of two; K and N exact; which of the gate and up projections have
+    a bias; the activation (with GELU's approximation); the layouts of x and both weights ("p"
+    for the up half of a packed weight)."""
+    x, wg, wu, bg, bu, activation, approximate = args
+    m = row_count(x)
+    dtype = x.dtype
+    packed = wu is None
+    return (
+        "linear_glu", x.get_device(), dtype, dtype is _F32 and tf32_allowed(),
+        (m - 1).bit_length() if m else -1, x.shape[-1],
+        wg.shape[0] // 2 if packed else wg.shape[0], (bg is not None, bu is not None),
+        f"gelu({approximate})" if activation == "gelu" else activation,
+        layout_code(x) + layout_code(wg) + ("p" if packed else layout_code(wu)),
+    )  # fmt: skip
+
+
 def _impls(function: str) -> dict[str, str]:
     """Each backend module (dualk/backends/<module>.py) names the operator's function alike."""
     return {
@@ -509,14 +612,18 @@ OPS: Mapping[str, OpSpec] = {
         # runs: Triton 0.92-1.03x, CUDA 0.88-0.99x; fp32: CUDA 0.91x, Triton 0.86x), so
         # matmul's auto is PyTorch; Triton wins linear_gelu.
         OpSpec("add", torch_ref.add, _impls("add"),
-               ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise"),
+               ("cuda", "triton", "torch"), _add_cases(), _add_cost, "elementwise",
+               key=_add_key, key_fields=("n", "broadcast", "layout")),
         OpSpec("relu_scale", torch_ref.relu_scale, _impls("relu_scale"),
-               ("cuda", "triton", "torch"), _relu_cases(), _relu_cost, "elementwise"),
+               ("cuda", "triton", "torch"), _relu_cases(), _relu_cost, "elementwise",
+               key=_relu_key, key_fields=("n", "layout")),
         OpSpec("matmul", torch_ref.matmul, _impls("matmul"),
-               ("torch", "triton", "cuda"), _mm_cases(), _mm_cost, "gemm"),
+               ("torch", "triton", "cuda"), _mm_cases(), _mm_cost, "gemm",
+               key=_mm_key, key_fields=("dims", "batch", "m", "k", "n_exact", "layout")),
         OpSpec("linear_gelu", torch_ref.linear_gelu,
                {**_impls("linear_gelu"), "torch": "torch_ref:linear_gelu_fastest"},
-               ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm"),
+               ("triton", "cuda", "torch"), _lg_cases(), _lg_cost, "gemm",
+               key=_lg_key, key_fields=("m", "k", "n_exact", "bias", "approximate", "layout")),
         # fused_mlp: the CUDA kernels win every benchmarked case on an H200
         # (`dualk bench`, default suite): fp32 seed model 9.6 vs 22.9 us
         # at batch 32, 14.3 vs 37.9 us at 4096 (3xTF32 kernel); fp16/bf16 at batch 2^20 (Hopper
@@ -526,20 +633,23 @@ OPS: Mapping[str, OpSpec] = {
         # wide kernel on an H200, and GPUs before Hopper, where the padded mma.sync kernel (100 us
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
-               ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm"),
+               ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm",
+               key=_mlp_key, key_fields=("m", "widths", "biases", "activation", "layout")),
         # linear_glu: nothing measured on a GPU yet (issue 35; bench/linear_glu_llama.py is the
         # run that decides): "auto" times the CUDA kernel (Hopper: cuda_src/linear_glu.cu's
         # wgmma kernel), Triton and PyTorch's two GEMMs and gate.
         OpSpec("linear_glu", torch_ref.linear_glu, _impls("linear_glu"),
-               ("cuda", "triton", "torch"), _glu_cases(), _glu_cost, "gemm"),
+               ("cuda", "triton", "torch"), _glu_cases(), _glu_cost, "gemm",
+               key=_glu_key, key_fields=("m", "k", "n_exact", "biases", "activation", "layout")),
     )
 }  # fmt: skip
 
 
 def register(spec: OpSpec) -> OpSpec:
     """Add an operator to OPS: from then on dispatch, auto, explain, `runtime.operators.run`,
-    the benchmark and the parity tests know it. Its entry must carry what the built-in operators
-    keep elsewhere: `key` and `key_fields` (auto's shape classes) and `check` (argument checks).
+    the benchmark and the parity tests know it. Its entry must carry `key` and `key_fields`
+    (auto's shape classes, as the built-in entries do) and `check` (argument checks, which the
+    built-in operators keep in dualk/runtime/operators.py).
     The public function, the registered custom op (fake and autograd formula) and auto's
     exact-signature fast path are per-operator code (CONTRIBUTING.md, "Adding an operator")."""
     if not isinstance(spec, OpSpec):

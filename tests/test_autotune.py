@@ -24,7 +24,7 @@ import dualk
 import dualk.core.timing
 from dualk import cli, registry
 from dualk.backends import torch_ref
-from dualk.dispatch import autotune
+from dualk.dispatch import autotune, heuristic, shared, store
 from dualk.registry import OPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_matrix_keys_round_rows_up_and_keep_k_n_and_parameters_exact(monkeypatch
 
     # fp32 with TF32 allowed is its own class for the matrix ops (not for elementwise ones).
     plain = mm(64, 64, 64)
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: True)
     assert mm(64, 64, 64) != plain
     assert "float32+tf32" in autotune.key_string(mm(64, 64, 64))
     assert key("add", add_args(64))[3] is False
@@ -529,7 +529,7 @@ def test_an_unwritable_cache_dir_warns_once_and_keeps_working(fake_gpu, tmp_path
 def test_a_new_source_or_device_fingerprint_is_a_new_file(monkeypatch):
     name = autotune.cache_file(CPU).name
     fp = dict(autotune.fingerprint(CPU))
-    monkeypatch.setitem(autotune._device_fingerprints, "cpu", {**fp, "dualk_source": "0" * 16})
+    monkeypatch.setitem(store._device_fingerprints, "cpu", {**fp, "dualk_source": "0" * 16})
     assert autotune.cache_file(CPU).name != name
     assert len(autotune.source_hash()) == 16
     names = {p.name for p in autotune.source_files()}
@@ -758,14 +758,14 @@ def test_gemm_exact_tables_keep_the_tf32_switch(ran, monkeypatch, op):
         "matmul": ((r(8, 16), r(16, 32)), lambda a: dualk.matmul(*a)),
         "fused_mlp": (mlp_args(8, [16, 32, 8]), lambda a: dualk.fused_mlp(*a[:3])),
     }[op]  # fmt: skip
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     plant(op, args, "cuda")
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: True)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: True)
     plant(op, args, "triton")
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: True)
     assert last_backend(ran, lambda: call(args)) == "triton"
-    monkeypatch.setattr(autotune, "tf32_allowed", lambda: False)
+    monkeypatch.setattr(registry, "tf32_allowed", lambda: False)
     monkeypatch.setattr("dualk.runtime.operators._tf32", lambda: False)
     assert last_backend(ran, lambda: call(args)) == "cuda"
 
@@ -952,17 +952,17 @@ def test_heuristic_gives_wide_mlps_to_cuda_only_where_the_planner_takes_the_wide
     everything = ["cuda", "triton", "torch"]
     assert autotune.heuristic(spec, args((64, 128, 10)), everything)[0] == "cuda"
     for planner_says, expected in ((True, "cuda"), (False, "torch")):
-        monkeypatch.setattr(autotune, "_takes_wide_mlp_kernel", lambda a, s=planner_says: s)
+        monkeypatch.setattr(heuristic, "_takes_wide_mlp_kernel", lambda a, s=planner_says: s)
         chosen, rule = autotune.heuristic(spec, args((256, 256, 64)), everything)
         assert chosen == expected, rule
     assert autotune.heuristic(spec, args((256, 320, 64)), everything)[0] == "torch"  # > 256
     assert autotune.heuristic(spec, args((64, 128, 10)), ["triton", "torch"])[0] == "torch"
     monkeypatch.undo()
-    assert not autotune._takes_wide_mlp_kernel(args((256, 256, 64)))  # CPU tensors: never
+    assert not heuristic._takes_wide_mlp_kernel(args((256, 256, 64)))  # CPU tensors: never
 
 
 def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
-    monkeypatch.setattr(autotune, "_warned", set())
+    monkeypatch.setattr(shared, "warned", set())
     monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")
     with pytest.warns(UserWarning, match="DUALK_AUTOTUNE='maybe'") as record:
         blocked = autotune.timing_blocked()
@@ -980,8 +980,8 @@ def test_cache_file_name_matches_every_name_dualk_writes():
     GPU names as cache_file() spells them, and nothing else."""
     for label in ("nvidia-h100-80gb-hbm3-cc9.0-132sm", "nvidia-h200-cc9.0-132sm", "cpu"):
         name = f"{label}-0123456789ab.json"
-        for written in (name, autotune._lock_name(name), autotune._aside_name(name),
-                        autotune._write_name(name)):  # fmt: skip
+        for written in (name, store._lock_name(name), store._aside_name(name),
+                        store._write_name(name)):  # fmt: skip
             assert autotune.CACHE_FILE_NAME.fullmatch(written), written
     for other in ("other.json", "notes.txt", "x-0123456789ab.json.bak", "x-0123456789ab.jsonl"):
         assert not autotune.CACHE_FILE_NAME.fullmatch(other), other

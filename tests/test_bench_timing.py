@@ -73,10 +73,10 @@ def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mea
 
 
 def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
-    """auto's timer (autotune.cuda_event_timer) on fake CUDA primitives: the repetitions that fit
+    """auto's timer (measure.cuda_event_timer) on fake CUDA primitives: the repetitions that fit
     its budget are counted with each one's L2 flush and GPU sleep, not the kernel alone (a first
     call on an unseen class took 96 ms of a 60 ms budget on an H100 that way)."""
-    from dualk.dispatch import autotune
+    from dualk.dispatch import measure
 
     clock = [0.0]  # GPU milliseconds
     calls = []
@@ -108,17 +108,15 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", sleep)
-    monkeypatch.setattr(autotune, "_l2_flush_buffer", Flush)
+    monkeypatch.setattr(measure, "_l2_flush_buffer", Flush)
     # The host clock follows the fake GPU clock: the call counts below follow from the probe's
     # host time, which a busy CI host's real clock would vary.
-    monkeypatch.setattr(
-        autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0] / 1e3)
-    )
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: clock[0] / 1e3))
     # The sleep as sized for a fast launch (the real host time of kernel() would vary it)
     monkeypatch.setattr(dualk.core.timing, "sleep_cycles", lambda host_us, at_least_us=0.0: int(at_least_us * dualk.core.timing.CYCLES_PER_US))  # fmt: skip
-    device_us, host_us = autotune.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
+    device_us, host_us = measure.cuda_event_timer(kernel, "cuda", budget_ms=1.75)
     assert device_us == pytest.approx(20.0) and host_us > 0
-    # After the probe (0.02 ms kernel + 0.05 flush + 0.1 sleep, autotune._MIN_SLEEP_US): a burst
+    # After the probe (0.02 ms kernel + 0.05 flush + 0.1 sleep, measure._MIN_SLEEP_US): a burst
     # of back-to-back calls in BURST_SHARE of the budget (0.4375 / 0.02 -> 21), then as many
     # flushed and slept calls as the rest holds (1.33 / 0.17 -> 7): within the budget.
     assert len(calls) == 1 + 7 + 21
@@ -130,7 +128,7 @@ def test_the_tuner_counts_flush_and_sleep_in_its_budget(monkeypatch):
         calls.append(1)
         clock[0] += 1.0
 
-    device_us, _ = autotune.cuda_event_timer(slow_kernel, "cuda", budget_ms=1.75)
+    device_us, _ = measure.cuda_event_timer(slow_kernel, "cuda", budget_ms=1.75)
     assert device_us == pytest.approx(1000.0) and len(calls) == 1 + 1 + 1
 
 

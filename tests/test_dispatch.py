@@ -244,8 +244,9 @@ def test_auto_order_can_differ_by_dtype():
 
 def test_every_per_operator_table_covers_exactly_the_registry():
     """The registry is the one list of operators; the few tables keyed by operator elsewhere
-    (hot-path code that cannot afford a registry lookup, autotune's key functions) must name
-    exactly its operators, or a new operator would fail far from where it was added."""
+    (hot-path code that cannot afford a registry lookup) must name exactly its operators, or a
+    new operator would fail far from where it was added. auto's key and its field names come
+    from each entry itself."""
     from dualk import ops
     from dualk.autograd import eager as eager_autograd
     from dualk.autograd import library
@@ -254,13 +255,15 @@ def test_every_per_operator_table_covers_exactly_the_registry():
 
     names = set(OPS)
     tables = {
-        "autotune.KEY_FUNCTIONS": autotune.KEY_FUNCTIONS,
+        "autotune.KEY_FUNCTIONS": autotune.KEY_FUNCTIONS,  # views of the entries' key, key_fields
         "autotune.FIELDS": autotune.FIELDS,
         "eager_autograd._OPS": eager_autograd._OPS,
         "ops._PUBLIC": ops._PUBLIC,
     }
     for where, table in tables.items():
         assert set(table) == names, f"{where} has {sorted(table)}, the registry {sorted(names)}"
+    for name, spec in OPS.items():
+        assert callable(spec.key) and spec.key_fields, f"{name}: no key or key_fields"
     for name in names:  # a public function, a registered op, a custom-op wrapper each
         assert callable(getattr(ops, name)) and hasattr(torch.ops.dualk, name)
         assert callable(getattr(library, f"run_{name}"))

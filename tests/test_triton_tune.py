@@ -35,7 +35,7 @@ from test_background_build import (  # noqa: F401 (gpu is a fixture)
 )
 
 import dualk
-from dualk.dispatch import autotune, triton_tune, triton_tune_worker
+from dualk.dispatch import autotune, store, triton_tune, triton_tune_worker
 from dualk.registry import OPS
 
 common = pytest.importorskip("dualk.triton_src.common")
@@ -377,7 +377,7 @@ def test_cache_file_reread_keeps_this_process_entries(auto):
     device = torch.device("cpu")
     autotune.TRITON_STORE.put(device, "ours", "a", [(1.0, (1, 2))])
     assert autotune.TRITON_STORE.get(device, "theirs", "b") is None  # loads the file now
-    other = autotune._Store(autotune.cache_file(device), autotune.fingerprint(device))
+    other = store.Store(store.cache_file(device), store.fingerprint(device))
     other.put("triton.theirs", "b", {"config": [3], "timings_ms": [[0.5, [3]]]})
     assert autotune.TRITON_STORE.get(device, "theirs", "b") is None  # not re-read yet
     autotune.reload_cache(device)

@@ -27,7 +27,7 @@ from ..backends import cuda as cuda_backend
 from ..backends import unavailable_reason
 from ..backends.triton import interpreter_enabled
 from ..core.errors import DualkError
-from ..dispatch import auto_candidates, autotune, config, requested
+from ..dispatch import auto_candidates, config, requested, store
 from ..registry import OPS
 from ..tools.bench import environment
 from ..tools.render import align, describe_gpu
@@ -129,7 +129,7 @@ def info() -> None:
         ("CUDA build cache", f"{cuda_backend.cache_root() / 'cuda'}"),
         *((f"  {family}", cuda_backend.describe_state(family)) for family in cuda_backend.FAMILIES),
         ("Triton cache", f"{_triton_cache_dir()}  (compiled kernels and autotune results)"),
-        ("autotune cache", f"{autotune.cache_dir()}  (`dualk cache show`)"),
+        ("autotune cache", f"{store.cache_dir()}  (`dualk cache show`)"),
         ("config file", f"{config_file}" + ("" if config_file.is_file() else "  (absent)")),
     ]
     click.echo("\nlocations:")

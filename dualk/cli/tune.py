@@ -11,7 +11,7 @@ import click
 import torch
 
 from ..backends.cuda import cache_root
-from ..dispatch import autotune
+from ..dispatch import autotune, store
 from ..registry import OPS
 from ..tools.bench import plan
 from ..tools.render import align
@@ -87,7 +87,7 @@ def tune(
     header = ("case", "key", "winner", "source", "times (us)", "not candidates")
     for line in align(header, body):
         click.echo(line)
-    click.echo(f"\ncache file: {autotune.cache_file(device)}")
+    click.echo(f"\ncache file: {store.cache_file(device)}")
 
 
 @click.group()
@@ -98,15 +98,15 @@ def cache() -> None:
 @cache.command("show")
 def cache_show() -> None:
     """Where the autotune cache is, this machine's fingerprint, and every file's entries."""
-    directory = autotune.cache_dir()
+    directory = store.cache_dir()
     device = _device()
-    current = autotune.cache_file(device)
+    current = store.cache_file(device)
     click.echo(f"autotune cache: {directory}")
     click.echo(f"this machine ({device}): {current.name}")
-    fp = autotune.fingerprint(device)
+    fp = store.fingerprint(device)
     click.echo("  fingerprint: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
     paths = sorted(directory.iterdir()) if directory.is_dir() else []
-    ours = [p for p in paths if p.is_file() and autotune.CACHE_FILE_NAME.fullmatch(p.name)]
+    ours = [p for p in paths if p.is_file() and store.CACHE_FILE_NAME.fullmatch(p.name)]
     files = [p for p in ours if p.suffix == ".json"]
     set_aside = [p for p in ours if ".corrupt-" in p.name]
     others = [p for p in paths if p not in ours]
@@ -115,7 +115,7 @@ def cache_show() -> None:
     for path in files:
         click.echo(f"\n{path.name}" + ("  (this machine)" if path == current else ""))
         try:
-            data = autotune.read_cache_file(path)
+            data = store.read_cache_file(path)
         except (OSError, ValueError) as exc:
             click.echo(f"  unreadable: {exc}")
             continue
@@ -124,7 +124,7 @@ def cache_show() -> None:
         entries = data["entries"]
         body = [
             [key, str(e.get("winner", "?")), _times_text(e.get("times_us", {}))]
-            for key, e in sorted(entries.get(autotune.BACKEND_SECTION, {}).items(), key=_by_key)
+            for key, e in sorted(entries.get(store.BACKEND_SECTION, {}).items(), key=_by_key)
             if isinstance(e, dict)
         ]
         if body:
@@ -132,7 +132,7 @@ def cache_show() -> None:
             for line in align(("key", "winner", "times (us)"), body):
                 click.echo("    " + line)
         for section, table in sorted(entries.items()):
-            if section == autotune.BACKEND_SECTION:
+            if section == store.BACKEND_SECTION:
                 continue
             body = []
             for key, e in sorted(table.items(), key=_by_key):
@@ -156,10 +156,10 @@ def cache_show() -> None:
 def cache_clear(everything: bool) -> None:
     """Remove the autotune cache files (and with --all the CUDA builds); print what went."""
     removed, kept = [], []
-    directory = autotune.cache_dir()
+    directory = store.cache_dir()
     if directory.is_dir():
         for path in sorted(directory.iterdir()):
-            if path.is_file() and autotune.CACHE_FILE_NAME.fullmatch(path.name):
+            if path.is_file() and store.CACHE_FILE_NAME.fullmatch(path.name):
                 path.unlink()
                 removed.append(path)
             else:  # not a name dualk gives its files: someone else's

@@ -75,6 +75,25 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
+def row_count(x: torch.Tensor) -> int:
+    """Rows of a (..., features) tensor: the product of its leading dims (for zero features too)."""
+    k = x.shape[-1]
+    if k:
+        return x.numel() // k
+    n = 1
+    for s in x.shape[:-1]:
+        n *= s
+    return n
+
+
+def layout_code(t: torch.Tensor) -> str:
+    """The layout letter of auto's keys: "c" contiguous, "r" unit stride along the last dim
+    (sliced or padded rows), "s" other strides (transposed)."""
+    if t.is_contiguous():
+        return "c"
+    return "r" if t.stride(-1) == 1 else "s"
+
+
 def fit_plan(plan: ElementwisePlan, max_dims: int, *operands: torch.Tensor):
     """(*operands, plan) unchanged when a kernel can index the plan's dims; else one documented
     copy makes every operand dense in output order (plans that deep are rare: dims merge)."""

@@ -30,7 +30,7 @@ import torch
 from ..backends import BACKENDS, cuda, unavailable_reason
 from ..core.errors import BackendUnavailableError, UnknownBackendError
 from ..registry import OpSpec
-from . import autotune, config, triton_tune
+from . import autotune, config, keys, triton_tune
 
 BACKEND_NAMES = (*BACKENDS, "auto")
 
@@ -174,7 +174,7 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
             availability[cand] = reason
         for cand, reason in info.get("pending_backends", {}).items():
             if cand == "triton":  # its state now, not when the decision was made
-                reason = triton_tune.pending_reason(autotune.make_key(spec, args))
+                reason = triton_tune.pending_reason(keys.make_key(spec, args))
             availability[cand] = f"not a candidate yet: {reason}"
         if info.get("provisional"):
             notes.append(
@@ -206,7 +206,7 @@ def explain(spec: OpSpec, backend: str, args: tuple) -> Explanation:
         name == "auto" and "triton" in spec.backends
         and like.device.type in autotune.BACKGROUND_DEVICE_TYPES
     ):  # fmt: skip
-        key = autotune.make_key(spec, args)
+        key = keys.make_key(spec, args)
         if triton_tune.state_of(key) is None and info["source"] == "cache":
             text = "not needed: the class's decision comes from the cache file"
         else:

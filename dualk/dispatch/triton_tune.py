@@ -45,7 +45,8 @@ backend="triton" and `dualk tune` still tune in the call.
 This module is the user's side (queue, state, polling, the no-search guard), below
 dualk.dispatch.autotune, which asks it and registers its cache reload in READY_HOOKS; the tuner
 process is dualk/dispatch/triton_tune_worker.py, which imports both. What they share with
-autotune (the key's text, the timing gate, the file lock) is in dualk/dispatch/shared.py.
+autotune: the key's text (dualk/dispatch/keys.py), the timing gate and the file lock
+(dualk/dispatch/shared.py).
 
 The cost: the tuner is a second process on the same GPU (a CUDA context, ~0.5 GB, plus the
 call's operands) while it runs, and its config timings share the GPU with the user's work.
@@ -69,7 +70,8 @@ import torch
 
 from ..backends import cuda
 from ..backends import triton as triton_backend
-from .shared import key_string, timing_blocked
+from .keys import key_string
+from .shared import timing_blocked
 
 PREFIX = "dualk-triton-tune:"
 TIMEOUT_S = 300.0  # per class: a tuner running longer than this times its classes is killed

@@ -19,14 +19,12 @@ from pathlib import Path
 import torch
 
 from ..registry import OPS
-from . import autotune, triton_tune
+from . import store, triton_tune
 from .shared import file_lock
 
 
 def class_lock_path(desc: dict, device: torch.device) -> Path:
-    digest = hashlib.sha256(
-        f"{autotune.cache_file(device).name}\0{desc['key']}".encode()
-    ).hexdigest()
+    digest = hashlib.sha256(f"{store.cache_file(device).name}\0{desc['key']}".encode()).hexdigest()
     return triton_tune.work_dir() / "locks" / f"{digest[:24]}.lock"
 
 
