@@ -344,8 +344,8 @@ _is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", _is_compil
 # torch 2.11: every compiled fused module kept dualk's op); there route.exporting() is False,
 # and export of a fused module on the GPU is measured like a compile.
 _exporting = route.exporting
-
-
+_fused_mlp = ops.fused_mlp  # (read as ops.fused_mlp while Dynamo traces, the ops module would be
+# one object under two names: route.py says what that costs)
 _is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the trace records
 _any_autocast = route.any_autocast
 _transforms_active = route.transforms_active
@@ -411,7 +411,7 @@ def _compiled_path(module, x, weights, biases) -> str:
     bucket = 1
     while bucket < rows:
         bucket *= 2
-    grad = torch.is_grad_enabled() and (
+    grad = _is_grad_enabled() and (
         x.requires_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
     )
     shape = module._choice_shape(weights, biases)
@@ -705,6 +705,8 @@ class FusedMLP(nn.Module):
         return [self.layers[0].in_features, *(lin.out_features for lin in self.layers)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _is_compiling():
+            return self._compiled_forward(x)
         fast = self.__dict__.get("_fast")
         if fast is not None and fast.usable(self):
             out = fast.plan.run(x)
@@ -742,6 +744,19 @@ class FusedMLP(nn.Module):
             # (the original path is planned only once its choice is final)
             _InferencePlan.update(self, x, weights, biases, original=path == "original")
         return out
+
+    def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward while torch.compile or export traces: the path is a constant of the graph
+        (_compiled_path); no plans, and no `_last_path` store (a side effect the compiled graph
+        would replay on every call: ~7 us of a compiled call on a CPU-only host)."""
+        layers = self.layers
+        weights = [lin.weight for lin in layers]
+        biases = [lin.bias for lin in layers]
+        if self._between_active() or _compiled_path(self, x, weights, biases) == "original":
+            return self._original_forward(x)
+        return _fused_mlp(
+            x, weights, biases, activation=self.kernel_activation, backend=self.backend
+        )
 
     def _choice_shape(self, weights, biases) -> tuple:
         return module_choice.shape_of_mlp(weights, biases, self.kernel_activation)
