@@ -72,6 +72,7 @@ _run_fused_mlp, _check_mlp, _mlp_lists = (
 )  # fmt: skip
 _device_of = operators.device_of
 _run_planned_mlp = operators.run_planned_mlp
+_is_dynamo_compiling = route.is_dynamo_compiling
 _autocast_dtype = route.autocast_dtype
 _autocast = route.autocast_cast
 
@@ -287,6 +288,7 @@ def fused_mlp(
         return eager_autograd.fused_mlp(x, weights, biases, activation, backend)
     if (
         _is_compiling()
+        and _is_dynamo_compiling()
         and not _exporting()
         and not (
             _is_grad_enabled()
@@ -294,7 +296,8 @@ def fused_mlp(
         )
     ):
         # A compiled inference graph: the op without autograd wrappers, whose CUDA kernel is
-        # C++ (dualk/autograd/library.py fused_mlp_infer). Exports keep the op below.
+        # C++ (dualk/autograd/library.py fused_mlp_infer). Exports keep the op below (strict
+        # ones on torch < 2.13 excepted: route.exporting cannot tell them from a compile).
         return _dualk.fused_mlp_infer(x, weights, biases, activation, backend)
     _check_before_op(backend, _check_mlp, x, weights, biases, activation)
     present, mask = _library_pack_biases(biases)

@@ -92,7 +92,8 @@ def test_compiled_fused_module_calls_the_infer_op():
     tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
     reason="torch < 2.13 cannot tell an export from a compile (dualk/runtime/route.py)",
 )
-def test_export_keeps_the_autograd_op():
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_keeps_the_autograd_op(strict):
     """An exported program keeps dualk::fused_mlp (it may be run, or trained, anywhere)."""
     ws, bs = _mlp()
 
@@ -101,7 +102,7 @@ def test_export_keeps_the_autograd_op():
             return dualk.fused_mlp(x, ws, bs)
 
     with torch.no_grad():
-        ep = torch.export.export(M(), (torch.randn(5, 12, device=DEVICE),))
+        ep = torch.export.export(M(), (torch.randn(5, 12, device=DEVICE),), strict=strict)
     targets = _targets(ep.graph_module)
     assert GENERIC.default in targets and INFER.default not in targets, targets
 

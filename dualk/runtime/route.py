@@ -16,6 +16,9 @@ any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 # run PyTorch's implementation, which does (0.04 us a call to ask).
 transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 is_compiling = torch.compiler.is_compiling
+# Dynamo itself is tracing (torch.compile, or a strict export); False where an export traces
+# without it
+is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", is_compiling)
 # torch.jit.trace: a direct call's kernel launch would be missing from the trace (its outputs
 # frozen as constants), so traced calls take the registered op, which the trace records.
 is_tracing = torch._C._is_tracing
