@@ -436,7 +436,7 @@ bool plain_tensor(PyObject* obj) {  // a torch.Tensor or nn.Parameter, not anoth
 // checks): mlp(x), or None where the call is not a planned one.
 py::object planned_run(py::handle x, py::handle weights, py::handle biases, py::handle activation,
                        py::handle backend) {
-  if (!plain_tensor(x.ptr()) || !PyUnicode_Check(activation.ptr()) ||
+  if (planned().size() == 0 || !plain_tensor(x.ptr()) || !PyUnicode_Check(activation.ptr()) ||
       !PyUnicode_Check(backend.ptr()) || torch::jit::tracer::isTracing() ||
       at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU))
     return py::none();
