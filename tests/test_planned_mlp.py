@@ -184,12 +184,18 @@ def test_planned_call_gives_the_full_calls_answer(planned, dtype, backend):
         x = torch.randn(shape, device=DEVICE, dtype=dtype)
         with torch.no_grad():
             full = dualk.fused_mlp(x, ws, bs, backend=backend)
+            # "auto" is planned where its remembered decision is cuda (else each call is a full
+            # one, on a backend that may change while Triton tunes in the background)
+            served = backend == "cuda" or autotune.decided(spec, (x, ws, bs, "relu")) == "cuda"
             calls = len(planned)
             outs = [dualk.fused_mlp(x, ws, bs, backend=backend) for _ in range(3)]
         for out in outs:
-            assert out.shape == full.shape and torch.equal(out, full)
-        # "auto" is planned where its remembered decision is cuda (else each call is a full one)
-        if backend == "cuda" or autotune.decided(spec, (x, ws, bs, "relu")) == "cuda":
+            assert out.shape == full.shape
+            if served:
+                assert torch.equal(out, full)
+            else:
+                torch.testing.assert_close(out, full, rtol=2e-2, atol=2e-2)
+        if served:
             assert len(planned) == calls, "a planned class took the full route"
     assert cuda_backend._extensions["mlp"].planned_size() >= 1
 
