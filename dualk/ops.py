@@ -10,7 +10,10 @@ Each public function has two routes to the same code:
   autograd must record the call, under torch.compile / export tracing (fake tensors, no graph
   break), and for tensor subclasses; calls that autograd records on plain tensors take the eager
   autograd route (dualk/autograd/eager.py). The op's implementation is the same `run_<op>` the
-  direct route calls, so both routes give bit-identical results.
+  direct route calls, so both routes give bit-identical results. (fused_mlp, traced by Dynamo
+  for inference, becomes `torch.ops.dualk.fused_mlp_infer`: the same route without autograd,
+  its CUDA kernel in C++; and a direct fused_mlp call first tries a planned call, one C++
+  crossing, where an earlier call ran the fused CUDA kernel: dualk/runtime/operators.py.)
 
 The backend is decided inside `run_<op>`, at run time: tracing never reads environment
 variables, config files or autotuning caches, and a compiled graph follows the backend settings

@@ -1,6 +1,9 @@
 """dualk's operators as `torch.library` custom ops (`torch.ops.dualk.<op>`), with fake (shape-only)
 implementations for torch.compile / export and autograd formulas.
 
+Also `fused_mlp_infer`, the op compiled inference graphs call for fused_mlp (defined without
+custom_op's per-call wrappers, no autograd; below, with its kernels).
+
 Schemas: every op takes its tensors, its options and `backend: str` last. The implementation of
 each op is `run_<op>` of dualk/runtime/operators.py: it validates, resolves the backend (argument, environment,
 scope, config, autotuning) and runs the kernel, when the op *runs*, so a traced graph holds only
