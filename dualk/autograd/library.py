@@ -343,9 +343,9 @@ fused_mlp.register_autograd(fused_mlp_formula, setup_context=fused_mlp_setup)
 
 # The op compiled inference graphs call (dualk.ops.fused_mlp emits it where Dynamo traces a call
 # that needs no gradient; exports keep fused_mlp above). Defined with torch.library.Library, not
-# custom_op: no Python autograd and backend wrappers run per call (in a compiled graph, those cost
-# ~43 us of a ~57 us op call on a CPU-only host; the op's own Python kernel costs ~7 us more than
-# a C++ one). Its kernels: the mlp extension's C++ CUDA kernel (cuda_src/binding_mlp.cpp: a
+# custom_op: no Python autograd and backend wrappers run per call (on a 2-core CPU-only host, per
+# call above the kernel's own work: custom_op's wrappers ~43 us, a Library op's Python kernel
+# ~7 us, a C++ kernel ~3 us; every call of a compiled graph pays them). Its kernels: the mlp extension's C++ CUDA kernel (cuda_src/binding_mlp.cpp: a
 # planned call straight from the dispatcher, else run_fused_mlp_full below), registered when
 # the extension loads; and, for every other device and before the extension loads, the Python
 # kernel run_fused_mlp_infer (CompositeExplicitAutograd). Biases as Tensor?[]: without autograd
