@@ -105,7 +105,7 @@ ship)
   t0=$(date +%s)
   timeout 300 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
   say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
-  head -n 20 "$OUT/host_cost.log"
+  head -n 30 "$OUT/host_cost.log"
   ;;
 fast)
   mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre || { say "no build/prebuilt.tar.xz"; exit 1; }
@@ -127,7 +127,7 @@ fast)
   t0=$(date +%s)
   timeout 200 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > "$OUT/host_cost.log" 2>&1
   say "host_cost: rc=$? in $(( $(date +%s) - t0 )) s"
-  head -n 20 "$OUT/host_cost.log"
+  head -n 30 "$OUT/host_cost.log"
   t0=$(date +%s)
   tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
   timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1

@@ -11,11 +11,17 @@ rows interleaved within each repeat so a host that slows down slows every row al
 Rows (CUDA tensors, no_grad):
   add n=16 fp32:         torch.add, dualk.add auto / cuda, the extension's launcher alone
   seed MLP b32 fp32:     torch.empty of the output alone, the mlp extension's launcher alone
-                         (output preallocated), the planned runner, dualk.fused_mlp cuda / auto,
-                         a FusedMLP over the model's Linears, the fuse'd DNNModel, the original
+                         (output preallocated), the planned runner, dualk.fused_mlp cuda / auto
+                         (a planned call: one C++ crossing) and cuda by the full route (planned
+                         calls off: the route before them), the ops compiled graphs call:
+                         fused_mlp_infer (its C++ CUDA kernel) and the autograd op fused_mlp
+                         (custom_op's Python wrappers), a FusedMLP over the model's Linears, the
+                         fuse'd DNNModel, the original
   --profile-compiled:    NeRF 32-64-64-64-16 fp16 at 2^20 rows, torch.compile of the fuse'd
-                         model and of the original: host and device time per call, and a
-                         cProfile of the compiled fused call's Python
+                         model, of dualk.fused_mlp (a function: fused_mlp_infer in its graph),
+                         of the autograd op called directly (the graph before fused_mlp_infer)
+                         and of the original: host and device time per call, the dualk ops in
+                         the fused model's graph, and a cProfile of the compiled fused call
 """
 
 from __future__ import annotations
@@ -121,9 +127,23 @@ def mlp_rows() -> tuple[dict, dict]:
     code = cuda.ACTIVATION_CODES["relu"]
     runner = cuda.fused_mlp_runner(ws, bs, "relu")
     module = dualk.nn.FusedMLP.from_linears([model.layer1, model.layer2, model.layer3])
+    infer, generic = torch.ops.dualk.fused_mlp_infer.default, torch.ops.dualk.fused_mlp.default
+    present, mask = [b for b in bs if b is not None], 0b111
+    planned = cuda.PLANNED_MLP
+
+    def full_route():  # dualk.fused_mlp with planned calls off: the route before them
+        run = planned.run
+        planned.run = None
+        try:
+            return dualk.fused_mlp(x, ws, bs, backend="cuda")
+        finally:
+            planned.run = run
+
     ref = model(x)
     for name, got in (("fused", fused(x)), ("cuda", dualk.fused_mlp(x, ws, bs, backend="cuda")),
-                      ("module", module(x))):  # fmt: skip
+                      ("module", module(x)), ("full route", full_route()),
+                      ("infer op", infer(x, ws, bs, "relu", "cuda")),
+                      ("autograd op", generic(x, ws, present, mask, "relu", "cuda"))):  # fmt: skip
         err = (got - ref).abs().max().item()
         assert err < 1e-3, f"{name} differs from the original by {err}"
     rows = {
@@ -132,6 +152,9 @@ def mlp_rows() -> tuple[dict, dict]:
         "mlp planned runner": lambda: runner(x),
         "mlp dualk.fused_mlp cuda": lambda: dualk.fused_mlp(x, ws, bs, backend="cuda"),
         "mlp dualk.fused_mlp auto": lambda: dualk.fused_mlp(x, ws, bs),
+        "mlp dualk.fused_mlp cuda, full route": full_route,
+        "mlp op fused_mlp_infer cuda": lambda: infer(x, ws, bs, "relu", "cuda"),
+        "mlp op fused_mlp (autograd) cuda": lambda: generic(x, ws, present, mask, "relu", "cuda"),
         "mlp FusedMLP module": lambda: module(x),
         "mlp fuse'd DNNModel": lambda: fused(x),
         "mlp original DNNModel": lambda: model(x),
@@ -152,18 +175,38 @@ def profile_compiled(report: dict) -> None:
     model = nn.Sequential(*layers).cuda().half().eval()
     x = torch.randn(2**20, 32, device="cuda", dtype=torch.float16)
     fused = dualk.fuse(model)
-    c_fused = torch.compile(fused)
+    seen: set = set()
+
+    def inductor_noting_dualk_ops(gm, example_inputs):  # Inductor, as torch.compile's default
+        from torch._inductor.compile_fx import compile_fx
+
+        seen.update(str(n.target) for n in gm.graph.nodes
+                    if n.op == "call_function" and "dualk" in str(n.target))  # fmt: skip
+        return compile_fx(gm, example_inputs)
+
+    c_fused = torch.compile(fused, backend=inductor_noting_dualk_ops)
     c_orig = torch.compile(model)
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    ws, bs = [m.weight for m in linears], [m.bias for m in linears]
+    c_fn = torch.compile(lambda x: dualk.fused_mlp(x, ws, bs))
+    c_fn_autograd_op = torch.compile(
+        lambda x: torch.ops.dualk.fused_mlp(x, ws, bs, 0b1111, "relu", "auto")
+    )
     for _ in range(5):
         c_fused(x)
         c_orig(x)
         fused(x)
+        c_fn(x)
+        c_fn_autograd_op(x)
     rows = {"nerf compiled fused": lambda: c_fused(x), "nerf compiled original": lambda: c_orig(x),
-            "nerf eager fused": lambda: fused(x)}  # fmt: skip
+            "nerf eager fused": lambda: fused(x),
+            "nerf compiled dualk.fused_mlp": lambda: c_fn(x),
+            "nerf compiled autograd op": lambda: c_fn_autograd_op(x)}  # fmt: skip
     report["nerf_host_us"] = interleaved(rows, 50, 5)
     report["nerf_device_us"] = interleaved(rows, 50, 5, measure=device_us)
     report["nerf_paths"] = {n: getattr(m, "_last_path", None) for n, m in fused.named_modules()
                             if hasattr(m, "_last_path")}  # fmt: skip
+    report["nerf_compiled_dualk_ops"] = sorted(seen)
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
@@ -239,7 +282,7 @@ def main() -> int:
     for name, v in report["host_us"].items():
         dev = report["device_us"].get(name)
         print(f"  {name:32s} {v:8.2f}" + (f"   device {dev:.2f}" if dev is not None else ""))
-    for key in ("nerf_host_us", "nerf_device_us", "nerf_paths"):
+    for key in ("nerf_host_us", "nerf_device_us", "nerf_paths", "nerf_compiled_dualk_ops"):
         if key in report:
             print(key, report[key])
     for key in ("nerf_compiled_fused_profile", "nerf_compiled_fused_ops"):

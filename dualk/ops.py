@@ -10,7 +10,10 @@ Each public function has two routes to the same code:
   autograd must record the call, under torch.compile / export tracing (fake tensors, no graph
   break), and for tensor subclasses; calls that autograd records on plain tensors take the eager
   autograd route (dualk/autograd/eager.py). The op's implementation is the same `run_<op>` the
-  direct route calls, so both routes give bit-identical results.
+  direct route calls, so both routes give bit-identical results. (fused_mlp, traced by Dynamo
+  for inference, becomes `torch.ops.dualk.fused_mlp_infer`: the same route without autograd,
+  its CUDA kernel in C++; and a direct fused_mlp call first tries a planned call, one C++
+  crossing, where an earlier call ran the fused CUDA kernel: dualk/runtime/operators.py.)
 
 The backend is decided inside `run_<op>`, at run time: tracing never reads environment
 variables, config files or autotuning caches, and a compiled graph follows the backend settings
@@ -71,6 +74,8 @@ _run_fused_mlp, _check_mlp, _mlp_lists = (
     operators.run_fused_mlp, operators.check_mlp, operators.mlp_lists
 )  # fmt: skip
 _device_of = operators.device_of
+_run_planned_mlp = operators.run_planned_mlp
+_is_dynamo_compiling = route.is_dynamo_compiling
 _autocast_dtype = route.autocast_dtype
 _autocast = route.autocast_cast
 
@@ -265,6 +270,12 @@ def fused_mlp(
     follows every layer but the last; x (..., in_0). Widths too large for the fused kernels run
     as a per-layer chain of the same backend's kernels (dualk.explain says so). Under
     torch.autocast x, the weights and the biases are cast to its dtype first, as for F.linear."""
+    if not _is_compiling() and not _transforms_active():
+        # An inference call of a class an earlier call planned (the fused CUDA kernel ran): one
+        # C++ crossing that checks every operand; None for anything else.
+        out = _run_planned_mlp(x, weights, biases, activation, backend)
+        if out is not None:
+            return out
     weights, biases = _mlp_lists(weights, biases)
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x = _autocast(dtype, x)
@@ -274,10 +285,23 @@ def fused_mlp(
         _check_mlp(x, weights, biases, activation)
         return _reference_under_transform(_FUSED_MLP, backend)(x, weights, biases, activation)
     if _direct(x, *weights, *biases):
-        return _run_fused_mlp(x, weights, biases, activation, backend)
+        return _run_fused_mlp(x, weights, biases, activation, backend, True)
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     if _recorded(x, *weights, *biases):
         return eager_autograd.fused_mlp(x, weights, biases, activation, backend)
+    if (
+        _is_compiling()
+        and _is_dynamo_compiling()
+        and not _exporting()
+        and not (
+            _is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (x, *weights, *biases))
+        )
+    ):
+        # A compiled inference graph: the op without autograd wrappers, whose CUDA kernel is
+        # C++ (dualk/autograd/library.py fused_mlp_infer). Exports keep the op below (strict
+        # ones on torch < 2.13 excepted: route.exporting cannot tell them from a compile).
+        return _dualk.fused_mlp_infer(x, weights, biases, activation, backend)
     _check_before_op(backend, _check_mlp, x, weights, biases, activation)
     present, mask = _library_pack_biases(biases)
     return _dualk.fused_mlp(x, weights, present, mask, activation, backend)

@@ -1,6 +1,9 @@
 """dualk's operators as `torch.library` custom ops (`torch.ops.dualk.<op>`), with fake (shape-only)
 implementations for torch.compile / export and autograd formulas.
 
+Also `fused_mlp_infer`, the op compiled inference graphs call for fused_mlp (defined without
+custom_op's per-call wrappers, no autograd; below, with its kernels).
+
 Schemas: every op takes its tensors, its options and `backend: str` last. The implementation of
 each op is `run_<op>` of dualk/runtime/operators.py: it validates, resolves the backend (argument, environment,
 scope, config, autotuning) and runs the kernel, when the op *runs*, so a traced graph holds only
@@ -23,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from ..backends import cuda as cuda_backend
 from ..backends import triton as triton_backend
 from ..backends import unavailable_reason
 from ..backends.torch_ref import glu_activation, split_glu_parameters
@@ -335,6 +339,46 @@ def _(x, weights, biases, bias_mask, activation, grad, backend, need_x_grad):
 
 
 fused_mlp.register_autograd(fused_mlp_formula, setup_context=fused_mlp_setup)
+
+
+# The op compiled inference graphs call (dualk.ops.fused_mlp emits it where Dynamo traces a call
+# that needs no gradient; exports keep fused_mlp above). Defined with torch.library.Library, not
+# custom_op: no Python autograd and backend wrappers run per call (on a 2-core CPU-only host, per
+# call above the kernel's own work: custom_op's wrappers ~43 us, a Library op's Python kernel
+# ~7 us, a C++ kernel ~3 us; every call of a compiled graph pays them). Its kernels: the mlp extension's C++ CUDA kernel (cuda_src/binding_mlp.cpp: a
+# planned call straight from the dispatcher, else run_fused_mlp_full below), registered when
+# the extension loads; and, for every other device and before the extension loads, the Python
+# kernel run_fused_mlp_infer (CompositeExplicitAutograd). Biases as Tensor?[]: without autograd
+# there is nothing to return their gradients through.
+_LIBRARY = torch.library.Library(LIB, "FRAGMENT")  # kept for the process
+_LIBRARY.define(
+    "fused_mlp_infer(Tensor x, Tensor[] weights, Tensor?[] biases, str activation, str backend) "
+    "-> Tensor"
+)
+
+
+def run_fused_mlp_full(x, weights, biases, activation, backend):
+    """fused_mlp_infer's full route (validate, resolve the backend, run; plans the class where
+    the fused CUDA kernel ran): what its C++ kernel falls back to."""
+    return fresh(operators.run_fused_mlp(x, list(weights), list(biases), activation, backend, True))
+
+
+def run_fused_mlp_infer(x, weights, biases, activation, backend):
+    out = operators.run_planned_mlp(x, weights, biases, activation, backend)
+    return out if out is not None else run_fused_mlp_full(x, weights, biases, activation, backend)
+
+
+_LIBRARY.impl("fused_mlp_infer", run_fused_mlp_infer, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{LIB}::fused_mlp_infer", lib=_LIBRARY)
+def _(x, weights, biases, activation, backend):
+    weights, biases = list(weights), list(biases)
+    operators.check_mlp(x, weights, biases, activation)
+    return x.new_empty((*x.shape[:-1], weights[-1].shape[0]))
+
+
+cuda_backend.set_mlp_op_hooks(operators.planned_usable, run_fused_mlp_full)
 
 
 # ---------------------------------------------------------------------------------- linear_glu

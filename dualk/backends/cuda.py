@@ -671,6 +671,58 @@ def _ready(family: str, module) -> None:
     _extensions[family] = module
     _errors.pop(family, None)
     _generation += 1
+    if family == "mlp":
+        _register_mlp_ops(module)
+
+
+# ---------------------------------------------------------------------- planned fused_mlp calls
+class PlannedMlp:
+    """The mlp extension's planned calls (cuda_src/binding_mlp.cpp PlannedCalls): `run` is its
+    planned_run (None until an extension that has it is loaded and its ops registered), which
+    dualk/runtime/operators.py calls after its own checks; `generation` is autotune's generation
+    the planned "auto" classes were decided in (the runtime layer keeps it)."""
+
+    __slots__ = ("run", "add", "clear", "generation", "hooks", "registered")
+
+    def __init__(self):
+        self.run = self.add = self.clear = None
+        self.generation = -1
+        self.hooks: tuple | None = None  # (usable, fallback) from the layers above
+        self.registered = False
+
+
+PLANNED_MLP = PlannedMlp()
+
+
+def set_mlp_op_hooks(usable: Callable[[bool], bool], fallback: Callable) -> None:
+    """What the C++ kernel of dualk::fused_mlp_infer asks the layers above (dualk/autograd/
+    library.py sets them at import): usable(is_auto) -> whether planned calls may serve a call
+    now; fallback(x, weights, biases, activation, backend) -> the op's full route."""
+    PLANNED_MLP.hooks = (usable, fallback)
+    module = _extensions.get("mlp")
+    if module is not None:
+        _register_mlp_ops(module)
+
+
+def _register_mlp_ops(module) -> None:
+    """Registers dualk::fused_mlp_infer's CUDA kernel from the first mlp extension loaded that
+    has one (an older prebuilt, or a stand-in, has none: the op's Python kernel serves)."""
+    planned = PLANNED_MLP
+    register = getattr(module, "register_ops", None)
+    if planned.registered or planned.hooks is None or register is None:
+        return
+    planned.registered = True
+    try:
+        register(ACTIVATION_CODES, torch.nn.Parameter, *planned.hooks)
+    except Exception as exc:  # the op's Python kernel serves; planned calls work regardless
+        warnings.warn(
+            f"dualk: dualk::fused_mlp_infer's CUDA kernel could not be registered ({exc}); "
+            "compiled graphs call its Python kernel",
+            BackendWarning,
+            stacklevel=user_stacklevel(),
+        )
+    planned.add, planned.clear = module.planned_add, module.planned_clear
+    planned.run = module.planned_run
 
 
 def _fail(family: str, reason: str) -> None:

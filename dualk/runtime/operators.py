@@ -19,8 +19,9 @@ import torch
 from torch.nn import ParameterList
 
 from .. import dispatch
+from ..backends import cuda as _cuda
 from ..backends.torch_ref import ACTIVATIONS
-from ..core import validate
+from ..core import alloc, validate
 from ..core.errors import InvalidArgumentError, InvalidTypeError, ShapeError
 from ..core.layout import as_rows
 from ..dispatch import autotune
@@ -41,6 +42,11 @@ _EXACT_HITS = autotune.exact_hits  # exact call signature -> auto's remembered w
 _choose_exact = autotune.choose_exact  # on a miss of _EXACT_HITS
 _tf32 = autotune.tf32_allowed  # the TF32 switch, as autotune's keys read it
 _fallback_reasons: dict[tuple, str | None] = {}
+_PLANNED = _cuda.PLANNED_MLP  # fused_mlp's planned CUDA calls (cuda_src/binding_mlp.cpp)
+_generation = autotune.generation
+_poisoning = alloc.poisoning
+_is_grad_enabled = torch.is_grad_enabled
+_LIST_TYPES = (list, tuple)
 
 
 def run_add(a, b, alpha, backend: str) -> torch.Tensor:
@@ -327,7 +333,11 @@ def mlp_lists(weights, biases) -> tuple[list, list]:
         weights = list(weights)
     if type(biases) is ParameterList:
         biases = list(biases)
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence):
+    # (list and tuple first: torch.Tensor read here too would make Dynamo guard the torch module's
+    # aliases with Python lambdas on every call of a compiled graph; runtime/route.py says more)
+    if type(weights) not in _LIST_TYPES and (
+        isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence)
+    ):
         raise InvalidTypeError(
             "dualk.fused_mlp: 'weights' must be a non-empty list (or tuple) of 2-dim tensors, "
             f"got {type(weights).__name__}"
@@ -339,7 +349,9 @@ def mlp_lists(weights, biases) -> tuple[list, list]:
         )
     if biases is None:
         biases = [None] * len(weights)
-    if isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence):
+    if type(biases) not in _LIST_TYPES and (
+        isinstance(biases, torch.Tensor) or not isinstance(biases, Sequence)
+    ):
         raise InvalidTypeError(
             f"dualk.fused_mlp: 'biases' must be a list with one entry (tensor or None) per layer "
             f"({len(weights)} layers), or None; got {type(biases).__name__}"
@@ -353,7 +365,67 @@ def mlp_lists(weights, biases) -> tuple[list, list]:
     return list(weights), list(biases)
 
 
-def run_fused_mlp(x, weights, biases, activation, backend: str) -> torch.Tensor:
+def planned_usable(is_auto: bool) -> bool:
+    """Whether planned CUDA calls may serve a call now: a backend= "cuda" call (the argument wins
+    over every other source) or an "auto" one with nothing overriding auto and auto's decisions
+    as they were planned; never while outputs are poisoned (the planned call does not fill them).
+    dualk::fused_mlp_infer's C++ kernel asks this on every call."""
+    if _poisoning():
+        return False
+    return not is_auto or (_auto_unforced(_FUSED_MLP) and _generation() == _PLANNED.generation)
+
+
+def run_planned_mlp(x, weights, biases, activation, backend):
+    """mlp(x) for a call of a class planned by an earlier full call (run_fused_mlp with
+    plan=True), in one C++ crossing that checks every operand afresh; None for any other call
+    (the caller takes the full route, which raises where the call is wrong). Callers test
+    compiling and torch.func transforms first; the C++ side tests the types, gradient mode,
+    autocast and jit tracing."""
+    run = _PLANNED.run
+    if run is None or _poisoning():
+        return None
+    if backend != "cuda" and not (
+        backend == "auto" and _auto_unforced(_FUSED_MLP) and _generation() == _PLANNED.generation
+    ):
+        return None
+    return run(x, weights, biases, activation, backend)
+
+
+def _plan_mlp(x, weights, biases, activation, backend, dtype, index, no_bias) -> None:
+    """After a full call that ran the fused CUDA kernel: plan its class when a planned call
+    would run exactly what this one did (backend= "cuda", or "auto" whose remembered, final
+    decision for the class is cuda; contiguous operands; no gradient to record)."""
+    planned = _PLANNED
+    if planned.add is None or _poisoning() or backend not in ("cuda", "auto") or index < 0:
+        return
+    if not x.is_contiguous() or not x.numel():
+        return
+    tensors = (*weights, *[b for b in biases if b is not None])
+    if not all(t.is_contiguous() for t in tensors):
+        return
+    if _is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in tensors)):
+        return
+    gen = _generation()
+    if backend == "auto":
+        args = (x, weights, biases, activation)
+        if not _auto_unforced(_FUSED_MLP) or autotune.decided(_FUSED_MLP, args) != "cuda":
+            return
+    if planned.generation != gen:  # auto's decisions were forgotten since: plan afresh
+        planned.clear()
+        planned.generation = gen
+    width = x.shape[-1]
+    rows = x.numel() // width
+    layers = len(weights)
+    planned.add(
+        1 if backend == "auto" else 0, _cuda.ACTIVATION_CODES[activation], _cuda.DTYPE_CODES[dtype],
+        index, [width, *(w.shape[0] for w in weights)], ~no_bias & ((1 << layers) - 1),
+        (rows - 1).bit_length(), dtype is _F32 and _tf32(),
+    )  # fmt: skip
+
+
+def run_fused_mlp(x, weights, biases, activation, backend: str, plan: bool = False) -> torch.Tensor:
+    """The full route. plan: where the fused CUDA kernel ran, plan the call's class for
+    run_planned_mlp (callers that try it first: inference calls)."""
     dtype, index, shapes, no_bias = check_mlp(x, weights, biases, activation)
     args = (x, weights, biases, activation)
     if backend == "auto" and _auto_unforced(_FUSED_MLP):  # as in run_add
@@ -370,7 +442,10 @@ def run_fused_mlp(x, weights, biases, activation, backend: str) -> torch.Tensor:
         name = dispatch.choose(_FUSED_MLP, backend, args)
     if name != "torch" and mlp_fallback_reason(name, x, weights) is not None:
         return _mlp_chain(name, x, weights, biases, activation)
-    return _FUSED_MLP.implementation(name)(*args)
+    out = _FUSED_MLP.implementation(name)(*args)
+    if plan and name == "cuda":
+        _plan_mlp(x, weights, biases, activation, backend, dtype, index, no_bias)
+    return out
 
 
 def check_mlp(x, weights, biases, activation) -> tuple:

@@ -16,6 +16,9 @@ any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 # run PyTorch's implementation, which does (0.04 us a call to ask).
 transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 is_compiling = torch.compiler.is_compiling
+# Dynamo itself is tracing (torch.compile, or a strict export); False where an export traces
+# without it
+is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", is_compiling)
 # torch.jit.trace: a direct call's kernel launch would be missing from the trace (its outputs
 # frozen as constants), so traced calls take the registered op, which the trace records.
 is_tracing = torch._C._is_tracing
@@ -25,6 +28,12 @@ _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 # torch 2.11); there it is not asked (never True).
 _EXPORTING_IS_ACCURATE = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
 _F64 = torch.float64
+# torch's functions and classes that code Dynamo traces reads, bound here: read as `torch.X` in
+# several modules, the torch module would be one object under several names, which Dynamo guards
+# with Python lambdas on every call of a compiled graph (~1 us each on a CPU-only host).
+_Tensor = torch.Tensor
+_is_autocast_enabled = torch.is_autocast_enabled
+_get_autocast_dtype = torch.get_autocast_dtype
 
 
 def recorded(*tensors) -> bool:
@@ -61,12 +70,12 @@ def direct(*tensors) -> bool:
 def autocast_dtype(t) -> torch.dtype | None:
     """The dtype torch.autocast runs matmul-like ops in on t's device type, or None when autocast
     is off there (or t is no tensor: the checks then name it)."""
-    if not isinstance(t, torch.Tensor):
+    if not isinstance(t, _Tensor):
         return None
     device_type = t.device.type
     # Autocast knows cuda and cpu (dualk's devices); asking it about others (meta) raises.
-    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
+    if device_type in ("cuda", "cpu") and _is_autocast_enabled(device_type):
+        return _get_autocast_dtype(device_type)
     return None
 
 
