@@ -79,7 +79,9 @@ def test_compiled_fused_module_calls_the_infer_op():
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 6)).to(DEVICE).eval()
-    fused = dualk.fuse(model)
+    # a named backend keeps dualk's op (auto on a GPU measures this tiny MLP and may keep
+    # PyTorch's ops in the compiled graph: tests/test_fuse_patterns.py covers that choice)
+    fused = dualk.fuse(model, backend="cuda" if HAS_CUDA else "auto")
     seen: list = []
     compiled = torch.compile(fused, backend=_recording_backend(seen), fullgraph=True)
     x = torch.randn(7, 12, device=DEVICE)
@@ -180,6 +182,7 @@ def planned(monkeypatch):
 def test_planned_call_gives_the_full_calls_answer(planned, dtype, backend):
     ws, bs = _mlp(dtype=dtype)
     spec = dualk.registry.OPS["fused_mlp"]
+    any_served = False
     for shape in ((32, 12), (4, 8, 12), (12,)):
         x = torch.randn(shape, device=DEVICE, dtype=dtype)
         with torch.no_grad():
@@ -187,6 +190,7 @@ def test_planned_call_gives_the_full_calls_answer(planned, dtype, backend):
             # "auto" is planned where its remembered decision is cuda (else each call is a full
             # one, on a backend that may change while Triton tunes in the background)
             served = backend == "cuda" or autotune.decided(spec, (x, ws, bs, "relu")) == "cuda"
+            any_served = any_served or served
             calls = len(planned)
             outs = [dualk.fused_mlp(x, ws, bs, backend=backend) for _ in range(3)]
         for out in outs:
@@ -197,7 +201,8 @@ def test_planned_call_gives_the_full_calls_answer(planned, dtype, backend):
                 torch.testing.assert_close(out, full, rtol=2e-2, atol=2e-2)
         if served:
             assert len(planned) == calls, "a planned class took the full route"
-    assert cuda_backend._extensions["mlp"].planned_size() >= 1
+    if any_served:  # (auto on a GPU may decide triton or torch for these small shapes)
+        assert cuda_backend._extensions["mlp"].planned_size() >= 1
 
 
 def test_planned_call_takes_tuples_parameters_and_no_biases(planned):
