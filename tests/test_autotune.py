@@ -24,7 +24,7 @@ import dualk
 import dualk.core.timing
 from dualk import cli, registry
 from dualk.backends import torch_ref
-from dualk.dispatch import autotune, heuristic, shared, store
+from dualk.dispatch import autotune, heuristic, measure, shared, store
 from dualk.registry import OPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,6 +180,41 @@ def test_cpu_tensors_run_torch_without_timing_or_disk(tmp_path):
         assert "interpreter" in info["rejected"]["triton"]
         assert "CUDA" in info["rejected"]["cuda"]
     assert cache_files(tmp_path) == []
+
+
+class SequenceTimer(FakeTimer):
+    """Each backend's timings in turn (the last one repeated)."""
+
+    def __init__(self, sequences):
+        super().__init__()
+        self.sequences = {b: list(v) for b, v in sequences.items()}
+
+    def __call__(self, run, backend, budget_ms):
+        super().__call__(run, backend, budget_ms)
+        seq = self.sequences[backend]
+        return seq.pop(0) if len(seq) > 1 else seq[0]
+
+
+def test_close_millisecond_calls_get_a_second_look(fake_gpu):
+    """Two candidates of a millisecond or more within 15% of each other are timed again in more
+    passes: a slow first look at the faster one does not decide."""
+    timer = SequenceTimer({"cuda": [1700.0] * 3 + [1620.0], "triton": [1600.0] * 3 + [1820.0],
+                           "torch": [5000.0]})  # fmt: skip
+    autotune.set_timer(timer)
+    assert autotune.choose(OPS["add"], add_args(1000)) == "cuda"
+    rounds = measure.SECOND_LOOK_ROUNDS
+    assert (
+        timer.calls
+        == ["cuda", "triton", "torch"] * autotune.TUNE_ROUNDS + ["triton", "cuda"] * rounds
+    )
+
+
+@pytest.mark.parametrize("times", [{"cuda": 900.0, "triton": 880.0, "torch": 5000.0},
+                                   {"cuda": 2000.0, "triton": 1600.0, "torch": 5000.0}])  # fmt: skip
+def test_no_second_look_for_short_or_distant_calls(fake_gpu, times):
+    fake_gpu.times = times
+    assert autotune.choose(OPS["add"], add_args(1000)) == "triton"
+    assert len(fake_gpu.calls) == 3 * autotune.TUNE_ROUNDS
 
 
 @pytest.mark.parametrize("winner", ["cuda", "triton", "torch"])
