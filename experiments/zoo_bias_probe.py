@@ -1,0 +1,150 @@
+"""Where the zoo's host-bound losses come from (issue 32), on a GPU, in one process:
+
+A. A/A: the zoo's GPT-2 and BERT (bf16, 8x512 tokens): the original model, two copies made as
+   dualk.fuse makes its copy (parameters shared), and fuse(original), timed in alternating bursts
+   of calls (wall and host per forward, medians over the bursts), eval + no_grad.
+B. mlp256x4 training step (the zoo's): original vs fuse(copy) with each path forced, host and
+   wall per step; then torch.profiler's CPU self time by op for one fused step.
+
+    python experiments/zoo_bias_probe.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+
+import dualk
+from dualk import module_choice
+from dualk.dispatch import triton_tune
+from dualk.fuse import _copy_sharing_tensors
+from dualk.tools.zoo_models import MODELS
+
+
+def _burst(fn, calls):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) / calls * 1e6, (t1 - t0) / calls * 1e6
+
+
+def alternate(fns: dict, rounds=16, calls=10):
+    out = {k: {"wall": [], "host": []} for k in fns}
+    names = list(fns)
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for k in order:
+            w, h = _burst(fns[k], calls)
+            out[k]["wall"].append(w)
+            out[k]["host"].append(h)
+    return {
+        k: {"wall_us": statistics.median(v["wall"]), "host_us": statistics.median(v["host"]),
+            "host_min_us": min(v["host"])}
+        for k, v in out.items()
+    }  # fmt: skip
+
+
+def part_a(device):
+    res = {}
+    for name in ("gpt2", "bert"):
+        spec = MODELS[name]
+        torch.manual_seed(0)
+        built = spec.build(device, spec.dtype, "gpu")
+        m = built.model.eval()
+        args, kwargs = built.make_inputs()
+        c1 = _copy_sharing_tensors(m)
+        c2 = _copy_sharing_tensors(m)
+        f = dualk.fuse(m)
+        fns = {
+            "original": lambda m=m: m(*args, **kwargs),
+            "copy1": lambda m=c1: m(*args, **kwargs),
+            "copy2": lambda m=c2: m(*args, **kwargs),
+            "fused": lambda m=f: m(*args, **kwargs),
+        }
+        with torch.no_grad():
+            for fn in fns.values():
+                for _ in range(5):
+                    fn()
+            triton_tune.settle(lambda: (fns["fused"](), torch.cuda.synchronize()), 60)
+            res[name] = alternate(fns)
+        print(name, json.dumps(res[name], indent=1))
+    return res
+
+
+def part_b(device):
+    spec = MODELS["mlp256x4_train"]
+    torch.manual_seed(0)
+    built = spec.build(device, spec.dtype, "gpu")
+    orig = built.model.train()
+    args, kwargs = built.make_inputs()
+    twin = copy.deepcopy(orig)
+    fused = dualk.fuse(twin).train()
+    opt_o = torch.optim.SGD(orig.parameters(), lr=1e-6)
+    opt_f = torch.optim.SGD(fused.parameters(), lr=1e-6)
+
+    def step(model, opt):
+        opt.zero_grad(set_to_none=True)
+        loss = model(*args, **kwargs).float().square().mean()
+        loss.backward()
+        opt.step()
+
+    res = {}
+    real_choose = module_choice.choose
+    for forced in ("choice", "fused", "original"):
+        for m in fused.modules():
+            m.__dict__.pop("_choice_memo", None)
+        if forced != "choice":
+            module_choice.choose = lambda *a, _p=forced, **k: _p
+        for _ in range(5):
+            step(orig, opt_o)
+            step(fused, opt_f)
+        res[forced] = alternate(
+            {"original": lambda: step(orig, opt_o), "fused": lambda: step(fused, opt_f)},
+            rounds=10, calls=10,
+        )  # fmt: skip
+        print("mlp256x4 train, fused path", forced, json.dumps(res[forced], indent=1))
+        if forced == "fused":
+            from torch.profiler import ProfilerActivity, profile
+
+            for which, model, opt in (("fused", fused, opt_f), ("original", orig, opt_o)):
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(5):
+                        step(model, opt)
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+                print(f"--- profile, {which} path (5 steps)\n{table}")
+                res[f"profile_{which}"] = table
+        module_choice.choose = real_choose
+    res["decisions"] = module_choice.details()
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    a = p.parse_args()
+    device = torch.device("cuda")
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "a_a": part_a(device),
+        "train_256x4": part_b(device),
+    }
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
