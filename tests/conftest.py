@@ -82,6 +82,9 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
         monkeypatch.delenv("TRITON_INTERPRET")
     else:
         monkeypatch.setenv("TRITON_INTERPRET", was)
+    # dualk's launchers read TRITON_INTERPRET once (cached): a test that launched a kernel with
+    # it set must not leave the next test's launches on the interpreter's configs.
+    _forget_interpreting()
     for key in list(os.environ):
         if key.startswith("DUALK_BACKEND"):
             monkeypatch.delenv(key)
@@ -96,3 +99,12 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
     yield
     dualk.dispatch.set_default_backend(None)
     dualk.dispatch.config.invalidate()  # the environment is restored after this fixture ends
+    _forget_interpreting()
+
+
+def _forget_interpreting() -> None:
+    try:
+        from triton_src.common import interpreting
+    except ImportError:  # Triton not installed: nothing cached
+        return
+    interpreting.cache_clear()
