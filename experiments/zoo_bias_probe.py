@@ -132,15 +132,18 @@ def part_b(device):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
+    p.add_argument("--parts", default="a,b", help="a (A/A copies), b (mlp256x4 training step)")
     a = p.parse_args()
     device = torch.device("cuda")
     out = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "a_a": part_a(device),
-        "train_256x4": part_b(device),
     }
+    if "a" in a.parts.split(","):
+        out["a_a"] = part_a(device)
+    if "b" in a.parts.split(","):
+        out["train_256x4"] = part_b(device)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
