@@ -119,6 +119,56 @@ __device__ __forceinline__ void stage_tile(T* smem, int pitch, const T* src, int
   }
 }
 
+// The widest copy, 8 or 4 bytes, that rows starting at `src` with `row_bytes` between them can
+// take whole: src, row_bytes and a row's `cols_bytes` all multiples of it (no copy passes a
+// row's end); 0 when none (2-byte rows: element copies). Rows of 16-byte multiples take the
+// 16-byte paths before this is asked. The seed's 100-wide fp16 input (200-byte rows) took element
+// copies: its weights' prologue made the sm90 kernel 3x slower (16 against 5.4 us, H200).
+__device__ __forceinline__ int copy_piece_bytes(const void* src, int64_t row_bytes,
+                                                int cols_bytes) {
+  const uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(src)) |
+                        static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(cols_bytes);
+  return (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 0;
+}
+
+// One cp.async of `piece_bytes` (8 or 4, copy_piece_bytes); src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async_piece(void* smem_dst, const void* gmem_src,
+                                               int piece_bytes, bool valid) {
+  if (piece_bytes == 8)
+    cp_async_8(smem_dst, gmem_src, valid ? 8 : 0);
+  else
+    cp_async_4(smem_dst, gmem_src, valid ? 4 : 0);
+}
+
+// stage_tile for rows that do not allow 16-byte copies: 8- or 4-byte cp.async pieces where the
+// rows allow them (copy_piece_bytes; the caller commits and waits, as for the vectorized path),
+// else element copies; the same rows_pad x cols_pad zero-filled tile (cols_pad and pitch
+// multiples of 16 bytes). `src` is the tile's first row; `base` the tensor's (its alignment).
+template <typename T>
+__device__ __forceinline__ void stage_tile_narrow(T* smem, int pitch, const T* src, int64_t ld,
+                                                  int rows, int cols, int rows_pad, int cols_pad,
+                                                  const T* base, int thread, int num_threads) {
+  constexpr int kElem = static_cast<int>(sizeof(T));
+  const int piece_bytes = copy_piece_bytes(base, ld * kElem, cols * kElem);
+  if (piece_bytes == 0) {
+    stage_tile<T>(smem, pitch, src, ld, rows, cols, rows_pad, cols_pad, base, true, false, thread,
+                  num_threads);
+    return;
+  }
+  const int piece = piece_bytes / kElem;
+  const int per_row = cols_pad / piece;
+  const int total = rows_pad * per_row;
+#pragma unroll 1
+  for (int i = thread; i < total; i += num_threads) {
+    const int r = i / per_row;
+    const int c = (i - r * per_row) * piece;
+    const bool valid = r < rows && c < cols;
+    const void* g =
+        valid ? static_cast<const void*>(src + r * ld + c) : static_cast<const void*>(base);
+    cp_async_piece(smem + r * pitch + c, g, piece_bytes, valid);
+  }
+}
+
 // cp.async.wait_group takes an immediate; layers are runtime, so switch over the few cases.
 __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
   switch (pending) {

@@ -302,10 +302,10 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
         cp_async_16(buf + r * kPitch + x_col, bytes > 0 ? static_cast<const void*>(chunk) : p.x,
                     bytes);
       }
-    } else {
+    } else {  // 8- or 4-byte copies where x's rows allow (in0 = 100 fp16: 200-byte rows)
       const T* src = rows > 0 ? x + row0 * stride : x;
-      stage_tile<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, true, false,
-                    lane, 32);
+      stage_tile_narrow<T>(buf, kPitch, src, stride, rows, in0, kWgmmaWarpRows, kWidth, x, lane,
+                           32);
     }
   };
 
@@ -324,6 +324,24 @@ __global__ void __launch_bounds__(wgmma_mlp_max_warpgroups(kWidth, kAct) * 128, 
                                   : static_cast<const void*>(w);
         cp_async_16(dst + (c / 8) * kPanelBytes + n * 128 + (((c % 8) ^ (n % 8)) << 4), g,
                     valid * static_cast<int>(sizeof(T)));
+      }
+    } else if (const int piece_bytes = copy_piece_bytes(w, in * static_cast<int>(sizeof(T)),
+                                                        in * static_cast<int>(sizeof(T)));
+               piece_bytes > 0) {
+      // Rows aligned to 8 or 4 bytes: cp.async pieces of a 16-byte chunk, zero-filled as above.
+      const int piece = piece_bytes / static_cast<int>(sizeof(T));
+      const int per_chunk = kVec / piece;
+      for (int i = threadIdx.x; i < kWidth * kChunksPerRow * per_chunk; i += blockDim.x) {
+        const int n = i / (kChunksPerRow * per_chunk);
+        const int j = i - n * (kChunksPerRow * per_chunk);
+        const int c = j / per_chunk, h = j - c * per_chunk;  // chunk along k, piece in it
+        const int k = c * kVec + h * piece;
+        const bool valid = n < out_l && k < in;
+        const void* g =
+            valid ? static_cast<const void*>(w + n * in + k) : static_cast<const void*>(w);
+        cp_async_piece(
+            dst + (c / 8) * kPanelBytes + n * 128 + (((c % 8) ^ (n % 8)) << 4) + h * piece_bytes, g,
+            piece_bytes, valid);
       }
     } else {
       for (int e = threadIdx.x; e < kWidth * kWidth; e += blockDim.x) {
