@@ -351,6 +351,8 @@ _any_autocast = route.any_autocast
 _transforms_active = route.transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
 _poisoning, _generation = alloc.poisoning, autotune.generation  # (one global read each)
+_clears = autotune.clears
+_Tensor = torch.Tensor
 _auto_unforced = dispatch.auto_unforced
 _monotonic = time.monotonic
 PROVISIONAL_PLAN_S = 0.25  # how long a plan of a provisional auto decision serves calls
@@ -368,17 +370,19 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     if module.backend != "auto" or _any_autocast() or _transforms_active() or _is_tracing():
         return "fused"
     w0 = weights[0]
-    if type(x) is not torch.Tensor and not isinstance(x, torch.Tensor):
+    if type(x) is not _Tensor and not isinstance(x, _Tensor):
         return "fused"
     grad_mode = _is_grad_enabled()
+    # (names bound once, -0.1 us: on a CPU-only host the memoized call costs 1.9 us, of which
+    # reading these nine fields 0.55 and auto_unforced 0.3)
     sig = (x.shape, x.dtype, x.get_device(), x.requires_grad, grad_mode, w0.requires_grad,
-           w0.dtype, w0.get_device(), autotune.clears())  # fmt: skip
+           w0.dtype, w0.get_device(), _clears())  # fmt: skip
     memo = module.__dict__.get("_choice_memo")
-    if memo is not None and memo[0] == sig and dispatch.auto_unforced(OPS[op_name]):
+    if memo is not None and memo[0] == sig and _auto_unforced(OPS[op_name]):
         return memo[1]
     if not (
         x.dim() >= 1 and x.shape[-1] == w0.shape[1] and x.dtype is w0.dtype
-        and x.device == w0.device and x.numel() and dispatch.auto_unforced(OPS[op_name])
+        and x.device == w0.device and x.numel() and _auto_unforced(OPS[op_name])
     ):  # fmt: skip
         return "fused"
     x_grad = x.requires_grad

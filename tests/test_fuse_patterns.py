@@ -600,3 +600,168 @@ def test_submodule_whose_fused_modules_run_original_runs_its_own_forward(measure
     with torch.no_grad():
         fused(torch.randn(5, 8))  # another signature: through the fused graph again
     assert calls == [1, 1, 1, 1]
+
+
+def _fused_forward(module: nn.Module):
+    """The _FusedForward dualk.fuse installed as `module`'s forward."""
+    ff = module.forward
+    assert type(ff).__name__ == "_FusedForward"
+    return ff
+
+
+def _count_calls(monkeypatch, owner, name: str) -> list:
+    calls = []
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
+def test_like_calls_take_the_shortcut_without_building_a_signature(measured, monkeypatch):
+    # The host-cost goal (issue 32): a call like the last one served by the submodule's own
+    # forward compares its fields, without running the graph or building a signature.
+    torch.manual_seed(15)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    ff = _fused_forward(fused.mlps[0])
+    graph_calls = _count_calls(monkeypatch, ff.graph, "forward")
+    signatures = _count_calls(monkeypatch, sys.modules["dualk.fuse"], "_call_signature")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        fused(x)  # measured: the fused modules run original, the signature is recorded
+        assert len(graph_calls) == 1 and len(signatures) == 2  # (one per block)
+        for _ in range(3):
+            y = torch.randn(4, 8)
+            torch.testing.assert_close(fused(y), model(y), rtol=1e-5, atol=1e-6)
+    assert len(graph_calls) == 1 and len(signatures) == 2
+
+
+class _ScaledMlp(nn.Module):
+    """A block whose forward also takes a keyword argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.fc2(self.act(self.fc1(x))) * scale
+
+
+class _WithScaledMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _ScaledMlp()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def test_a_changed_call_is_not_served_by_the_shortcut(measured, monkeypatch):
+    # Each call below follows one served by the block's own forward and differs from it in one
+    # thing the fused modules' choice depends on: it runs the fused graph (which measures and
+    # records it), then a like call does not.
+    torch.manual_seed(16)
+    model = _WithScaledMlp().eval()
+    fused = fuse(model)
+    block, ref = fused.block, model.block
+    graph_calls = _count_calls(monkeypatch, _fused_forward(block).graph, "forward")
+
+    def call(args, grad=False, **kwargs):
+        with torch.set_grad_enabled(grad):
+            out, expected = block(*args, **kwargs), ref(*args, **kwargs)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+    x = torch.randn(4, 8)
+    one, two = (x,), (x, 2.0)
+    call(one)
+    call((x.clone(),))
+    assert len(graph_calls) == 1
+    x_grad, x_strided = x.clone().requires_grad_(), x.t().contiguous().t()
+    changed = {  # what: (the call it follows, the call)
+        "another shape": (one, {"args": (x[:3],)}),
+        "grad mode on": (one, {"args": one, "grad": True}),
+        "x requires grad": (one, {"args": (x_grad,)}),
+        "x strided": (one, {"args": (x_strided,)}),
+        "a keyword argument": (one, {"args": one, "scale": 2.0}),
+        "another argument count": (one, {"args": two}),
+        "another shape, two arguments": (two, {"args": (x[:3], 2.0)}),
+        "grad mode on, two arguments": (two, {"args": two, "grad": True}),
+        "strided, two arguments": (two, {"args": (x_strided, 2.0)}),
+        "x requires grad, two arguments": (two, {"args": (x_grad, 2.0)}),
+        "a non-tensor of another type": (two, {"args": (x, 2)}),
+    }
+    for what, (follows, changed_call) in changed.items():
+        before = len(graph_calls)
+        call(follows)
+        assert len(graph_calls) == before, what
+        call(**changed_call)
+        assert len(graph_calls) == before + 1, what
+        call(**changed_call)
+        assert len(graph_calls) == before + 1, what
+    for follows in (one, two):
+        call(follows)
+        autotune.clear_memory()  # (dualk.module_choice forgets its choices with it)
+        before = len(graph_calls)
+        call(follows)
+        call(follows)
+        assert len(graph_calls) == before + 1
+    for follows in (one, two):  # x of another dtype (the parameters, shared, converted too)
+        model.float()
+        call(follows)
+        model.bfloat16()
+        before = len(graph_calls)
+        call((x.bfloat16(), *follows[1:]))
+        call((x.bfloat16(), *follows[1:]))
+        assert len(graph_calls) == before + 1
+
+
+def test_forgotten_signatures_are_not_served(measured, monkeypatch):
+    # At MAX_SIGNATURES the recorded signatures are forgotten, the last one served with them
+    torch.manual_seed(17)
+    model = _WithScaledMlp().eval()
+    fused = fuse(model)
+    ff = _fused_forward(fused.block)
+    ff.MAX_SIGNATURES = 2
+    graph_calls = _count_calls(monkeypatch, ff.graph, "forward")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        fused.block(x)
+        fused.block(x[:3])
+        fused.block(x[:3], scale=2.0)  # the third: the first two forgotten
+        assert len(graph_calls) == 3
+        fused.block(x[:3])
+        assert len(graph_calls) == 4
+
+
+def test_children_changed_after_fusing_run_the_class_forward(measured):
+    torch.manual_seed(18)
+    model = _WithScaledMlp().eval()
+    fused = fuse(model)
+    block = fused.block
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        fused(x)
+        fused(x)  # the shortcut: the block's own forward
+        block.act = nn.ReLU()
+        for y in (x, torch.randn(5, 8)):  # a like call and a new one
+            assert block(y).equal(block.fc2(F.relu(block.fc1(y))))
+
+
+def test_compiled_submodule_fusion_after_the_shortcut(measured):
+    # Under torch.compile the fused graph is traced whatever eager calls recorded (its modules'
+    # choice is a constant of the compiled graph), without a graph break.
+    torch.manual_seed(19)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        fused(x)
+        fused(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
