@@ -375,8 +375,9 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     grad_mode = _is_grad_enabled()
     # (names bound once, -0.1 us: on a CPU-only host the memoized call costs 1.9 us, of which
     # reading these nine fields 0.55 and auto_unforced 0.3)
+    # (contiguity too: a strided input is measured as a class of its own below)
     sig = (x.shape, x.dtype, x.get_device(), x.requires_grad, grad_mode, w0.requires_grad,
-           w0.dtype, w0.get_device(), _clears())  # fmt: skip
+           w0.dtype, w0.get_device(), _clears(), x.is_contiguous())  # fmt: skip
     memo = module.__dict__.get("_choice_memo")
     if memo is not None and memo[0] == sig and _auto_unforced(OPS[op_name]):
         return memo[1]
