@@ -188,7 +188,13 @@ def fuse(
             _fuse_in_place(source, gm, ctx, "")
             result = source
         else:
-            _fuse_graph(gm, ctx, "")
+            # The unfused graph over the same modules, before fusing: where every fused module
+            # runs original for a call (module_choice measured PyTorch's ops faster), that call
+            # runs it and costs no dualk layer (a FusedMLP on "original" in the graph cost 10-25
+            # us more host time per call than the nn.Sequential it replaced, H200).
+            unfused = _unfused_copy(gm)
+            if _fuse_graph(gm, ctx, "") and unfused is not None:
+                object.__setattr__(gm, "forward", _FusedForward(gm, gm, original=unfused))
             result = gm
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
     fused_nodes = {node for chain in rep.fused for node in chain.nodes}
@@ -1029,9 +1035,14 @@ class _FusedForward:
     # timing loop 6.5 vs 16-20 us, the Python between calls evicting the kernels' code). A
     # class attribute, so an instance pickled without it loads.
     last_original: tuple | None = None
+    # What an all-original call runs instead of the owner's class forward: the unfused
+    # GraphModule where the owner is itself the fused one (fuse's whole-model result), else None.
+    original: fx.GraphModule | None = None
 
-    def __init__(self, owner: nn.Module, graph: fx.GraphModule):
-        self.owner, self.graph = owner, graph
+    def __init__(
+        self, owner: nn.Module, graph: fx.GraphModule, original: fx.GraphModule | None = None
+    ):
+        self.owner, self.graph, self.original = owner, graph, original
         self.children = tuple(owner._modules.values())
         self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         # Call signatures whose fused modules all ran original; changed only by __call__, which
@@ -1043,7 +1054,7 @@ class _FusedForward:
         if _is_compiling():
             if self._children_changed():
                 return type(owner).forward(owner, *args, **kwargs)
-            return self.graph.forward(*args, **kwargs)
+            return self._run_graph(*args, **kwargs)
         last = self.last_original
         if last is not None and not kwargs:
             if len(args) == 1:
@@ -1061,15 +1072,18 @@ class _FusedForward:
                     and a.is_contiguous() is f[3]
                     and a.requires_grad is f[4]
                 ):
+                    original = self.original
+                    if original is not None:
+                        return original.forward(a)
                     return type(owner).forward(owner, a)
             elif _is_like(last, args):
-                return type(owner).forward(owner, *args)
+                return self._run_original(*args)
         sig = _call_signature(args, kwargs)
         original_calls = self.original_calls
         if sig in original_calls:
             if not kwargs:
                 self.last_original = sig
-            return type(owner).forward(owner, *args, **kwargs)
+            return self._run_original(*args, **kwargs)
         # Changed children run the class's forward: checked only where the graph would run (a
         # call served above runs the class's forward either way).
         if self._children_changed():
@@ -1078,7 +1092,7 @@ class _FusedForward:
         for m in fused:
             m.__dict__["_last_path"] = None
         # (the GraphModule's forward itself: it has no hooks of its own to run)
-        out = self.graph.forward(*args, **kwargs)
+        out = self._run_graph(*args, **kwargs)
         if not fused:
             return out
         for m in fused:  # (a loop, not all() over a generator: the fused path's common exit)
@@ -1091,6 +1105,24 @@ class _FusedForward:
         if not kwargs:
             self.last_original = sig
         return out
+
+    @property
+    def __code__(self):
+        """The fused graph's forward code: torch.compile of a GraphModule reads its forward's
+        __code__ (a GraphModule owner's forward is this object)."""
+        return type(self.graph).forward.__code__
+
+    def _run_graph(self, *args, **kwargs):
+        graph = self.graph
+        if graph is self.owner:  # the fused GraphModule itself: its forward is this object
+            return type(graph).forward(graph, *args, **kwargs)
+        return graph.forward(*args, **kwargs)
+
+    def _run_original(self, *args, **kwargs):
+        original = self.original
+        if original is not None:
+            return original.forward(*args, **kwargs)
+        return type(self.owner).forward(self.owner, *args, **kwargs)
 
     def _children_changed(self) -> bool:
         modules, children = self.owner._modules, self.children
@@ -1142,6 +1174,15 @@ def _is_like(sig: tuple, args: tuple) -> bool:
         elif type(a) is not f:  # (a non-tensor's type, never a Tensor class)
             return False
     return True
+
+
+def _unfused_copy(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A GraphModule of gm's graph as it is (before fusing) over the same submodules, or None
+    where gm's graph reads attributes (get_attr): a copy would hold its own references to them,
+    which a later .to() on the fused model would not update."""
+    if any(node.op == "get_attr" for node in gm.graph.nodes):
+        return None
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph), type(gm).__name__)
 
 
 def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:

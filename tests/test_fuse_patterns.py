@@ -4,6 +4,7 @@ the fused path and the original one (dualk.module_choice)."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 
@@ -765,3 +766,43 @@ def test_compiled_submodule_fusion_after_the_shortcut(measured):
         torch._dynamo.reset()
         compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_whole_model_graph_whose_fused_modules_run_original_runs_the_unfused_graph(measured):
+    # fuse's GraphModule result (chains at the model's top level: an nn.Sequential MLP): where
+    # its fused modules all run original, a like call runs the unfused graph over the same
+    # Linears, for inference and for training (gradients reach the model's parameters).
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 4))  # fmt: skip
+    fused = fuse(model)
+    assert isinstance(fused, torch.fx.GraphModule)
+    ff = _fused_forward(fused)
+    assert ff.original is not None and ff.owner is fused
+    calls = []
+    (inner,) = [m for m in fused.modules() if isinstance(m, FusedMLP)]
+    inner.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        first = fused(x)  # measured: original, through the fused graph
+        assert calls == [1]
+        for _ in range(2):
+            torch.testing.assert_close(fused(x), first, rtol=0, atol=0)
+        assert calls == [1]  # the unfused graph: no FusedMLP call
+        fused(torch.randn(3, 8))  # another signature: through the fused graph again
+        assert calls == [1, 1]
+    torch.testing.assert_close(first, model(x), rtol=1e-5, atol=1e-6)
+    for _ in range(3):  # training calls: a signature of their own, then the shortcut
+        loss = fused(x).square().sum()
+        loss.backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).square().sum().backward()
+        for got, ref in zip(want, model.parameters()):
+            torch.testing.assert_close(got, ref.grad, rtol=1e-5, atol=1e-6)
+        model.zero_grad()
+    assert calls == [1, 1, 1]
+    copied = copy.deepcopy(fused)
+    torch.testing.assert_close(copied(x), model(x), rtol=1e-5, atol=1e-6)
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
