@@ -3,6 +3,7 @@ interpreter (TRITON_INTERPRET must be set before Triton is imported); outputs ar
 NaN so an unwritten element fails."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,8 +104,9 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
 
 
 def _forget_interpreting() -> None:
-    try:
-        from triton_src.common import interpreting
-    except ImportError:  # Triton not installed: nothing cached
-        return
-    interpreting.cache_clear()
+    # dualk's kernels import it as dualk.triton_src.common (the package's own copy of the
+    # top-level triton_src module: another module object, another cache); both where loaded.
+    for name in ("dualk.triton_src.common", "triton_src.common"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.interpreting.cache_clear()
