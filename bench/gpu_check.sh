@@ -55,7 +55,7 @@ status=0
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ] || [ "$STAGE" = tests+integration ]; then
   t0=$(date +%s)
   xdist=""
-  $PY -c "import xdist" 2>/dev/null && xdist="-n 8"
+  $PY -c "import xdist" 2>/dev/null && xdist="-n ${XDIST:-8}"  # XDIST: workers (16-core hosts: 12)
   # A hung test fails alone (pytest-timeout, where installed) instead of stopping the run.
   per_test=""
   $PY -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-240}"
