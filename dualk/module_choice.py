@@ -301,8 +301,9 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
                 del runs[name]
         provisional = _op_provisional(shape, x, weights, biases)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
-        rounds = ROUNDS["train" if train else mode]
-        budget = BUDGET_MS["train" if train else mode] / max(1, len(runs)) / rounds
+        kind = "train" if train else mode  # (compiled with gradients: a training decision)
+        rounds = ROUNDS[kind]
+        budget = BUDGET_MS[kind] / max(1, len(runs)) / rounds
         for _ in range(rounds):
             for name, run in runs.items():
                 measured = timer(run, f"module:{name}", budget)

@@ -83,9 +83,6 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
         monkeypatch.delenv("TRITON_INTERPRET")
     else:
         monkeypatch.setenv("TRITON_INTERPRET", was)
-    # dualk's launchers read TRITON_INTERPRET once (cached): a test that launched a kernel with
-    # it set must not leave the next test's launches on the interpreter's configs.
-    _forget_interpreting()
     for key in list(os.environ):
         if key.startswith("DUALK_BACKEND"):
             monkeypatch.delenv(key)
@@ -100,6 +97,8 @@ def _clean_dispatch_state(monkeypatch, tmp_path_factory):
     yield
     dualk.dispatch.set_default_backend(None)
     dualk.dispatch.config.invalidate()  # the environment is restored after this fixture ends
+    # dualk's launchers read TRITON_INTERPRET once (cached): a test that launched a kernel with
+    # it set must not leave the next test's launches on the interpreter's configs.
     _forget_interpreting()
 
 
