@@ -4,7 +4,8 @@ A. A/A: the zoo's GPT-2 and BERT (bf16, 8x512 tokens): the original model, two c
    dualk.fuse makes its copy (parameters shared), and fuse(original), timed in alternating bursts
    of calls (wall and host per forward, medians over the bursts), eval + no_grad.
 B. mlp256x4 training step (the zoo's): original vs fuse(copy) with each path forced, host and
-   wall per step; then torch.profiler's CPU self time by op for one fused step.
+   wall per step; then torch.profiler's CPU self time by op over 5 steps of each model, with the
+   fused path forced and with module_choice's own decision. C: the same for mlp_wide_train_bf16.
 
     python experiments/zoo_bias_probe.py [--json OUT.json]
 """
@@ -76,8 +77,8 @@ def part_a(device):
     return res
 
 
-def part_b(device):
-    spec = MODELS["mlp256x4_train"]
+def part_b(device, name="mlp256x4_train"):
+    spec = MODELS[name]
     torch.manual_seed(0)
     built = spec.build(device, spec.dtype, "gpu")
     orig = built.model.train()
@@ -107,8 +108,8 @@ def part_b(device):
             {"original": lambda: step(orig, opt_o), "fused": lambda: step(fused, opt_f)},
             rounds=10, calls=10,
         )  # fmt: skip
-        print("mlp256x4 train, fused path", forced, json.dumps(res[forced], indent=1))
-        if forced == "fused":
+        print(name, "train, fused path", forced, json.dumps(res[forced], indent=1))
+        if forced in ("fused", "choice"):
             from torch.profiler import ProfilerActivity, profile
 
             for which, model, opt in (("fused", fused, opt_f), ("original", orig, opt_o)):
@@ -118,8 +119,9 @@ def part_b(device):
                         step(model, opt)
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-                print(f"--- profile, {which} path (5 steps)\n{table}")
-                res[f"profile_{which}"] = table
+                ops = sum(e.count for e in prof.key_averages())
+                print(f"--- profile ({forced}), {which} model (5 steps, {ops} ops)\n{table}")
+                res[f"profile_{forced}_{which}"] = table
         module_choice.choose = real_choose
     res["decisions"] = module_choice.details()
     return res
@@ -128,7 +130,11 @@ def part_b(device):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
-    p.add_argument("--parts", default="a,b", help="a (A/A copies), b (mlp256x4 training step)")
+    p.add_argument(
+        "--parts",
+        default="a,b",
+        help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one)",
+    )
     a = p.parse_args()
     device = torch.device("cuda")
     out = {
@@ -140,6 +146,8 @@ def main():
         out["a_a"] = part_a(device)
     if "b" in a.parts.split(","):
         out["train_256x4"] = part_b(device)
+    if "c" in a.parts.split(","):
+        out["train_wide_bf16"] = part_b(device, "mlp_wide_train_bf16")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
