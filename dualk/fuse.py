@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import ops
+from . import module_choice, ops
 from .core.errors import InvalidArgumentError, InvalidTypeError
 from .dispatch import autotune, check_name
 from .nn import (
@@ -1042,6 +1042,10 @@ class _FusedForward:
     # timing loop 6.5 vs 16-20 us, the Python between calls evicting the kernels' code). A
     # class attribute, so an instance pickled without it loads.
     last_original: tuple | None = None
+    # The signature of the last positional-only call that ran the fused graph with some fused
+    # module on dualk's path, and module_choice.changes() after it, or None: a like call runs
+    # the graph without the bookkeeping below (a new decision sends it through once more).
+    last_graph: tuple | None = None
     # What an all-original call runs instead of the owner's class forward: the unfused
     # GraphModule where the owner is itself the fused one (fuse's whole-model result), else None.
     original: fx.GraphModule | None = None
@@ -1099,6 +1103,16 @@ class _FusedForward:
                     return type(owner).forward(owner, a)
             elif _is_like(last, args):
                 return self._run_original(*args)
+        last = self.last_graph
+        if (
+            last is not None
+            and len(args) == 1
+            and not kwargs
+            and _choice_changes() == last[1]
+            and _is_like(last[0], args)
+            and not self._children_changed()
+        ):
+            return self._run_graph(args[0])
         sig = _call_signature(args, kwargs)
         original_calls = self.original_calls
         if sig in original_calls:
@@ -1118,6 +1132,8 @@ class _FusedForward:
             return out
         for m in fused:  # (a loop, not all() over a generator: the fused path's common exit)
             if m.__dict__.get("_last_path") != "original":
+                if len(args) == 1 and not kwargs:
+                    self.last_graph = (sig, _choice_changes())
                 return out
         if len(original_calls) >= self.MAX_SIGNATURES:
             original_calls.clear()
@@ -1170,6 +1186,7 @@ _children_unchanged._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears
+_choice_changes = module_choice.changes
 _Tensor = torch.Tensor
 
 

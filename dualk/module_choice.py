@@ -58,6 +58,13 @@ _memory: dict[tuple, str] = {}
 _details: dict[tuple, dict] = {}
 _provisional: dict[tuple, int] = {}  # key -> the CUDA build generation it was measured in
 _generation = [autotune.clears()]
+_changes = [0]  # counts every decision made, measured again or forgotten (changes())
+
+
+def changes() -> int:
+    """Changes whenever a decision is made, measured again (a provisional one) or forgotten:
+    callers that cache what the decisions led to check it."""
+    return _changes[0]
 
 
 class Shape:
@@ -102,6 +109,7 @@ def _forget_if_stale() -> None:
         _details.clear()
         _provisional.clear()
         _generation[0] = gen
+        _changes[0] += 1
 
 
 def measurable(device: torch.device) -> str | None:
@@ -131,6 +139,7 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
     with _lock:
         if key in _memory and not _stale(key):
             return _memory[key]
+        _changes[0] += 1
         device = torch.device(shape[5])
         blocked = measurable(device)
         if blocked is not None and device.type != "cuda":
@@ -188,6 +197,7 @@ def details() -> dict[str, dict]:
 
 def clear() -> None:
     with _lock:
+        _changes[0] += 1
         _memory.clear()
         _details.clear()
         _provisional.clear()

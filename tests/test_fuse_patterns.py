@@ -641,6 +641,38 @@ def test_like_calls_take_the_shortcut_without_building_a_signature(measured, mon
     assert len(graph_calls) == 1 and len(signatures) == 2
 
 
+def test_like_calls_on_the_fused_path_skip_the_bookkeeping(measured, monkeypatch):
+    # The fused path measured faster: a call like the last one runs the fused graph without
+    # building a signature; a decision made since (module_choice.changes()) or a replaced child
+    # sends the next call through the bookkeeping (and the class's forward) again.
+    costs, _ = measured
+    costs.update(fused=5.0, original=10.0)
+    torch.manual_seed(21)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    ff = _fused_forward(fused.mlps[0])
+    graph_calls = _count_calls(monkeypatch, ff.graph, "forward")
+    signatures = _count_calls(monkeypatch, sys.modules["dualk.fuse"], "_call_signature")
+    x = torch.randn(24, 8)  # (rows no other test here decides: the cache file)
+    with torch.no_grad():
+        fused(x)
+        assert len(graph_calls) == 1 and len(signatures) == 2
+        for _ in range(3):
+            y = torch.randn(24, 8)
+            torch.testing.assert_close(fused(y), model(y), rtol=1e-5, atol=1e-6)
+        assert len(graph_calls) == 4 and len(signatures) == 2
+        fused(torch.randn(40, 8))  # a new signature (and a new decision: rows bucket 64)
+        assert len(graph_calls) == 5 and len(signatures) == 4
+        module_choice.clear()
+        fused(x)
+        assert len(graph_calls) == 6 and len(signatures) == 6
+        fused.mlps[0].act = nn.ReLU()  # a replaced child: the block's own forward
+        y = torch.randn(24, 8)
+        block = fused.mlps[0]
+        torch.testing.assert_close(block(y), block.fc2(F.relu(block.fc1(y))), rtol=1e-5, atol=1e-6)
+        assert len(graph_calls) == 6
+
+
 class _ScaledMlp(nn.Module):
     """A block whose forward also takes a keyword argument."""
 
