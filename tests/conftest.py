@@ -109,3 +109,19 @@ def _forget_interpreting() -> None:
         module = sys.modules.get(name)
         if module is not None:
             module.interpreting.cache_clear()
+
+
+@pytest.hookimpl(trylast=True)  # after -k / --deselect have chosen the items
+def pytest_collection_modifyitems(session, config, items):
+    """nvcc's static check (tests/test_cuda_compile.py) runs last, its compiles started now in
+    the background with one worker: they overlap the rest of the suite (xdist workers start
+    their own in the module's fixture instead)."""
+    compile_items = [i for i in items if i.nodeid.startswith("tests/test_cuda_compile.py")]
+    if not compile_items or hasattr(config, "workerinput"):
+        return
+    items[:] = [i for i in items if i not in compile_items] + compile_items
+    module = compile_items[0].module
+    files = [
+        p for p in module.KERNEL_FILES if any(f"[{p.name}]" in i.nodeid for i in compile_items)
+    ]
+    module.start_compiles(workers=1, files=files)
