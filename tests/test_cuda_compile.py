@@ -7,7 +7,8 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -43,21 +44,40 @@ def compile_report(path: Path, arch: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(cmd, -1, "", "nvcc timed out after 900 s")
 
 
-_JOBS: dict = {}  # (path, arch) -> Future of its compile_report
+_JOBS: dict[tuple[Path, str], Future] = {}  # (path, arch) -> its compile_report, once done
+_PENDING: list[tuple[Path, str]] = []  # jobs no worker has taken yet, largest file first
+_LOCK = threading.Lock()
+
+
+def _work() -> None:
+    while True:
+        with _LOCK:
+            if not _PENDING:
+                return
+            job = _PENDING.pop(0)
+        try:
+            _JOBS[job].set_result(compile_report(*job))
+        except Exception as exc:  # (compile_report itself reports nvcc's failures)
+            _JOBS[job].set_exception(exc)
 
 
 def start_compiles(workers: int, files=KERNEL_FILES) -> None:
-    """Submit the (file, architecture) compiles of `files`, largest first, to `workers` threads.
-    conftest calls it at collection with one worker and the files the chosen tests need, and
-    runs this file's tests last: nvcc works beside the rest of the suite (on CI's 2 cores it
-    took ~5 of 18 minutes when it ran alone)."""
-    if _JOBS or NVCC is None:
+    """Queue the (file, architecture) compiles of `files` (once) and start `workers` more
+    threads on the queue. conftest starts one at collection, with the files the chosen tests
+    need, and runs this file's tests last: nvcc works beside the rest of the suite (on CI's 2
+    cores it took ~5 of 18 minutes when it ran alone); the fixture adds one per core then."""
+    if NVCC is None:
         return
-    pool = ThreadPoolExecutor(max_workers=workers)
-    jobs = sorted(((p, a) for p in files for a in ARCHS), key=lambda j: -j[0].stat().st_size)
-    for job in jobs:
-        _JOBS[job] = pool.submit(compile_report, *job)
-    pool.shutdown(wait=False)
+    with _LOCK:
+        if not _JOBS:
+            jobs = sorted(
+                ((p, a) for p in files for a in ARCHS), key=lambda j: -j[0].stat().st_size
+            )
+            for job in jobs:
+                _JOBS[job] = Future()
+                _PENDING.append(job)
+    for _ in range(workers):
+        threading.Thread(target=_work, daemon=True).start()
 
 
 def merged(path: Path, arch: str | None = None) -> subprocess.CompletedProcess:
@@ -71,9 +91,8 @@ def merged(path: Path, arch: str | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def reports():
-    """path -> its merged report, waited for on first use. Started by conftest where this
-    file's tests were collected; else (xdist workers) here, one nvcc per usable core: more only
-    stretch each file's time toward its timeout."""
+    """path -> its merged report, waited for on first use: one more nvcc per usable core on the
+    queue (more only stretch each file's time toward its timeout)."""
     start_compiles(max(1, min(4, len(os.sched_getaffinity(0)))))
     return _Reports()  # (a file the started jobs lack: KeyError, a test fault to fix here)
 
