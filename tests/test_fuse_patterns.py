@@ -673,6 +673,27 @@ def test_like_calls_on_the_fused_path_skip_the_bookkeeping(measured, monkeypatch
         assert len(graph_calls) == 6
 
 
+def test_one_module_graph_on_the_fused_path_calls_its_module(measured, monkeypatch):
+    # A whole chain fused (fuse's GraphModule is `return self.dualk_fused_mlp_0(x)`): a like
+    # call on dualk's path calls the fused module itself (its hooks run), not the graph's code.
+    costs, _ = measured
+    costs.update(fused=5.0, original=10.0)
+    torch.manual_seed(22)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    fused = fuse(model)
+    ff = _fused_forward(fused)
+    (inner,) = _fused_modules(fused)
+    assert ff.single is inner
+    hooked = []
+    inner.register_forward_hook(lambda *a: hooked.append(1))
+    graph_code = _count_calls(monkeypatch, type(fused), "forward")
+    x = torch.randn(24, 8)  # (rows no other test here decides: the cache file)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert len(graph_code) == 1 and hooked == [1, 1, 1]
+
+
 class _ScaledMlp(nn.Module):
     """A block whose forward also takes a keyword argument."""
 
