@@ -9,9 +9,10 @@ and bf16). No torchrun: this script spawns the ranks itself.
 Model: nn.Sequential 256-512-512-512-128 with ReLU, 65536 rows per rank (each rank its own
 data), parameters in fp32 or bf16, MSE loss (in fp32), plain SGD. Per rank two DDP models from
 the same weights: the original, and `dualk.fuse(copy.deepcopy(original))`. Both take the same
-steps on the same data: 3 warmup steps each, then `--rounds` rounds that time `--steps` steps of
-each in turn (the order alternates per round; a barrier and a CUDA sync before each timed block,
-CUDA events around it). A step's time is the slowest rank's; the result per model is the median
+steps on the same data: 3 warmup steps each, a wait for background tuning (`--settle`, as the
+zoo's settle step: auto's final decisions), 3 more steps each, then `--rounds` rounds that time
+`--steps` steps of each in turn (the order alternates per round; a barrier and a CUDA sync before
+each timed block, CUDA events around it). A step's time is the slowest rank's; the result per model is the median
 over rounds. After the steps: losses step by step, final weights (fused vs original) and the
 replicas (every rank against rank 0) are compared; the ratio printed is original / fused time
 (above 1: fused is faster).
@@ -150,6 +151,19 @@ def _run_dtype(rank, device, dtype, name, cfg, dualk) -> dict:
         for _ in range(cfg["warmup"] - 1):
             step(k)
     sync()
+    # auto's final decisions before timing, as the zoo's (a Triton class still tuning in the
+    # background leaves them provisional: asked again on every call), then as many steps again
+    # on each model and rank (DDP's all-reduce and the loss comparison need the same steps)
+    from dualk.dispatch import triton_tune
+
+    t0 = time.perf_counter()
+    settled = triton_tune.settle(None, cfg["settle_s"]) if cfg["settle_s"] > 0 else None
+    settle_s = time.perf_counter() - t0
+    dist.barrier()
+    for k in models:
+        for _ in range(cfg["warmup"]):
+            step(k)
+    sync()
 
     times: dict = {k: [] for k in models}  # ms per step, per round
     host: dict = {k: [] for k in models}  # wall ms per step (sync included), per round
@@ -205,6 +219,8 @@ def _run_dtype(rank, device, dtype, name, cfg, dualk) -> dict:
         "times_ms": times,
         "host_ms": host,
         "first_step_s": first_step_s,
+        "settled": settled,
+        "settle_s": settle_s,
         "loss_rel_err": loss_err,
         "weight_rel_err": weight_err,
         "replica_max_abs_diff": replica_diff,
@@ -336,6 +352,12 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per model per round")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=60.0,
+        help="seconds to wait for background tuning after warmup (0: none)",
+    )
     ap.add_argument("--backend", default="auto", help="dualk.fuse(backend=)")
     ap.add_argument("--timeout", type=float, default=170.0, help="seconds for the whole run")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
@@ -366,6 +388,7 @@ def main(argv=None) -> int:
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
+        "settle_s": args.settle,
         "backend": args.backend,
         "pg_timeout_s": max(30.0, args.timeout - 20.0),
     }
@@ -405,7 +428,8 @@ def main(argv=None) -> int:
     for name in summary:
         first = r0[name]["first_step_s"]
         print(f"{name}: first step (builds, tuning) original {first['original']:.1f} s, "
-              f"fused {first['fused']:.1f} s")  # fmt: skip
+              f"fused {first['fused']:.1f} s; settled {r0[name]['settled']} after "
+              f"{r0[name]['settle_s']:.1f} s")  # fmt: skip
         if r0[name]["explain"]:
             print("  " + r0[name]["explain"].replace("\n", "\n  "))
     print(f"total {total:.1f} s")
