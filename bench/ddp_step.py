@@ -12,8 +12,8 @@ the same weights: the original, and `dualk.fuse(copy.deepcopy(original))`. Both 
 steps on the same data: 3 warmup steps each, a wait for background tuning (`--settle`, as the
 zoo's settle step: auto's final decisions), 3 more steps each, then `--rounds` rounds that time
 `--steps` steps of each in turn (the order alternates per round; a barrier and a CUDA sync before
-each timed block, CUDA events around it). A step's time is the slowest rank's; the result per model is the median
-over rounds. After the steps: losses step by step, final weights (fused vs original) and the
+each timed block, CUDA events around it). A step's time is the slowest rank's; the result per
+model is the median over rounds. After the steps: losses step by step, final weights (fused vs original) and the
 replicas (every rank against rank 0) are compared; the ratio printed is original / fused time
 (above 1: fused is faster).
 
