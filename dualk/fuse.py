@@ -61,10 +61,12 @@ from .nn import (
     GatedBase,
     GatedMLP,
     LinearGELU,
+    compiling_with_dynamo,
     hooks_of,
     kernel_activation,
     linear_problem,
     module_activation,
+    traced_rows_bucket,
 )
 
 # torch.nn.functional.relu is F.relu; Tensor.relu() is a call_method node, handled apart.
@@ -1056,6 +1058,7 @@ class _FusedForward:
     # The graph's one module where its code is `return self.<module>(x)` (a whole chain fused:
     # the seed's MLP), which a like call on dualk's path calls directly, else None.
     single: nn.Module | None = None
+    single_mlp = False
 
     def __init__(
         self, owner: nn.Module, graph: fx.GraphModule, original: fx.GraphModule | None = None
@@ -1065,6 +1068,7 @@ class _FusedForward:
         self.children = tuple(owner._modules.values())
         self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         self.single = _single_module(graph)
+        self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
         # Call signatures whose fused modules all ran original; changed only by __call__, which
         # keeps last_original one of them.
         self.original_calls: set = set()
@@ -1086,6 +1090,16 @@ class _FusedForward:
             if not _children_unchanged(id(self)):
                 owner = self.owner
                 return type(owner).forward(owner, *args, **kwargs)
+            # A graph that only calls one FusedMLP, whose compiled choice is the original path:
+            # the trace is the unfused graph's (the original model's code, guards and all;
+            # through the fused graph the seed MLP's compiled call cost 8 us more, CPU-only).
+            if self.single_mlp and len(args) == 1 and not kwargs and compiling_with_dynamo():
+                x = args[0]
+                if isinstance(x, _Tensor) and _single_compiled_path(
+                    id(self), traced_rows_bucket(x), _is_grad_enabled(), x.requires_grad,
+                    x.is_contiguous(),
+                ) == "original":  # fmt: skip
+                    return self._run_original(x)
             return self._run_graph(*args, **kwargs)
         owner = self.owner
         last = self.last_original
@@ -1212,6 +1226,31 @@ def _children_unchanged(key: int) -> bool:
 
 
 _children_unchanged._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _single_compiled_path(
+    key: int, bucket: int, grad_mode: bool, x_grad: bool, contiguous: bool
+) -> str:
+    """The compiled path ("fused" | "original") of the one FusedMLP of the _FusedForward `key`
+    (its id) on an input of `bucket` rows, or "graph" where that module decides in the graph
+    (a named backend, another module kind). Called by Dynamo while it traces: a constant of the
+    graph, as module_choice.compiled_path; what it reads of the module's parameters (dtype,
+    shape, requires_grad) the trace guards on as graph inputs in either branch."""
+    fused_forward = _FUSED_FORWARDS.get(key)
+    single = fused_forward.single if fused_forward is not None else None
+    if not isinstance(single, FusedMLP) or single.backend != "auto":
+        return "graph"
+    if single._between_active() or not contiguous:
+        return "original"
+    weights = [lin.weight for lin in single.layers]
+    biases = [lin.bias for lin in single.layers]
+    grad = grad_mode and (
+        x_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
+    )
+    return module_choice.compiled_path(single._choice_shape(weights, biases), bucket, grad)
+
+
+_single_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears

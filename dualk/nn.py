@@ -402,6 +402,24 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     return path
 
 
+def traced_rows_bucket(x: torch.Tensor) -> int:
+    """x's rows (all dimensions but the last) rounded up to a power of two, by comparisons: under
+    dynamic shapes each one is a guard on the size's range, so a traced graph (and a constant
+    answer that depends on the bucket) holds for one bucket."""
+    rows = 1
+    for d in x.shape[:-1]:
+        rows = rows * d
+    bucket = 1
+    while bucket < rows:
+        bucket *= 2
+    return bucket
+
+
+def compiling_with_dynamo() -> bool:
+    """torch.compile's Dynamo traces (not an export, which keeps dualk's ops)."""
+    return _is_dynamo_compiling() and not _exporting()
+
+
 def _compiled_path(module, x, weights, biases) -> str:
     """_choose_path under torch.compile: the answer is a constant of the traced graph."""
     if module.backend != "auto" or not _is_dynamo_compiling() or _exporting():
@@ -410,14 +428,7 @@ def _compiled_path(module, x, weights, biases) -> str:
         # dualk's op would copy it first; Inductor folds the layout into its own GEMM (timm
         # Mixer's token MLP on a transposed input: 0.33x with dualk's op on an H200)
         return "original"
-    rows = 1
-    for d in x.shape[:-1]:
-        rows = rows * d
-    # The rows' power-of-two bucket, by comparisons: under dynamic shapes each one is a guard on
-    # the size's range, so the traced graph (and its constant answer) holds for one bucket.
-    bucket = 1
-    while bucket < rows:
-        bucket *= 2
+    bucket = traced_rows_bucket(x)
     grad = _is_grad_enabled() and (
         x.requires_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
     )

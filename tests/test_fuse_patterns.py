@@ -875,6 +875,33 @@ def test_compiled_fused_model_reaches_each_module_by_one_path(measured, monkeypa
         torch._dynamo.reset()
 
 
+def test_compiled_one_module_graph_on_the_original_path_traces_the_unfused_graph(
+    measured, monkeypatch
+):
+    # fuse's GraphModule is one FusedMLP whose compiled choice is the original path: Dynamo
+    # traces the unfused graph (the original's code and guards), not the fused module.
+    monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "original")
+    torch.manual_seed(23)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    fused = fuse(model)
+    assert _fused_forward(fused).single_mlp
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(fused)(x)
+        guards = " ".join(str(g) for g in explained.out_guards)
+        assert "original" in guards and "dualk_fused_mlp" not in guards
+        torch._dynamo.reset()
+        got = torch.compile(fused, backend="eager", fullgraph=True)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "fused")
+    with torch.no_grad():
+        torch._dynamo.reset()
+        guards = " ".join(str(g) for g in torch._dynamo.explain(fused)(x).out_guards)
+        assert "dualk_fused_mlp" in guards
+    torch._dynamo.reset()
+
+
 def test_whole_model_graph_whose_fused_modules_run_original_runs_the_unfused_graph(measured):
     # fuse's GraphModule result (chains at the model's top level: an nn.Sequential MLP): where
     # its fused modules all run original, a like call runs the unfused graph over the same
