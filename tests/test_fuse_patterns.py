@@ -622,15 +622,21 @@ def _count_calls(monkeypatch, owner, name: str) -> list:
     return calls
 
 
+def _counted_blocks(monkeypatch, seed: int):
+    """_Blocks and fuse(_Blocks), with the first block's graph runs and every signature built
+    counted."""
+    torch.manual_seed(seed)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    graph_calls = _count_calls(monkeypatch, _fused_forward(fused.mlps[0]).graph, "forward")
+    signatures = _count_calls(monkeypatch, sys.modules["dualk.fuse"], "_call_signature")
+    return model, fused, graph_calls, signatures
+
+
 def test_like_calls_take_the_shortcut_without_building_a_signature(measured, monkeypatch):
     # The host-cost goal (issue 32): a call like the last one served by the submodule's own
     # forward compares its fields, without running the graph or building a signature.
-    torch.manual_seed(15)
-    model = _Blocks().eval()
-    fused = fuse(model)
-    ff = _fused_forward(fused.mlps[0])
-    graph_calls = _count_calls(monkeypatch, ff.graph, "forward")
-    signatures = _count_calls(monkeypatch, sys.modules["dualk.fuse"], "_call_signature")
+    model, fused, graph_calls, signatures = _counted_blocks(monkeypatch, seed=15)
     x = torch.randn(4, 8)
     with torch.no_grad():
         fused(x)  # measured: the fused modules run original, the signature is recorded
@@ -647,12 +653,7 @@ def test_like_calls_on_the_fused_path_skip_the_bookkeeping(measured, monkeypatch
     # sends the next call through the bookkeeping (and the class's forward) again.
     costs, _ = measured
     costs.update(fused=5.0, original=10.0)
-    torch.manual_seed(21)
-    model = _Blocks().eval()
-    fused = fuse(model)
-    ff = _fused_forward(fused.mlps[0])
-    graph_calls = _count_calls(monkeypatch, ff.graph, "forward")
-    signatures = _count_calls(monkeypatch, sys.modules["dualk.fuse"], "_call_signature")
+    model, fused, graph_calls, signatures = _counted_blocks(monkeypatch, seed=21)
     x = torch.randn(24, 8)  # (rows no other test here decides: the cache file)
     with torch.no_grad():
         fused(x)
