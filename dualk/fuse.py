@@ -61,6 +61,7 @@ from .nn import (
     GatedBase,
     GatedMLP,
     LinearGELU,
+    compiled_choice,
     compiling_with_dynamo,
     hooks_of,
     kernel_activation,
@@ -1225,12 +1226,9 @@ def _single_compiled_path(
         return "graph"
     if single._between_active() or not contiguous:
         return "original"
-    weights = [lin.weight for lin in single.layers]
-    biases = [lin.bias for lin in single.layers]
-    grad = grad_mode and (
-        x_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
-    )
-    return module_choice.compiled_path(single._choice_shape(weights, biases), bucket, grad)
+    layers = single.layers
+    weights, biases = [lin.weight for lin in layers], [lin.bias for lin in layers]
+    return compiled_choice(single, weights, biases, bucket, grad_mode, x_grad)
 
 
 _single_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -422,18 +422,24 @@ def compiling_with_dynamo() -> bool:
 
 def _compiled_path(module, x, weights, biases) -> str:
     """_choose_path under torch.compile: the answer is a constant of the traced graph."""
-    if module.backend != "auto" or not _is_dynamo_compiling() or _exporting():
+    if module.backend != "auto" or not compiling_with_dynamo():
         return "fused"  # an exported program (traced without Dynamo) keeps dualk's ops
     if not x.is_contiguous():
         # dualk's op would copy it first; Inductor folds the layout into its own GEMM (timm
         # Mixer's token MLP on a transposed input: 0.33x with dualk's op on an H200)
         return "original"
-    bucket = traced_rows_bucket(x)
-    grad = _is_grad_enabled() and (
-        x.requires_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
+    return compiled_choice(
+        module, weights, biases, traced_rows_bucket(x), _is_grad_enabled(), x.requires_grad
     )
-    shape = module._choice_shape(weights, biases)
-    return module_choice.compiled_path(shape, bucket, grad)
+
+
+def compiled_choice(module, weights, biases, bucket: int, grad_mode: bool, x_grad: bool) -> str:
+    """module_choice's compiled path for a fused module with backend "auto" on a contiguous input
+    of `bucket` rows (traced_rows_bucket) under Dynamo."""
+    grad = grad_mode and (
+        x_grad or any(t is not None and t.requires_grad for t in (*weights, *biases))
+    )
+    return module_choice.compiled_path(module._choice_shape(weights, biases), bucket, grad)
 
 
 class _FastPath:
