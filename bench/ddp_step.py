@@ -13,9 +13,9 @@ steps on the same data: 3 warmup steps each, a wait for background tuning (`--se
 zoo's settle step: auto's final decisions), 3 more steps each, then `--rounds` rounds that time
 `--steps` steps of each in turn (the order alternates per round; a barrier and a CUDA sync before
 each timed block, CUDA events around it). A step's time is the slowest rank's; the result per
-model is the median over rounds. After the steps: losses step by step, final weights (fused vs original) and the
-replicas (every rank against rank 0) are compared; the ratio printed is original / fused time
-(above 1: fused is faster).
+model is the median over rounds. After the steps: losses step by step, final weights (fused vs
+original) and the replicas (every rank against rank 0) are compared; the ratio printed is
+original / fused time (above 1: fused is faster).
 
 NCCL runs with NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1, set before any process group exists). Habits from

@@ -1065,7 +1065,8 @@ class _FusedForward:
         self, owner: nn.Module, graph: fx.GraphModule, original: fx.GraphModule | None = None
     ):
         self.owner, self.graph, self.original = owner, graph, original
-        self.graph_is_owner = graph is owner  # (fuse's whole-model GraphModule result)
+        # fuse's whole-model GraphModule result; a bool, so that a trace reads one of the two
+        self.graph_is_owner = graph is owner
         self.children = tuple(owner._modules.values())
         self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         self.single = _single_module(graph)

@@ -58,7 +58,7 @@ _memory: dict[tuple, str] = {}
 _details: dict[tuple, dict] = {}
 _provisional: dict[tuple, int] = {}  # key -> the CUDA build generation it was measured in
 _generation = [autotune.clears()]
-_changes = [0]  # counts every decision made, measured again or forgotten (changes())
+_changes = [0]  # counts every decision remembered, measured again or forgotten (changes())
 
 
 def changes() -> int:
@@ -139,21 +139,23 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
     with _lock:
         if key in _memory and not _stale(key):
             return _memory[key]
-        _changes[0] += 1
         device = torch.device(shape[5])
         blocked = measurable(device)
         if blocked is not None and device.type != "cuda":
             _memory[key] = "fused"  # nothing to measure off the GPU: dualk's ops, as before
+            _changes[0] += 1
             return "fused"
         store = autotune.store_for(device)
         cached = store.get(SECTION + mode, key_text(key))
         if isinstance(cached, dict) and cached.get("path") in PATHS:
             _memory[key], _details[key] = cached["path"], dict(cached, source="cache")
+            _changes[0] += 1
             return cached["path"]
         if blocked is not None:
             return "fused"  # not remembered: the next call that may measure decides
         details = _measure(mode, Shape(*shape), rows or 4096, x_grad, device)
         _memory[key], _details[key] = details["path"], dict(details, source="measured")
+        _changes[0] += 1
         if details["provisional"]:
             # dualk's operator ran without a backend that is still building: measured again
             # once a build finishes, and not written to the file
