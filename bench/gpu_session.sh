@@ -28,7 +28,8 @@
 #                                        # (OUT_DIR/prebuilt.tar.xz back when any was rebuilt), the
 #                                        # tests in TESTS, host_cost --profile-compiled, small batch
 #                                        # vs tcnn, the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS);
-#                                        # "probe": experiments/zoo_bias_probe.py --parts PROBE_PARTS
+#                                        # "probe": experiments/zoo_bias_probe.py --parts PROBE_PARTS;
+#                                        # "gap": experiments/glu_gap_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -276,6 +277,11 @@ steps)
       timeout ${PROBE_TIMEOUT:-150} $PY experiments/zoo_bias_probe.py --parts ${PROBE_PARTS:-c} --json "$OUT/zoo_probe.json" > "$OUT/zoo_probe.log" 2>&1
       say "zoo_bias_probe (${PROBE_PARTS:-c}): rc=$? in $(( $(date +%s) - t0 )) s"
       grep -E "ops\)|host_us|wall_us" "$OUT/zoo_probe.log" | head -30
+      ;;
+    gap)
+      timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
+      say "glu_gap_probe: rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 6 "$OUT/glu_gap.log"
       ;;
     glu)
       timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > /tmp/linear_glu_llama.log 2>&1

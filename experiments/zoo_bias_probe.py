@@ -6,6 +6,10 @@ A. A/A: the zoo's GPT-2 and BERT (bf16, 8x512 tokens): the original model, two c
 B. mlp256x4 training step (the zoo's): original vs fuse(copy) with each path forced, host and
    wall per step; then torch.profiler's CPU self time by op over 5 steps of each model, with the
    fused path forced and with module_choice's own decision. C: the same for mlp_wide_train_bf16.
+D: the same for nerf_mlp_train, plus a "floor" model: the same parameters behind one autograd
+   Function that returns a stored output and stored gradients (no kernels), so the step's cost
+   outside the model (zero_grad, the loss and its backward, autograd's engine, SGD) is measured
+   alone: no model can make the step faster than that floor.
 
     python experiments/zoo_bias_probe.py [--json OUT.json]
 """
@@ -77,7 +81,32 @@ def part_a(device):
     return res
 
 
-def part_b(device, name="mlp256x4_train"):
+class _Stored(torch.autograd.Function):
+    """Output and parameter gradients from storage: a model part that costs one Function call."""
+
+    @staticmethod
+    def forward(ctx, x, store, *params):
+        ctx.store = store
+        return store["out"].view_as(store["out"])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, *ctx.store["grads"]
+
+
+class _Floor(torch.nn.Module):
+    def __init__(self, model, args, kwargs):
+        super().__init__()
+        self.inner = model
+        out = model(*args, **kwargs).detach()
+        params = list(model.parameters())
+        self.store = {"out": out, "grads": [torch.randn_like(p) * 1e-3 for p in params]}
+
+    def forward(self, x):
+        return _Stored.apply(x, self.store, *self.inner.parameters())
+
+
+def part_b(device, name="mlp256x4_train", floor=False):
     spec = MODELS[name]
     torch.manual_seed(0)
     built = spec.build(device, spec.dtype, "gpu")
@@ -95,6 +124,17 @@ def part_b(device, name="mlp256x4_train"):
         opt.step()
 
     res = {}
+    if floor:
+        floor_model = _Floor(copy.deepcopy(orig), args, kwargs)
+        opt_floor = torch.optim.SGD(floor_model.parameters(), lr=1e-6)
+        for _ in range(5):
+            step(floor_model, opt_floor)
+        res["floor"] = alternate(
+            {"original": lambda: step(orig, opt_o), "fused": lambda: step(fused, opt_f),
+             "floor": lambda: step(floor_model, opt_floor)},
+            rounds=12, calls=10,
+        )  # fmt: skip
+        print(name, "train with the floor model", json.dumps(res["floor"], indent=1))
     real_choose = module_choice.choose
     for forced in ("choice", "fused", "original"):
         for m in fused.modules():
@@ -133,7 +173,7 @@ def main():
     p.add_argument(
         "--parts",
         default="a,b",
-        help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one)",
+        help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -148,6 +188,8 @@ def main():
         out["train_256x4"] = part_b(device)
     if "c" in a.parts.split(","):
         out["train_wide_bf16"] = part_b(device, "mlp_wide_train_bf16")
+    if "d" in a.parts.split(","):
+        out["train_nerf"] = part_b(device, "nerf_mlp_train", floor=True)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
