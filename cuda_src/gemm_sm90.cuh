@@ -350,6 +350,10 @@ DUALK_DEFINE_WGMMA(96, 192, __half, "f16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_
                    "%98", "%99")
 DUALK_DEFINE_WGMMA(96, 192, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_95, DUALK_ASM_ACC_0_95, "%96",
                    "%97", "%98", "%99")
+DUALK_DEFINE_WGMMA(112, 224, __half, "f16", DUALK_ASM_REGS_0_111, DUALK_ASM_ACC_0_111, "%112",
+                   "%113", "%114", "%115")
+DUALK_DEFINE_WGMMA(112, 224, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_111, DUALK_ASM_ACC_0_111,
+                   "%112", "%113", "%114", "%115")
 DUALK_DEFINE_WGMMA(128, 256, __half, "f16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127, "%128",
                    "%129", "%130", "%131")
 DUALK_DEFINE_WGMMA(128, 256, __nv_bfloat16, "bf16", DUALK_ASM_REGS_0_127, DUALK_ASM_ACC_0_127,

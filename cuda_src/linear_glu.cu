@@ -149,21 +149,28 @@ template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTi
   static constexpr int kConsumerRegs = 232;
 
   static_assert(kWgRows == 64, "each consumer owns one m64 slice");
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
-                "wgmma wrappers exist for n64, n128, n192, n256");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 224 ||
+                    kBlockN == 256,
+                "wgmma wrappers exist for n64, n128, n192, n224, n256");
   static_assert(kHalfN % 8 == 0 && kHalfBytesB % 1024 == 0, "the up half starts on a swizzle atom");
   static_assert(!kTmaStore || kHalfN % 64 == 0, "TMA stores write boxes of 64 columns");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 };
 
-// The two configs (host choice: choose_tiles). Wide: 128 x (2 x 128), the accumulator of the
+// The configs (host choice: choose_tiles). Wide: 128 x (2 x 128), the accumulator of the
 // GEMM's 128 x 256 tile (128 fp32 per consumer thread), 4 stages of 48 KB (226 KB with the
 // staging buffers: the biases are read in the epilogue, no shared slice, to fit the 4th stage).
+// Mid: 128 x (2 x 112), for a tile count the wide tile would spread unevenly over the SMs: LLaMA's
+// n = 11008 at 512 rows makes 344 wide tiles, 2.6 rounds of 132 SMs, so the CTAs with a third
+// tile set the time (H200: 147 us, cuBLAS's one GEMM of the same work 127 us); 396 mid tiles are
+// 3 whole rounds of 7/8 the work each. Direct stores (TMA boxes are 64 columns wide); 5 stages
+// of 44 KB.
 // Narrow: 128 x (2 x 32) for few rows (decode), where the weights' bytes set the time: 4x the
 // wide config's tiles, so every SM streams weights; 8 stages of 24 KB (16 KB of it x's box,
 // mostly zero-filled rows at 16 rows: TMA reads nothing for them) keep 64 KB of weights in
 // flight per SM; direct stores (the output is small). Unmeasured: the first GPU run decides.
 using GluWide = GluTile<128, 128, 4, true>;
+using GluMid = GluTile<128, 112, 5, false>;
 using GluNarrow = GluTile<128, 32, 8, false>;
 
 struct Sm90Params {
@@ -387,17 +394,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 // ------------------------------------------------------------------ host side
 
-enum class GluTiles { kWide, kNarrow };
+enum class GluTiles { kWide, kMid, kNarrow };
 
 // The tile table's rule (host arithmetic): the narrow tile for at most 64 rows (decode: the
 // weights' stream sets the time, and 4x as many tiles spread it over every SM and balance the
 // last round: LLaMA's n = 11008 / 14336 at 16 rows make 344 / 448 narrow tiles, 86 / 112 wide
-// ones, fewer than 132 SMs), and wherever the wide tiles would not cover every SM once; else
-// the wide tile (LLaMA from 256 rows up: 172 / 224 tiles and more).
+// ones, fewer than 132 SMs), and wherever the wide tiles would not cover every SM once. Else the
+// wide or the mid tile, whichever gives the busiest CTA fewer output columns to compute (rounds
+// of tiles per SM x tile width), the wide one on a tie (it loads fewer bytes per FLOP): LLaMA at
+// 512 rows takes the mid tile (n = 11008: 3 x 112 against 3 x 128 columns; 14336: 4 x 112
+// against 4 x 128), at 8192 rows the wide one (42 x 128 = 48 x 112; 55 x 128 < 63 x 112).
 inline GluTiles choose_tiles(int64_t m, int64_t n, int64_t num_sms) {
   if (m <= GluWide::kWgRows) return GluTiles::kNarrow;
   const int64_t wide = ceil_div(m, GluWide::kBlockM) * ceil_div(n, GluWide::kHalfN);
-  return wide >= num_sms ? GluTiles::kWide : GluTiles::kNarrow;
+  if (wide < num_sms) return GluTiles::kNarrow;
+  const int64_t mid = ceil_div(m, GluMid::kBlockM) * ceil_div(n, GluMid::kHalfN);
+  const int64_t wide_cols = ceil_div(wide, num_sms) * GluWide::kHalfN;
+  const int64_t mid_cols = ceil_div(mid, num_sms) * GluMid::kHalfN;
+  return mid_cols < wide_cols ? GluTiles::kMid : GluTiles::kWide;
 }
 
 // The Hopper route's preconditions: a 9.0 device, 16-bit, sizes below 2^31, both weights
@@ -465,8 +479,14 @@ cudaError_t launch_sm90_config(const GluArgs& args, cudaStream_t stream) {
 
 template <typename T, Activation kAct>
 cudaError_t launch_sm90(const GluArgs& args, cudaStream_t stream) {
-  if (choose_tiles(args.gate.m, args.gate.n, device_props().num_sms) == GluTiles::kWide)
-    return launch_sm90_config<T, GluWide, kAct>(args, stream);
+  switch (choose_tiles(args.gate.m, args.gate.n, device_props().num_sms)) {
+    case GluTiles::kWide:
+      return launch_sm90_config<T, GluWide, kAct>(args, stream);
+    case GluTiles::kMid:
+      return launch_sm90_config<T, GluMid, kAct>(args, stream);
+    case GluTiles::kNarrow:
+      break;
+  }
   return launch_sm90_config<T, GluNarrow, kAct>(args, stream);
 }
 
@@ -570,10 +590,15 @@ const char* linear_glu_route_name(const GluArgs& args) {
     case glu::Route::kNothing:
       return "nothing to compute";
     case glu::Route::kSm90:
-      return glu::choose_tiles(args.gate.m, args.gate.n, device_props().num_sms) ==
-                     glu::GluTiles::kWide
-                 ? "sm90 wgmma 128x(2x128)"
-                 : "sm90 wgmma 128x(2x32)";
+      switch (glu::choose_tiles(args.gate.m, args.gate.n, device_props().num_sms)) {
+        case glu::GluTiles::kWide:
+          return "sm90 wgmma 128x(2x128)";
+        case glu::GluTiles::kMid:
+          return "sm90 wgmma 128x(2x112)";
+        case glu::GluTiles::kNarrow:
+          return "sm90 wgmma 128x(2x32)";
+      }
+      return "sm90 wgmma";
     case glu::Route::kPreActivations:
       return args.gate.k == 0 ? "bias epilogue (k = 0)"
                               : "portable: two fp32 GEMMs + gated epilogue";

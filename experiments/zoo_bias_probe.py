@@ -163,6 +163,22 @@ def part_b(device, name="mlp256x4_train", floor=False):
                 print(f"--- profile ({forced}), {which} model (5 steps, {ops} ops)\n{table}")
                 res[f"profile_{forced}_{which}"] = table
         module_choice.choose = real_choose
+    if floor:  # where the fused model's own host time goes: Python's profile of 50 steps
+        import cProfile
+        import io
+        import pstats
+
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            step(fused, opt_f)
+        torch.cuda.synchronize()
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(35)
+        res["cprofile_fused"] = text.getvalue()
+        print(text.getvalue())
     res["decisions"] = module_choice.details()
     return res
 

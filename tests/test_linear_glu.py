@@ -643,7 +643,8 @@ ROUTE_SHAPES = [
     (100, 200, 1000, "separate"),  # k not a multiple of 64: TMA zero-fills the last k tile
     (129, 256, 250, "packed"),  # n not a multiple of 8: the direct stores
     (257, 96, 520, "transposed"),
-    (300, 136, 5640, "separate"),  # 3 x 45 wide tiles > 132 SMs: two tiles per CTA
+    (300, 136, 5640, "separate"),  # 3 x 51 mid tiles > 132 SMs: two per CTA, the last partial
+    (1100, 72, 3712, "separate"),  # 9 x 29 wide tiles (fewer columns per CTA than mid): two per CTA
     (16, 520, 5000, "separate"),  # narrow tiles, 157 of them: more than one per CTA
     (300, 64, 72, "strided_x"),
 ]
@@ -681,8 +682,8 @@ def test_cuda_odd_shapes_and_routes(activation, approximate, rows, k, n, weights
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
 def test_cuda_route_names():
-    """On Hopper, aligned 16-bit calls take the wgmma kernel (wide tiles at LLaMA's prefill, narrow
-    at decode); fp32 and rows off 16 bytes take the portable routes; anywhere else, portable."""
+    """On Hopper, aligned 16-bit calls take the wgmma kernel (wide or mid tiles at LLaMA's
+    prefill, narrow at decode); fp32 and rows off 16 bytes take the portable routes; anywhere else, portable."""
     bf16 = torch.bfloat16
     hopper = torch.cuda.get_device_capability() == (9, 0)
 
@@ -692,7 +693,9 @@ def test_cuda_route_names():
         return _cuda_route(x, w, w)
 
     if hopper:
-        assert route(512, 4096, 11008) == "sm90 wgmma 128x(2x128)"
+        # 344 wide tiles are 2.6 rounds of 132 SMs, 396 mid ones 3 whole rounds of 7/8 the work
+        assert route(512, 4096, 11008) == "sm90 wgmma 128x(2x112)"
+        assert route(8192, 4096, 11008) == "sm90 wgmma 128x(2x128)"
         assert route(16, 4096, 11008) == "sm90 wgmma 128x(2x32)"
     else:
         assert route(512, 4096, 11008).startswith("portable")
