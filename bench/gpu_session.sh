@@ -27,7 +27,7 @@
 #                                        # zoo glu") in order: rebuild stale families into it
 #                                        # (OUT_DIR/prebuilt.tar.xz back when any was rebuilt), the
 #                                        # tests in TESTS, host_cost --profile-compiled, small batch
-#                                        # vs tcnn, the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS);
+#                                        # vs tcnn (SMALL_ARGS), the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS);
 #                                        # "probe": experiments/zoo_bias_probe.py --parts PROBE_PARTS;
 #                                        # "gap": experiments/glu_gap_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
@@ -92,7 +92,7 @@ first)
   fi
   t0=$(date +%s)
   tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
-  timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
+  timeout 180 $PY bench/small_batch_latency.py $tcnn ${SMALL_ARGS:-} --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
   say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 45 "$OUT/small_batch_latency.log"
   ;;
@@ -132,7 +132,7 @@ fast)
   head -n 30 "$OUT/host_cost.log"
   t0=$(date +%s)
   tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
-  timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
+  timeout 180 $PY bench/small_batch_latency.py $tcnn ${SMALL_ARGS:-} --json "$OUT/small_batch_latency.json" > "$OUT/small_batch_latency.log" 2>&1
   say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 22 "$OUT/small_batch_latency.log"
   ;;
@@ -263,7 +263,7 @@ steps)
       ;;
     small)
       tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
-      timeout 180 $PY bench/small_batch_latency.py $tcnn --json "$OUT/small_batch_latency.json" > /tmp/small_batch_latency.log 2>&1
+      timeout 180 $PY bench/small_batch_latency.py $tcnn ${SMALL_ARGS:-} --json "$OUT/small_batch_latency.json" > /tmp/small_batch_latency.log 2>&1
       say "small_batch_latency: rc=$? in $(( $(date +%s) - t0 )) s"
       tail -n 22 /tmp/small_batch_latency.log
       ;;
