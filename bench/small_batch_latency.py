@@ -314,6 +314,8 @@ def measure(cfg: Config, device, args, failures: list) -> None:
                     fn, device, args.warmup, args.iters, args.repeats
                 )
             res.update(us=us, host_us=host, us_all=us_all, host_all=host_all)
+            if path == "module" and args.diagnose:
+                res["diagnosis"] = _diagnose_module(fused, fn, args.iters)
         except Exception as exc:
             res["reason"] = f"raised {type(exc).__name__}: {exc}"
             res["traceback"] = traceback.format_exc()[-2000:]
@@ -321,6 +323,37 @@ def measure(cfg: Config, device, args, failures: list) -> None:
                 failures.append(f"{cfg.name} {_dt(cfg.dtype)} rows={cfg.rows} {path}: {exc}")
     # What auto settled on (after its warmup and tuning), and the CUDA kernel.
     cfg.results["auto"]["explain"] = _explain_text(x, ws, bs, "auto")
+
+
+def _diagnose_module(fused, fn, iters: int) -> dict:
+    """Which path the fuse'd module's calls take after timing (its C++ plan, its Python plan,
+    its memoized choice, module_choice's decision) and Python's profile of `iters` more calls:
+    where a module call's host time goes when it is far above the functional call's."""
+    import cProfile
+    import io
+    import pstats
+
+    from dualk import module_choice
+
+    fm = next(m for m in fused.modules() if isinstance(m, dualk.nn.FusedMLP))
+    state = {
+        "fast_plan": fm.__dict__.get("_fast") is not None,
+        "plan": fm.__dict__.get("_plan") is not None,
+        "choice_memo": repr(fm.__dict__.get("_choice_memo"))[:300],
+        "last_path": fm.__dict__.get("_last_path"),
+        "decisions": {k: {f: v.get(f) for f in ("path", "provisional", "source")}
+                      for k, v in module_choice.details().items()},
+    }  # fmt: skip
+    prof = cProfile.Profile()
+    with torch.no_grad():
+        prof.enable()
+        for _ in range(iters):
+            fn()
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+    state["cprofile"] = text.getvalue()[-3500:]
+    return state
 
 
 def warm_up(device) -> dict:
@@ -437,6 +470,9 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", help="comma-separated substrings of config names to keep")
+    ap.add_argument(
+        "--diagnose", action="store_true", help="the module path's state and Python profile"
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     ap.add_argument(
         "--smoke", action="store_true", help="tiny configs on the CPU, few calls (CI check)"
