@@ -1127,7 +1127,18 @@ class _FusedForward:
             ):
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
-                return single(a) if single is not None else self._run_graph(a)
+                if single is None:
+                    return self._run_graph(a)
+                if self.single_mlp and _runs_forward_alone(single):
+                    # its planned CUDA call without nn.Module's call and FusedMLP.forward around
+                    # it (two Python frames of the three: H100 seed-shape module 20 vs 9 us for
+                    # the functional call on a slow host); the C++ side checks x and the layers
+                    fast = single.__dict__.get("_fast")
+                    if fast is not None and fast.usable(single):
+                        out = fast.plan.run(a)
+                        if out is not None:
+                            return out
+                return single(a)
         elif not kwargs and (last := self.last_original) is not None and _is_like(last, args):
             return self._run_original(*args)
         sig = _call_signature(args, kwargs)
@@ -1184,6 +1195,29 @@ class _FusedForward:
         return len(modules) != len(children) or not all(
             map(operator.is_, modules.values(), children)
         )
+
+
+_module_globals = torch.nn.modules.module
+_global_hook_dicts = tuple(
+    getattr(_module_globals, name)
+    for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+    if isinstance(getattr(_module_globals, name, None), dict)
+)  # fmt: skip  (dicts registered hooks go into in place: bound once)
+
+
+def _runs_forward_alone(module: nn.Module) -> bool:
+    """module(x) would be module.forward(x) and nothing else: no hooks of its own or global ones
+    (nn.Module._call_impl's test), not compiled in place by module.compile()."""
+    d = module.__dict__
+    return not (
+        d.get("_compiled_call_impl") is not None
+        or module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or any(_global_hook_dicts)
+    )
 
 
 def _single_module(graph: fx.GraphModule) -> nn.Module | None:

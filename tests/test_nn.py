@@ -682,6 +682,24 @@ def test_fast_path_serves_a_fused_model():
     assert len(inner) == 1 and "_fast" in inner[0].__dict__
     for out in outs:
         assert torch.allclose(out.double(), ref, atol=2e-2, rtol=2e-2)
+    # A like call runs the plan from the fused model's forward, without FusedMLP.forward; a hook
+    # registered on the fused module since then still runs (the module is called as before).
+    served = _fast_calls(inner[0])
+    forwards, hooked = [], []
+    real_forward = FusedMLP.forward
+
+    def counting_forward(self, x):
+        forwards.append(1)
+        return real_forward(self, x)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FusedMLP, "forward", counting_forward)
+        assert torch.equal(fused(x), outs[0])
+        assert served == [True] and forwards == []
+        handle = inner[0].register_forward_hook(lambda *a: hooked.append(1))
+        assert torch.equal(fused(x), outs[0])
+        assert hooked == [1] and forwards == [1] and served == [True, True]
+        handle.remove()
 
 
 def test_a_provisional_decision_is_planned_for_a_while(monkeypatch):
