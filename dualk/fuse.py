@@ -1197,13 +1197,18 @@ class _FusedForward:
         )
 
 
+# nn.Module's global hooks: dicts that registering a hook adds to in place, so bound once
 _module_globals = torch.nn.modules.module
 _global_hook_dicts = tuple(
     getattr(_module_globals, name)
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                 "_global_backward_hooks", "_global_backward_pre_hooks")
+    for name in (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+    )
     if isinstance(getattr(_module_globals, name, None), dict)
-)  # fmt: skip  (dicts registered hooks go into in place: bound once)
+)
 
 
 def _runs_forward_alone(module: nn.Module) -> bool:

@@ -80,7 +80,6 @@ def main():
                 print(json.dumps({k: v for k, v in row.items() if not k.endswith("_rounds")}),
                       flush=True)  # fmt: skip
                 out["rows"].append(row)
-            del wg, wu, packed
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
