@@ -226,3 +226,22 @@ def test_cli_usage_errors(no_gpu):
     assert out.exit_code == 2 and "the modes are eager, compiled, train" in out.output
     out = run("--models", "all", "--list")
     assert out.exit_code == 0 and "llama" in out.output and "mlp_wide_train_fp32" in out.output
+
+
+def test_ratio_interval_tells_a_difference_from_noise():
+    """The ratio's 95% interval (resampled burst pairs): identical samples give [1, 1]; a fused
+    model 10% slower in every pair gives an interval below 1 that holds 1/1.1; pure scatter
+    around one time holds 1.0; too few pairs give None."""
+    import random
+
+    same = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3]
+    assert zoo.ratio_interval(same, same) == [1.0, 1.0]
+    slower = [t * 1.1 for t in same]
+    lo, hi = zoo.ratio_interval(same, slower)
+    assert hi < 1.0 and lo <= 1 / 1.1 <= hi
+    rng = random.Random(1)
+    a = [1.0 + rng.gauss(0, 0.05) for _ in range(32)]
+    b = [1.0 + rng.gauss(0, 0.05) for _ in range(32)]
+    lo, hi = zoo.ratio_interval(a, b)
+    assert lo < 1.0 < hi
+    assert zoo.ratio_interval([1.0] * 3, [1.0] * 3) is None

@@ -142,7 +142,7 @@ def _f(value: float | None, fmt: str) -> str:
 
 HEADER = (
     "model", "mode", "dtype", "rows", "orig ms", "fused ms", "dev ms orig/fused",
-    "host us orig/fused", "ratio", "rel err", "check", "fused/linears",
+    "host us orig/fused", "ratio", "95% interval", "rel err", "check", "fused/linears",
 )  # fmt: skip
 
 
@@ -151,7 +151,7 @@ def render(results: Sequence[zoo.Result]) -> list[str]:
     body, notes = [], []
     for r in results:
         if r.status != "ok":
-            cells = [r.model, r.mode, r.dtype, r.rows, *["-"] * 4, r.status, "-", "-", "-"]
+            cells = [r.model, r.mode, r.dtype, r.rows, *["-"] * 4, r.status, "-", "-", "-", "-"]
             notes.append(f"{r.status}: {r.model} {r.mode}: {r.reason}")
             body.append(cells)
             continue
@@ -161,14 +161,16 @@ def render(results: Sequence[zoo.Result]) -> list[str]:
             r.model, r.mode, r.dtype, r.rows, _f(r.orig_ms, ".3f"), _f(r.fused_ms, ".3f"),
             f"{_f(r.orig_device_ms, '.3f')} / {_f(r.fused_device_ms, '.3f')}",
             f"{_f(r.orig_host_us, '.0f')} / {_f(r.fused_host_us, '.0f')}",
-            _f(r.ratio, ".2f") + "x" + cpu, _f(r.rel_err, ".2e"),
+            _f(r.ratio, ".2f") + "x" + cpu,
+            "-" if not r.ratio_ci else f"{r.ratio_ci[0]:.2f}-{r.ratio_ci[1]:.2f}",
+            _f(r.rel_err, ".2e"),
             "ok" if r.ok else "FAIL", f"{f.linears_fused}/{f.linears}" if f else "-",
         ])  # fmt: skip
         if r.ok is False:
             notes.append(f"FAIL: {r.model} {r.mode}: {r.verdict}")
         if r.note:
             notes.append(f"note: {r.model} {r.mode}: {r.note}")
-    lines = align(HEADER, body, right=range(4, 10))
+    lines = align(HEADER, body, right=range(4, 11))
     seen = set()
     for r in results:
         if r.fuse is None or r.model in seen:

@@ -41,6 +41,7 @@ import datetime
 import gc
 import math
 import platform
+import random
 import socket
 import statistics
 import time
@@ -120,6 +121,9 @@ class Result:
     orig_host_us: float | None = None
     fused_host_us: float | None = None
     ratio: float | None = None
+    # 95% interval of the ratio (resampling the rounds' paired bursts): where it holds 1.0, the
+    # run cannot tell the two models apart on this host
+    ratio_ci: list[float] | None = None
     device_ratio: float | None = None
     warmup_s: dict[str, float] = field(default_factory=dict)  # first calls: compile, autotune
     # every burst's wall and host ms per call and every device sample, per model (the spread
@@ -541,8 +545,28 @@ def _time(
     result.orig_host_us, result.fused_host_us = med(o["host"]) * 1e3, med(f["host"]) * 1e3
     result.orig_device_ms, result.fused_device_ms = med(o["device"]), med(f["device"])
     result.ratio = result.orig_ms / result.fused_ms if result.fused_ms else None
+    result.ratio_ci = ratio_interval(o["wall"], f["wall"])
     if result.orig_device_ms and result.fused_device_ms:
         result.device_ratio = result.orig_device_ms / result.fused_device_ms
+
+
+def ratio_interval(orig: list[float], fused: list[float], draws: int = 2000) -> list[float] | None:
+    """[low, high]: the 2.5th and 97.5th percentiles of median(orig) / median(fused) over `draws`
+    resamples of the burst pairs (a pair: the i-th burst of each, which ran next to each other in
+    one round, so a host slowing down for a while moves both). Seeded: a run's interval is
+    reproducible from its samples. None for fewer than 4 pairs."""
+    pairs = [(o, f) for o, f in zip(orig, fused) if f > 0]
+    if len(pairs) < 4:
+        return None
+    rng = random.Random(0)
+    n = len(pairs)
+    ratios = []
+    for _ in range(draws):
+        pick = [pairs[rng.randrange(n)] for _ in range(n)]
+        fused_med = statistics.median(f for _, f in pick)
+        ratios.append(statistics.median(o for o, _ in pick) / fused_med)
+    ratios.sort()
+    return [ratios[int(0.025 * (draws - 1))], ratios[int(0.975 * (draws - 1))]]
 
 
 SETTLE_S = 120.0  # at most this long waiting for background builds / Triton tuning
@@ -621,6 +645,8 @@ def environment(device: str | torch.device | None = None) -> dict:
 
 METHOD = {
     "ratio": "original wall ms / fused wall ms per call (> 1: fused is faster)",
+    "ratio_ci": "95% bootstrap interval of the ratio: 2000 resamples of the rounds' burst pairs "
+    "(the i-th burst of each model, run next to each other), median / median",
     "wall": "N calls in a row after an L2 flush, then a synchronise; elapsed / N; median of rounds",
     "host": "the same loop up to the last call's return (enqueue time), before the synchronise, / N",
     "device": "CUDA events around each of min(N, 20) calls, each after a GPU sleep longer than its "
