@@ -257,3 +257,45 @@ def test_sm90_tile_choice(tmp_path: Path):
     2 x 2 cluster could be taken."""
     got = [tuple(int(v) for v in line.split()) for line in build_and_run(tmp_path, TILES_PROGRAM)]
     assert got == TILES_EXPECTED
+
+
+GLU_TILES_PROGRAM = textwrap.dedent(
+    r"""
+    #include <cstdio>
+    #include "linear_glu.cu"
+    using namespace dualk;
+    // (defined in matmul.cu, which this program does not link; the portable route never runs)
+    cudaError_t gemm::launch_split_k_partials(const GemmArgs&, const gemm::SplitK&, cudaStream_t) {
+      return cudaErrorInvalidValue;
+    }
+    int main() {
+      const long cases[][2] = {  // rows, n
+          {16, 11008}, {64, 11008}, {512, 11008}, {512, 14336}, {8192, 11008}, {8192, 14336},
+          {256, 11008}, {300, 5640}, {1100, 3712}, {200, 640},
+      };
+      for (const auto& c : cases) printf("%d\n", static_cast<int>(glu::choose_tiles(c[0], c[1], 132)));
+      return 0;
+    }
+    """
+)
+# linear_glu's Hopper tile on 132 SMs (0 wide 128 x (2 x 128), 1 mid 128 x (2 x 112), 2 narrow
+# 128 x (2 x 32)): narrow at <= 64 rows and where wide tiles would not cover the SMs once; else
+# the tile giving the busiest CTA fewer columns, wide on a tie.
+GLU_TILES_EXPECTED = [
+    2,  # 16 rows: decode
+    2,  # 64 rows
+    1,  # 344 wide tiles: 3 rounds x 128 columns; 396 mid: 3 x 112
+    1,  # 448 wide: 4 x 128; 512 mid: 4 x 112
+    0,  # 5504 wide: 42 x 128 = 5376; 6336 mid: 48 x 112 = 5376 (a tie)
+    0,  # 7168 wide: 55 x 128 = 7040; 8192 mid: 63 x 112 = 7056
+    1,  # 172 wide: 2 x 128; 198 mid: 2 x 112
+    1,  # 135 wide: 2 x 128; 153 mid: 2 x 112
+    0,  # 261 wide: 2 x 128 = 256; 306 mid: 3 x 112 = 336
+    2,  # 10 wide tiles: fewer than the SMs
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_linear_glu_tile_choice(tmp_path: Path):
+    got = [int(line) for line in build_and_run(tmp_path, GLU_TILES_PROGRAM)]
+    assert got == GLU_TILES_EXPECTED
