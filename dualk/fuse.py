@@ -1060,6 +1060,12 @@ class _FusedForward:
     # the seed's MLP), which a like call on dualk's path calls directly, else None.
     single: nn.Module | None = None
     single_mlp = False
+    # The graph's only fused module where it is a FusedMLP called on the graph's input (single's,
+    # or one with unfused modules after it: torchvision's MLP ends in a Dropout), in a
+    # whole-model graph (`original` set): under compile, where its compiled choice is original,
+    # Dynamo traces the unfused graph. None otherwise.
+    input_mlp: FusedMLP | None = None
+    traces_original = False  # (input_mlp is not None: a bool, Dynamo reads no module)
 
     def __init__(
         self, owner: nn.Module, graph: fx.GraphModule, original: fx.GraphModule | None = None
@@ -1071,6 +1077,8 @@ class _FusedForward:
         self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
+        self.input_mlp = _input_mlp(graph) if original is not None else None
+        self.traces_original = self.input_mlp is not None
         # Call signatures whose fused modules all ran original; changed only by __call__, which
         # keeps last_original one of them.
         self.original_calls: set = set()
@@ -1092,12 +1100,14 @@ class _FusedForward:
             if not _children_unchanged(id(self)):
                 owner = self.owner
                 return type(owner).forward(owner, *args, **kwargs)
-            # A graph that only calls one FusedMLP, whose compiled choice is the original path:
-            # the trace is the unfused graph's (the original model's code, guards and all;
-            # through the fused graph the seed MLP's compiled call cost 8 us more, CPU-only).
-            if self.single_mlp and len(args) == 1 and not kwargs and compiling_with_dynamo():
+            # A whole-model graph whose one fused module, a FusedMLP on the graph's input, has
+            # the original path as its compiled choice: the trace is the unfused graph's (the
+            # original model's code, guards and all; through the fused graph the seed MLP's
+            # compiled call cost 8 us more, CPU-only, and torchvision's MLP, whose last Dropout
+            # stays out of the chain, checked two object aliases in Python on every call).
+            if self.traces_original and len(args) == 1 and not kwargs and compiling_with_dynamo():
                 x = args[0]
-                if isinstance(x, _Tensor) and _single_compiled_path(
+                if isinstance(x, _Tensor) and _input_mlp_compiled_path(
                     id(self), traced_rows_bucket(x), _is_grad_enabled(), x.requires_grad,
                     x.is_contiguous(),
                 ) == "original":  # fmt: skip
@@ -1225,6 +1235,28 @@ def _runs_forward_alone(module: nn.Module) -> bool:
     )
 
 
+def _input_mlp(graph: fx.GraphModule) -> FusedMLP | None:
+    """The graph's only fused module where it is a FusedMLP called on the graph's one input,
+    else None."""
+    nodes = list(graph.graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    if len(inputs) != 1:
+        return None
+    found = None
+    for node in nodes:
+        if node.op != "call_module":
+            continue
+        module = graph.get_submodule(str(node.target))
+        if not isinstance(module, _FUSED_TYPES):
+            continue
+        if found is not None or not isinstance(module, FusedMLP):
+            return None
+        if node.args != (inputs[0],) or node.kwargs:
+            return None
+        found = module
+    return found
+
+
 def _single_module(graph: fx.GraphModule) -> nn.Module | None:
     """The module a graph's code only calls on its one input and returns, else None."""
     nodes = list(graph.graph.nodes)
@@ -1252,16 +1284,16 @@ def _children_unchanged(key: int) -> bool:
 _children_unchanged._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-def _single_compiled_path(
+def _input_mlp_compiled_path(
     key: int, bucket: int, grad_mode: bool, x_grad: bool, contiguous: bool
 ) -> str:
-    """The compiled path ("fused" | "original") of the one FusedMLP of the _FusedForward `key`
+    """The compiled path ("fused" | "original") of the input FusedMLP of the _FusedForward `key`
     (its id) on an input of `bucket` rows, or "graph" where that module decides in the graph
     (a named backend, another module kind). Called by Dynamo while it traces: a constant of the
     graph, as module_choice.compiled_path; what it reads of the module's parameters (dtype,
     shape, requires_grad) the trace guards on as graph inputs in either branch."""
     fused_forward = _FUSED_FORWARDS.get(key)
-    single = fused_forward.single if fused_forward is not None else None
+    single = fused_forward.input_mlp if fused_forward is not None else None
     if not isinstance(single, FusedMLP) or single.backend != "auto":
         return "graph"
     if single._between_active() or not contiguous:
@@ -1271,7 +1303,7 @@ def _single_compiled_path(
     return compiled_choice(single, weights, biases, bucket, grad_mode, x_grad)
 
 
-_single_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
+_input_mlp_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears

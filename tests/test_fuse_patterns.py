@@ -881,26 +881,35 @@ def test_compiled_one_module_graph_on_the_original_path_traces_the_unfused_graph
 ):
     # fuse's GraphModule is one FusedMLP whose compiled choice is the original path: Dynamo
     # traces the unfused graph (the original's code and guards), not the fused module.
-    monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "original")
+    # So does a graph whose one FusedMLP takes its input and is followed by unfused modules
+    # (torchvision's MLP ends in a Dropout the chain leaves out): no object aliasing checked.
     torch.manual_seed(23)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
-    fused = fuse(model)
-    assert _fused_forward(fused).single_mlp
-    x = torch.randn(5, 8)
-    with torch.no_grad():
+    single = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    trailing = _torchvision_style_mlp().eval()
+    for model in (single, trailing):
+        monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "original")
+        fused = fuse(model)
+        ff = _fused_forward(fused)
+        assert ff.traces_original and ff.single_mlp == (model is single)
+        x = torch.randn(5, 8)
+        with torch.no_grad():
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(fused)(x)
+            guards = " ".join(str(g) for g in explained.out_guards)
+            assert "original" in guards and "dualk_fused_mlp" not in guards
+            assert _aliasing_guards(fused, x) <= _aliasing_guards(model, x)
+            torch._dynamo.reset()
+            got = torch.compile(fused, backend="eager", fullgraph=True)(x)
+            torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "fused")
+        with torch.no_grad():
+            torch._dynamo.reset()
+            guards = " ".join(str(g) for g in torch._dynamo.explain(fused)(x).out_guards)
+            assert "dualk_fused_mlp" in guards
+            torch._dynamo.reset()
+            got = torch.compile(fused, backend="eager", fullgraph=True)(x)
+            torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(fused)(x)
-        guards = " ".join(str(g) for g in explained.out_guards)
-        assert "original" in guards and "dualk_fused_mlp" not in guards
-        torch._dynamo.reset()
-        got = torch.compile(fused, backend="eager", fullgraph=True)(x)
-        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
-    monkeypatch.setattr(module_choice, "compiled_path", lambda *args: "fused")
-    with torch.no_grad():
-        torch._dynamo.reset()
-        guards = " ".join(str(g) for g in torch._dynamo.explain(fused)(x).out_guards)
-        assert "dualk_fused_mlp" in guards
-    torch._dynamo.reset()
 
 
 def test_whole_model_graph_whose_fused_modules_run_original_runs_the_unfused_graph(measured):
