@@ -29,7 +29,8 @@
 #                                        # tests in TESTS, host_cost --profile-compiled, small batch
 #                                        # vs tcnn (SMALL_ARGS), the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS);
 #                                        # "probe": experiments/zoo_bias_probe.py --parts PROBE_PARTS;
-#                                        # "gap": experiments/glu_gap_probe.py
+#                                        # "gap": experiments/glu_gap_probe.py; "ncuglu":
+#                                        # experiments/ncu_glu.sh (ncu of the gated kernel and the GEMM)
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -282,6 +283,10 @@ steps)
       timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
       say "glu_gap_probe: rc=$? in $(( $(date +%s) - t0 )) s"
       tail -n 6 "$OUT/glu_gap.log"
+      ;;
+    ncuglu)
+      timeout ${NCU_TIMEOUT:-240} bash experiments/ncu_glu.sh "$OUT" 2>&1 | tail -n 40
+      say "ncu_glu: rc=$? in $(( $(date +%s) - t0 )) s"
       ;;
     glu)
       timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > /tmp/linear_glu_llama.log 2>&1

@@ -11,6 +11,8 @@ packed_dualk matches packed_cublas and glu_cuda does not, the gap is in the gate
 packed_dualk is short too, it is the GEMM's main loop on this shape.
 
     python3 experiments/glu_gap_probe.py --json OUT.json
+    python3 experiments/glu_gap_probe.py --ncu-cases   # for experiments/ncu_glu.sh: 8192 x 14336,
+                                                       # dualk's GEMM then the gated kernel, twice
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ def device_us(fn, reps=15, rounds=3):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
+    p.add_argument("--ncu-cases", action="store_true", help="two launches of each kernel, no timing")
     a = p.parse_args()
+    if a.ncu_cases:
+        ncu_cases()
+        return
     dt = torch.bfloat16
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": []}  # fmt: skip
@@ -83,6 +89,25 @@ def main():
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
+
+
+def ncu_cases():
+    """8192 x 4096 -> 14336 (bf16, silu): dualk's Hopper GEMM on the packed weight (2N columns),
+    then the gated kernel, each launched twice (a warm-up, then the one to read), so that ncu's
+    kernel filter sees gemm_sm90_kernel, gemm_sm90_kernel, linear_glu_sm90_kernel x 2."""
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    wg = torch.randn(14336, 4096, device="cuda", dtype=dt) * 0.02
+    wu = torch.randn(14336, 4096, device="cuda", dtype=dt) * 0.02
+    packed_t = torch.cat([wg, wu]).t()
+    x = torch.randn(8192, 4096, device="cuda", dtype=dt)
+    with torch.no_grad():
+        for _ in range(2):
+            dualk.matmul(x, packed_t, backend="cuda")
+        for _ in range(2):
+            dualk.linear_glu(x, wg, wu, backend="cuda")
+    torch.cuda.synchronize()
+    print(dualk.explain("linear_glu", x, wg, wu, backend="cuda"))
 
 
 if __name__ == "__main__":
