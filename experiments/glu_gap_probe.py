@@ -46,7 +46,9 @@ def device_us(fn, reps=15, rounds=3):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
-    p.add_argument("--ncu-cases", action="store_true", help="two launches of each kernel, no timing")
+    p.add_argument(
+        "--ncu-cases", action="store_true", help="two launches of each kernel, no timing"
+    )
     a = p.parse_args()
     if a.ncu_cases:
         ncu_cases()
