@@ -1114,6 +1114,22 @@ class _FusedForward:
                     return self._run_original(x)
             return self._run_graph(*args, **kwargs)
         owner = self.owner
+        if self.single_mlp and len(args) == 1 and not kwargs:
+            # The graph is `return self.<FusedMLP>(x)`: what its forward does first, its planned
+            # CUDA call (the C++ side checks x, the layers, gradient mode), without nn.Module's
+            # call and FusedMLP.forward around it, where the module has no hooks (H100, seed
+            # shape on a slow host: module 20 us, the functional call 9)
+            single = self.single
+            fast = single.__dict__.get("_fast")
+            if (
+                fast is not None
+                and _runs_forward_alone(single)
+                and not self._children_changed()
+                and fast.usable(single)
+            ):
+                out = fast.plan.run(args[0])
+                if out is not None:
+                    return out
         if len(args) == 1 and not kwargs and isinstance(a := args[0], _Tensor):
             # A call like the last one served by the original path or by the fused graph, told by
             # its fields (_call_signature's, inline: as a function, its frame and loop cost 1.1
@@ -1137,18 +1153,7 @@ class _FusedForward:
             ):
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
-                if single is None:
-                    return self._run_graph(a)
-                if self.single_mlp and _runs_forward_alone(single):
-                    # its planned CUDA call without nn.Module's call and FusedMLP.forward around
-                    # it (two Python frames of the three: H100 seed-shape module 20 vs 9 us for
-                    # the functional call on a slow host); the C++ side checks x and the layers
-                    fast = single.__dict__.get("_fast")
-                    if fast is not None and fast.usable(single):
-                        out = fast.plan.run(a)
-                        if out is not None:
-                            return out
-                return single(a)
+                return single(a) if single is not None else self._run_graph(a)
         elif not kwargs and (last := self.last_original) is not None and _is_like(last, args):
             return self._run_original(*args)
         sig = _call_signature(args, kwargs)

@@ -950,3 +950,45 @@ def test_whole_model_graph_whose_fused_modules_run_original_runs_the_unfused_gra
     torch.testing.assert_close(copied(x), model(x), rtol=1e-5, atol=1e-6)
     compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_one_mlp_graph_runs_the_modules_plan_directly(monkeypatch):
+    # A fuse'd MLP whose FusedMLP has a C++ plan (on a GPU: dualk/nn.py _FastPath) runs it from
+    # the fused forward, without calling the module, where the module has no hooks and the
+    # graph's children are as fused; otherwise the module is called (and may use the plan
+    # itself). On the CPU the plan is a stand-in that counts its calls.
+    torch.manual_seed(24)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    fused = fuse(model)
+    (inner,) = _fused_modules(fused)
+    x = torch.randn(3, 8)
+    planned = torch.full((3, 4), 7.0)
+    served = []
+
+    class Plan:
+        def run(self, arg):
+            served.append(arg is x)
+            return planned
+
+    class Fast:
+        plan = Plan()
+
+        def usable(self, module):
+            return module is inner
+
+    inner.__dict__["_fast"] = Fast()
+    forwards = _count_calls(monkeypatch, type(inner), "forward")
+    with torch.no_grad():
+        assert fused(x) is planned
+        assert served == [True] and forwards == []
+        hooked = []
+        handle = inner.register_forward_hook(lambda *a: hooked.append(1))
+        assert fused(x) is planned  # a hook: the module is called (its forward takes the plan)
+        assert hooked == [1] and len(forwards) == 1 and len(served) == 2
+        handle.remove()
+        assert fused(x) is planned and len(forwards) == 1 and len(served) == 3
+        fused.extra = nn.Identity()  # the graph's children changed: the class's forward
+        assert fused(x) is planned and len(forwards) == 2 and len(served) == 4
+        del inner.__dict__["_fast"]  # no plan: the module's own forward, PyTorch's answer
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert len(forwards) == 3 and len(served) == 4
