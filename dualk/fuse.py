@@ -1060,24 +1060,34 @@ class _FusedForward:
     # the seed's MLP), which a like call on dualk's path calls directly, else None.
     single: nn.Module | None = None
     single_mlp = False
-    # The graph's only fused module where it is a FusedMLP called on the graph's input (single's,
-    # or one with unfused modules after it: torchvision's MLP ends in a Dropout), in a
-    # whole-model graph (`original` set): under compile, where its compiled choice is original,
-    # Dynamo traces the unfused graph. None otherwise.
-    input_mlp: FusedMLP | None = None
+    # The unfused graph that a compile traces where the graph's fused modules run original: the
+    # GraphModule of the owner's forward as traced before fusing, over the owner's own children
+    # (`original` for fuse's whole-model result; for a submodule fused in place a copy of its
+    # trace, which the eager calls never run: they run the class's forward), or None.
+    traced: fx.GraphModule | None = None
+    # The graph's only fused module where it is a FusedMLP or LinearGELU called on the graph's
+    # input (single's, or one with unfused modules around it: torchvision's MLP ends in a
+    # Dropout; timm's Mlp, BERT's intermediate), where `traced` exists: under compile, where its
+    # compiled choice is original, Dynamo traces `traced`. None otherwise.
+    input_mlp: nn.Module | None = None
     traces_original = False  # (input_mlp is not None: a bool, Dynamo reads no module)
 
     def __init__(
-        self, owner: nn.Module, graph: fx.GraphModule, original: fx.GraphModule | None = None
+        self,
+        owner: nn.Module,
+        graph: fx.GraphModule,
+        original: fx.GraphModule | None = None,
+        traced: fx.GraphModule | None = None,
     ):
         self.owner, self.graph, self.original = owner, graph, original
+        self.traced = original if original is not None else traced
         # fuse's whole-model GraphModule result; a bool, so that a trace reads one of the two
         self.graph_is_owner = graph is owner
         self.children = tuple(owner._modules.values())
         self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
-        self.input_mlp = _input_mlp(graph) if original is not None else None
+        self.input_mlp = _input_mlp(graph) if self.traced is not None else None
         self.traces_original = self.input_mlp is not None
         # Call signatures whose fused modules all ran original; changed only by __call__, which
         # keeps last_original one of them.
@@ -1111,7 +1121,7 @@ class _FusedForward:
                     id(self), traced_rows_bucket(x), _is_grad_enabled(), x.requires_grad,
                     x.is_contiguous(),
                 ) == "original":  # fmt: skip
-                    return self._run_original(x)
+                    return self.traced.forward(x)
             return self._run_graph(*args, **kwargs)
         owner = self.owner
         if self.single_mlp and len(args) == 1 and not kwargs:
@@ -1240,9 +1250,9 @@ def _runs_forward_alone(module: nn.Module) -> bool:
     )
 
 
-def _input_mlp(graph: fx.GraphModule) -> FusedMLP | None:
-    """The graph's only fused module where it is a FusedMLP called on the graph's one input,
-    else None."""
+def _input_mlp(graph: fx.GraphModule) -> nn.Module | None:
+    """The graph's only fused module where it is a FusedMLP or a LinearGELU called on the graph's
+    one input, else None."""
     nodes = list(graph.graph.nodes)
     inputs = [n for n in nodes if n.op == "placeholder"]
     if len(inputs) != 1:
@@ -1254,7 +1264,7 @@ def _input_mlp(graph: fx.GraphModule) -> FusedMLP | None:
         module = graph.get_submodule(str(node.target))
         if not isinstance(module, _FUSED_TYPES):
             continue
-        if found is not None or not isinstance(module, FusedMLP):
+        if found is not None or not isinstance(module, (FusedMLP, LinearGELU)):
             return None
         if node.args != (inputs[0],) or node.kwargs:
             return None
@@ -1292,20 +1302,25 @@ _children_unchanged._dynamo_marked_constant = True  # type: ignore[attr-defined]
 def _input_mlp_compiled_path(
     key: int, bucket: int, grad_mode: bool, x_grad: bool, contiguous: bool
 ) -> str:
-    """The compiled path ("fused" | "original") of the input FusedMLP of the _FusedForward `key`
+    """The compiled path ("fused" | "original") of the input module of the _FusedForward `key`
     (its id) on an input of `bucket` rows, or "graph" where that module decides in the graph
     (a named backend, another module kind). Called by Dynamo while it traces: a constant of the
     graph, as module_choice.compiled_path; what it reads of the module's parameters (dtype,
     shape, requires_grad) the trace guards on as graph inputs in either branch."""
     fused_forward = _FUSED_FORWARDS.get(key)
-    single = fused_forward.input_mlp if fused_forward is not None else None
-    if not isinstance(single, FusedMLP) or single.backend != "auto":
+    module = fused_forward.input_mlp if fused_forward is not None else None
+    if module is None or module.backend != "auto":
         return "graph"
-    if single._between_active() or not contiguous:
-        return "original"
-    layers = single.layers
-    weights, biases = [lin.weight for lin in layers], [lin.bias for lin in layers]
-    return compiled_choice(single, weights, biases, bucket, grad_mode, x_grad)
+    if isinstance(module, FusedMLP):
+        if module._between_active() or not contiguous:
+            return "original"
+        layers = module.layers
+        weights, biases = [lin.weight for lin in layers], [lin.bias for lin in layers]
+    else:  # LinearGELU
+        if not contiguous:
+            return "original"
+        weights, biases = [module.weight], [module.bias]
+    return compiled_choice(module, weights, biases, bucket, grad_mode, x_grad)
 
 
 _input_mlp_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
@@ -1392,6 +1407,7 @@ def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
 def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: str) -> None:
     prefix = path if not path or path.endswith(".") else f"{path}."
     before = len(ctx.report.fused)
+    unfused = _unfused_copy(gm)  # (before fusing: what a compile traces on the original path)
     if _fuse_graph(gm, ctx, prefix):
         # The fused modules registered on the module too: modules(), named_modules(), hooks
         # and .to() see them (they hold no tensors of their own: state_dict() is unchanged).
@@ -1401,7 +1417,7 @@ def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: s
             if local not in module._modules and not hasattr(module, local):
                 module.add_module(local, gm.get_submodule(local))
         # An instance attribute: nn.Module.__call__ (hooks included) runs it as the forward.
-        object.__setattr__(module, "forward", _FusedForward(module, gm))
+        object.__setattr__(module, "forward", _FusedForward(module, gm, traced=unfused))
         ctx.report.notes.append(
             f"{prefix.rstrip('.') or type(module).__name__} ({type(module).__name__}) keeps its "
             "modules and state_dict; its forward runs the fused graph"

@@ -5,6 +5,7 @@ the fused path and the original one (dualk.module_choice)."""
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import types
 
@@ -992,3 +993,62 @@ def test_one_mlp_graph_runs_the_modules_plan_directly(monkeypatch):
         del inner.__dict__["_fast"]  # no plan: the module's own forward, PyTorch's answer
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
         assert len(forwards) == 3 and len(served) == 4
+
+
+class _Intermediate(nn.Module):
+    """BERT's intermediate: dense + GELU (fused alone: a LinearGELU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense, self.act = nn.Linear(8, 16), nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.dense(x))
+
+
+class _UntraceableLayers(nn.Module):
+    """A model torch.fx cannot trace (Python control flow on a tensor's value): its children
+    are fused one by one, as BERT's are."""
+
+    def __init__(self):
+        super().__init__()
+        self.inter = nn.ModuleList(_Intermediate() for _ in range(2))
+        self.out = nn.ModuleList(nn.Linear(16, 8) for _ in range(2))
+
+    def forward(self, x):
+        for inter, out in zip(self.inter, self.out):
+            x = x + out(inter(x))
+        return x if bool(x.sum() != 0) else -x
+
+
+def test_compiled_submodule_graphs_on_the_original_path_trace_their_unfused_graph(
+    measured, monkeypatch
+):
+    # Chains fused inside submodules (timm's Mlp: a FusedMLP; BERT's intermediate: a
+    # LinearGELU) whose compiled choice is original: Dynamo traces each submodule's unfused
+    # graph (a copy of its trace before fusing, over its own children), not the fused modules,
+    # and reaches no object by a second path.
+    torch.manual_seed(25)
+    for model in (_Blocks().eval(), _UntraceableLayers().eval()):
+        fused = fuse(copy.deepcopy(model))
+        inner = _fused_modules(fused)
+        assert inner and all(
+            _fused_forward(owner).traces_original
+            for owner in fused.modules()
+            if type(owner.__dict__.get("forward")).__name__ == "_FusedForward"
+        )
+        x = torch.randn(4, 8)
+        for choice in ("original", "fused"):
+            monkeypatch.setattr(module_choice, "compiled_path", lambda *args, c=choice: c)
+            with torch.no_grad():
+                torch._dynamo.reset()
+                explained = torch._dynamo.explain(fused)(x)
+                guards = " ".join(str(g) for g in explained.out_guards)
+                reached = re.search(r"dualk_(fused_mlp|linear_gelu)_\d", guards) is not None
+                assert reached == (choice == "fused"), choice
+                if choice == "original":
+                    assert _aliasing_guards(fused, x) <= _aliasing_guards(model, x)
+                torch._dynamo.reset()
+                got = torch.compile(fused, backend="eager")(x)
+                torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
