@@ -1135,11 +1135,9 @@ class _FusedForward:
                 fast is not None
                 and _runs_forward_alone(single)
                 and not self._children_changed()
-                and fast.usable(single)
+                and (out := fast.serve(single, args[0])) is not None
             ):
-                out = fast.plan.run(args[0])
-                if out is not None:
-                    return out
+                return out
         if len(args) == 1 and not kwargs and isinstance(a := args[0], _Tensor):
             # A call like the last one served by the original path or by the fused graph, told by
             # its fields (_call_signature's, inline: as a function, its frame and loop cost 1.1

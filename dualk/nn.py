@@ -460,6 +460,11 @@ class _FastPath:
         self.generation, self.tf32, self.buckets = generation, tf32, buckets
         self.poison = poison
 
+    def serve(self, module, x):
+        """module(x) by the plan, or None where it cannot serve the call (usable's checks, then
+        the C++ side's)."""
+        return self.plan.run(x) if self.usable(module) else None
+
     def usable(self, module) -> bool:
         # (forward has taken its compiled branch already: torch.compile is not tracing here)
         return not (
@@ -730,10 +735,8 @@ class FusedMLP(nn.Module):
         if _is_compiling():
             return self._compiled_forward(x)
         fast = self.__dict__.get("_fast")
-        if fast is not None and fast.usable(self):
-            out = fast.plan.run(x)
-            if out is not None:
-                return out
+        if fast is not None and (out := fast.serve(self, x)) is not None:
+            return out
         layers = self.layers
         weights = [lin.weight for lin in layers]
         biases = [lin.bias for lin in layers]

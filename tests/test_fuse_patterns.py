@@ -973,6 +973,7 @@ def test_one_mlp_graph_runs_the_modules_plan_directly(monkeypatch):
 
     class Fast:
         plan = Plan()
+        serve = dualk.nn._FastPath.serve
 
         def usable(self, module):
             return module is inner
