@@ -60,6 +60,21 @@ __device__ __forceinline__ float gelu_erf(float v) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
+// silu for 16-bit outputs: v * rcp(1 + 2^(-v log2 e)) with MUFU.EX2 and MUFU.RCP (ex2.approx,
+// rcp.approx: a few fp32 ulps, far below a 16-bit rounding). silu's expf and IEEE division take
+// ~20 instructions per element; in linear_glu's 128 x (2 x 128) Hopper tile, where both consumer
+// warpgroups run the epilogue while the tensor cores idle, they were a few % of the tile's time
+// (experiments/NOTES-linear-glu.md, session 27). Large negative v: 2^(...) -> inf, rcp -> 0,
+// v * 0 = -0 (silu(-inf) is NaN, as in torch). Not in apply_activation_16bit: the wide fused
+// MLP's silu kernels (64-wide last layer) then spilled a register.
+__device__ __forceinline__ float silu_fast(float v) {
+  constexpr float kMinusLog2e = -1.4426950408889634f;
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * kMinusLog2e));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+  return v * r;
+}
+
 // tanh-gelu for 16-bit outputs: h + h tanh(z), h = v / 2, z = v (sqrt(2/pi) + sqrt(2/pi) 0.044715
 // v^2), with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
 // backend's TMA epilogue). Was v / (1 + 2^(-2z log2 e)): ex2 and a reciprocal, two MUFU ops

@@ -677,7 +677,7 @@ def test_fast_path_serves_a_fused_model():
     x = torch.randn(32, 100, device=DEVICE, dtype=torch.float16)
     with torch.no_grad():
         outs = [fused(x) for _ in range(3)]
-        ref = model.double()(x.double())
+        ref = copy.deepcopy(model).double()(x.double())  # (fused shares model's parameters)
     inner = [m for m in fused.modules() if isinstance(m, FusedMLP)]
     assert len(inner) == 1 and "_fast" in inner[0].__dict__
     for out in outs:
@@ -700,6 +700,10 @@ def test_fast_path_serves_a_fused_model():
         assert torch.equal(fused(x), outs[0])
         assert hooked == [1] and forwards == [1] and served == [True, True]
         handle.remove()
+    # Parameters changed under the plan (shared with model): the plan must not serve them.
+    model.double()
+    with torch.no_grad(), pytest.raises(dualk.DtypeError, match="float64"):
+        fused(x)
 
 
 def test_a_provisional_decision_is_planned_for_a_while(monkeypatch):
