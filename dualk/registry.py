@@ -94,6 +94,10 @@ class OpSpec:
     # raises a DualkError unless the implementations' arguments make a valid call (explain and
     # runtime.operators.run call it; the built-in operators check in dualk/runtime/operators.py)
     check: Callable[..., Any] | None = None
+    # (backend, the implementations' arguments) -> why that backend's kernel cannot run this
+    # shape, or None; asked by auto only where the answer needs no build (Triton: its background
+    # tuner would only fail on such a class)
+    kernel_limit: Callable[[str, tuple], str | None] | None = None
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
@@ -508,6 +512,21 @@ def _mlp_cost(s: Sample) -> Cost:
     return Cost(flops, nbytes)
 
 
+_mlp_limits: dict = {}
+
+
+def _mlp_kernel_limit(backend: str, args) -> str | None:
+    """Why `backend`'s one-kernel MLP cannot hold these widths on chip (the Triton kernel pads
+    every width to at most 256), remembered per (backend, widths, dtype)."""
+    x, weights = args[0], args[1]
+    widths = (weights[0].shape[1], *(w.shape[0] for w in weights))
+    key = (backend, widths, x.dtype)
+    if key not in _mlp_limits:
+        check = OPS["fused_mlp"].backend_function(backend, "fused_mlp_unsupported_reason")
+        _mlp_limits[key] = check(list(widths), x.dtype)
+    return _mlp_limits[key]
+
+
 def _mlp_key(args) -> tuple:
     """M rounded up to a power of two; every width exact; which layers have a bias; the
     activation; the layout of x."""
@@ -634,7 +653,8 @@ OPS: Mapping[str, OpSpec] = {
         # at 64 wide on the H200) trails Triton.
         OpSpec("fused_mlp", torch_ref.fused_mlp, _impls("fused_mlp"),
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm",
-               key=_mlp_key, key_fields=("m", "widths", "biases", "activation", "layout")),
+               key=_mlp_key, key_fields=("m", "widths", "biases", "activation", "layout"),
+               kernel_limit=_mlp_kernel_limit),
         # linear_glu: nothing measured on a GPU yet (issue 35; bench/linear_glu_llama.py is the
         # run that decides): "auto" times the CUDA kernel (Hopper: cuda_src/linear_glu.cu's
         # wgmma kernel), Triton and PyTorch's two GEMMs and gate.

@@ -4,7 +4,9 @@ On an H200 (session 27) the fuse'd 112-128-128-10 fp16 module cost 11.9 us per c
 and 18.6 at 4096, while dualk.fused_mlp(backend="cuda") cost 7.7 host us at both sizes. Extra
 host time that grows with the kernel's own time looks like a wait for the GPU on every call.
 This probe queues a long GPU sleep, then enqueues N calls of each path and reads the host time:
-a path that never waits enqueues in microseconds; one that waits shows the sleep.
+a path that never waits enqueues in microseconds; one that waits shows the sleep. It also
+sets the C++ plan's run (MlpPlan.run) beside the extension's plain launch: the plan does less
+work per call, yet the module cost more host time than the functional call.
 
     python experiments/module_sync_probe.py [--rows 256 4096] [--json OUT]
 """
@@ -21,7 +23,9 @@ import torch
 from torch import nn
 
 import dualk
+from dualk.backends import cuda as cuda_backend
 from dualk.core import timing
+from dualk.dispatch import triton_tune
 
 SLEEP_US = 3000.0
 CALLS = 20
@@ -75,8 +79,16 @@ def main() -> int:
             for _ in range(60):
                 fused(x)
                 dualk.fused_mlp(x, ws, bs, activation="relu", backend="cuda")
+            # auto's final decisions (Triton's background tuner done): before that the module's
+            # decision is provisional and its C++ plan is not built (session 27's first run of
+            # this probe timed that state)
+            triton_tune.settle(lambda: (fused(x), torch.cuda.synchronize()), 90.0)
+            for _ in range(60):
+                fused(x)
             torch.cuda.synchronize()
             fast = fm.__dict__.get("_fast")
+            launch = cuda_backend.extension("mlp").fused_mlp
+            out_buf = torch.empty(rows, 10, device=dev, dtype=torch.float16)
             paths = {
                 "functional cuda": lambda: dualk.fused_mlp(
                     x, ws, bs, activation="relu", backend="cuda"
@@ -85,6 +97,7 @@ def main() -> int:
                 "fuse'd model": lambda: fused(x),
                 "FusedMLP module": lambda: fm(x),
                 "empty + nothing": lambda: torch.empty(rows, 10, device=dev, dtype=torch.float16),
+                "extension launch": lambda: launch(x, ws, bs, out_buf, 1),  # (1: relu)
             }
             if fast is not None:
                 paths["MlpPlan.run"] = lambda: fast.plan.run(x)

@@ -996,6 +996,32 @@ def test_heuristic_gives_wide_mlps_to_cuda_only_where_the_planner_takes_the_wide
     assert not heuristic._takes_wide_mlp_kernel(args((256, 256, 64)))  # CPU tensors: never
 
 
+def test_heuristic_gives_linear_glu_to_cuda_only_on_its_hopper_route_above_64_rows(monkeypatch):
+    """The untimed rule for linear_glu (session 27's measurements): CUDA where its planner takes
+    the Hopper wgmma route (asked, here faked) and x has more than 64 rows; torch at decode sizes,
+    off that route, or without the CUDA backend."""
+    spec = OPS["linear_glu"]
+    gen = torch.Generator().manual_seed(8)
+
+    def args(rows):
+        x = registry.randn((rows, 64), torch.bfloat16, "cpu", gen)
+        wg = registry.randn((96, 64), torch.bfloat16, "cpu", gen)
+        wu = registry.randn((96, 64), torch.bfloat16, "cpu", gen)
+        return (x, wg, wu, None, None, "silu", "tanh")
+
+    everything = ["cuda", "triton", "torch"]
+    for route_says, rows, expected in (
+        (True, 512, "cuda"), (True, 65, "cuda"), (True, 64, "torch"), (True, 16, "torch"),
+        (False, 512, "torch"),
+    ):  # fmt: skip
+        monkeypatch.setattr(heuristic, "_takes_hopper_glu_route", lambda a, s=route_says: s)
+        chosen, rule = autotune.heuristic(spec, args(rows), everything)
+        assert chosen == expected, (route_says, rows, rule)
+    assert autotune.heuristic(spec, args(512), ["triton", "torch"])[0] == "torch"
+    monkeypatch.undo()
+    assert not heuristic._takes_hopper_glu_route(args(512))  # CPU tensors: never
+
+
 def test_an_unknown_autotune_flag_warns_once_and_timing_stays_on(monkeypatch):
     monkeypatch.setattr(shared, "warned", set())
     monkeypatch.setenv("DUALK_AUTOTUNE", "maybe")

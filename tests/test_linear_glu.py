@@ -701,3 +701,34 @@ def test_cuda_route_names():
         assert route(512, 4096, 11008).startswith("portable")
     assert route(64, 64, 64, torch.float32) == "portable: two fp32 GEMMs + gated epilogue"
     assert route(64, 33, 64, torch.float16) == "portable: one-pass SIMT"
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
+def test_untimed_heuristic_asks_the_real_route():
+    """auto's untimed rule (capture, DUALK_AUTOTUNE=0) asks the CUDA planner for its route: the
+    Hopper wgmma route for aligned 16-bit calls on a 9.0 GPU, never for fp32 or a packed x's
+    off-16-byte rows; the answer is the same route the call then takes."""
+    from dualk.backends import cuda as cuda_backend
+    from dualk.dispatch import heuristic
+
+    if unavailable_reason("cuda", DEVICE) is not None:
+        pytest.skip(unavailable_reason("cuda", DEVICE))
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+
+    def args(m, k, n, dtype=torch.bfloat16, packed=False):
+        x = torch.randn(m, k, device=DEVICE).to(dtype)
+        if packed:
+            return (x, torch.randn(2 * n, k, device=DEVICE).to(dtype), None, None, None)
+        w = torch.randn(n, k, device=DEVICE).to(dtype)
+        return (x, w, w.clone(), None, None)
+
+    for a in (args(512, 256, 320), args(300, 128, 96, packed=True)):
+        route = cuda_backend.linear_glu_route(*a)
+        assert route == _cuda_route(a[0], *(a[1].chunk(2) if a[2] is None else a[1:3]))
+        assert heuristic._takes_hopper_glu_route((*a, "silu", "tanh")) == hopper, route
+    assert not heuristic._takes_hopper_glu_route(
+        (*args(256, 64, 64, torch.float32), "silu", "tanh")
+    )
+    assert not heuristic._takes_hopper_glu_route(
+        (*args(256, 33, 64, torch.float16), "silu", "tanh")
+    )

@@ -232,6 +232,34 @@ def test_a_failed_tuner_is_reported_and_the_class_falls_back(auto, monkeypatch, 
     assert len(tuners.jobs) == 1, "a failed class was tuned again"
 
 
+def test_a_shape_the_triton_kernel_cannot_hold_is_never_queued(auto, monkeypatch, tmp_path):
+    """fused_mlp wider than the Triton kernel's on-chip limit (width 320 pads to 512 > 256): no
+    background tuner (it would only fail on the class, as it did for a 512-wide MLP under DDP in
+    session 27), Triton rejected with the kernel's reason, a final decision at once."""
+    ran, timed = auto
+    tuners = Tuners(tmp_path)
+    monkeypatch.setattr(triton_tune, "WORKER", tuners)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 32, generator=gen)
+    weights = [torch.randn(320, 32, generator=gen) / 6, torch.randn(16, 320, generator=gen) / 18]
+    biases = [torch.randn(320, generator=gen), None]
+    out = dualk.fused_mlp(x, weights, biases, activation="relu")
+    ref = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
+    ref = ref @ weights[1].double().T
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+    assert tuners.jobs == [] and not triton_tune.background_pending()
+    expl = dualk.explain("fused_mlp", x, weights, biases, activation="relu")
+    why = expl.availability["triton"]
+    assert "pads to 512 > 256" in why and "not a candidate yet" not in why, why
+    assert not any("provisional" in n for n in expl.notes), expl.notes
+    args = (x, weights, biases, "relu")
+    assert autotune.decided(OPS["fused_mlp"], args) == "torch"
+    # a width the kernel holds is queued as before
+    small = [torch.randn(64, 32, generator=gen), torch.randn(16, 64, generator=gen)]
+    dualk.fused_mlp(x, small, [None, None], activation="relu")
+    assert len(tuners.jobs) == 1
+
+
 # ---------------------------------------------------------------------------- the bound
 def test_per_call_bound_one_tuner_and_queued_classes(auto, monkeypatch, tmp_path):
     """Calls counted per call: while tuners run, no call times anything or runs Triton; at most

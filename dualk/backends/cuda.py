@@ -1162,6 +1162,22 @@ def linear_glu(
     return out.reshape(*x.shape[:-1], n)
 
 
+def linear_glu_route(
+    x: torch.Tensor,
+    weight_gate: torch.Tensor,
+    weight_up: torch.Tensor | None = None,
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+) -> str | None:
+    """The route cuda_src/linear_glu.cu would take for these tensors (e.g. "sm90 wgmma
+    128x(2x128)"), as linear_glu passes them; launches nothing (the untimed heuristic asks it)."""
+    wg, wu, _, _ = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
+    x2d = as_rows(x)
+    wg, wu = (w if _unit_stride(w, 1) or _unit_stride(w, 0) else w.contiguous() for w in (wg, wu))
+    out = torch.empty((x2d.shape[0], wg.shape[0]), dtype=x.dtype, device=x.device)
+    return extension("gemm").linear_glu_route(_as_gemm_a(x2d), wg, wu, out)
+
+
 def linear_glu_train(
     x: torch.Tensor,
     weight_gate: torch.Tensor,

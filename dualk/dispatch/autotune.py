@@ -321,6 +321,10 @@ def _decide(
         available = []
         for name in spec.backends:
             reason = candidate_reason(name, device)
+            if reason is None and name == "triton" and spec.kernel_limit is not None:
+                # (before backend_state queues the class for the background tuner, which would
+                # only fail on it: fused_mlp wider than 256 on a 2-GPU DDP run, session 27)
+                reason = spec.kernel_limit(name, args)
             if reason is None and not explicit:  # `dualk tune` waits for builds instead
                 state, why = backend_state(name, spec, device, start=tune and blocked is None)
                 if state == "pending":

@@ -8,7 +8,10 @@ linear_gelu (cuBLASLt wins small M and square shapes; Triton only ties at 8192x7
 for fused_mlp the CUDA fused kernel when every width is <= 128 and the batch is not empty
 (fp32 seed model at B32/B4096, 16-bit 64/128 wide at B=2^20), or when the CUDA planner takes
 its wide Hopper kernel (16-bit, widths 129-256: 3.0x eager at 256x3 bf16 on an H100), else torch
-(eager beats the mma.sync kernel at 256 wide, 16-bit); linear_glu and any other operator: torch.
+(eager beats the mma.sync kernel at 256 wide, 16-bit); linear_glu: CUDA where its planner takes
+the Hopper wgmma route with more than 64 rows (session 27, LLaMA shapes at 512 and 8192 rows: 1.07-
+1.22x eager on an H100 and an H200; at 16 rows its narrow tile trails eager, Triton wins), else
+torch; any other operator: torch.
 """
 
 from __future__ import annotations
@@ -24,8 +27,25 @@ TORCH_RULES = {
     "matmul": "matmul: cuBLAS (torch) wins most shapes on H100/H200",
     "linear_gelu": "linear_gelu: cuBLASLt (torch) wins small M and square shapes on H100/H200",
     "fused_mlp": "fused_mlp without the CUDA backend: torch",
-    "linear_glu": "linear_glu: not measured on a GPU yet: PyTorch's GEMMs (torch)",
+    "linear_glu": "linear_glu off the CUDA Hopper route or with at most 64 rows: PyTorch's GEMMs "
+    "(torch)",
 }
+
+GLU_MIN_ROWS = 65  # the Hopper route's tiles are 128 rows; at 16 rows eager beat them (s27)
+
+
+def _takes_hopper_glu_route(args: tuple) -> bool:
+    """Whether the CUDA planner gives this linear_glu call its Hopper wgmma route (16-bit, TMA-
+    addressable operands, a 9.0 GPU: its own rule, asked rather than restated here)."""
+    x = args[0]
+    if not x.is_cuda:  # the extension takes CUDA tensors only
+        return False
+    try:
+        with torch.cuda.device(x.device):
+            route = cuda.linear_glu_route(*args[:5])
+    except Exception:  # the extension cannot say (a fake tensor, an older build): torch
+        return False
+    return route is not None and route.startswith("sm90 wgmma")
 
 
 def _takes_wide_mlp_kernel(args: tuple) -> bool:
@@ -60,6 +80,16 @@ def backend_for(spec: OpSpec, args: tuple, available: list[str]) -> tuple[str, s
         return "torch", (
             "fused_mlp wider than 128 off the wide kernel, or empty: eager torch (beats the "
             "mma.sync kernel at 256 wide, 16-bit)"
+        )
+    if (
+        spec.name == "linear_glu"
+        and "cuda" in available
+        and row_count(args[0]) >= GLU_MIN_ROWS
+        and _takes_hopper_glu_route(args)
+    ):
+        return "cuda", (
+            "linear_glu on the CUDA Hopper route, more than 64 rows: one kernel for both "
+            "projections (1.07-1.22x eager at LLaMA's shapes, 512 and 8192 rows, H100 and H200)"
         )
     return "torch", TORCH_RULES.get(
         spec.name,
