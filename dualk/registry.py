@@ -655,9 +655,9 @@ OPS: Mapping[str, OpSpec] = {
                ("cuda", "triton", "torch"), _mlp_cases(), _mlp_cost, "gemm",
                key=_mlp_key, key_fields=("m", "widths", "biases", "activation", "layout"),
                kernel_limit=_mlp_kernel_limit),
-        # linear_glu: nothing measured on a GPU yet (issue 35; bench/linear_glu_llama.py is the
-        # run that decides): "auto" times the CUDA kernel (Hopper: cuda_src/linear_glu.cu's
-        # wgmma kernel), Triton and PyTorch's two GEMMs and gate.
+        # linear_glu: "auto" times the CUDA kernel (Hopper: cuda_src/linear_glu.cu's wgmma
+        # kernel), Triton and PyTorch's two GEMMs and gate. bench/linear_glu_llama.py, LLaMA
+        # shapes, session 27 (H100 and H200): CUDA wins 512 and 8192 rows, Triton 16 rows.
         OpSpec("linear_glu", torch_ref.linear_glu, _impls("linear_glu"),
                ("cuda", "triton", "torch"), _glu_cases(), _glu_cost, "gemm",
                key=_glu_key, key_fields=("m", "k", "n_exact", "biases", "activation", "layout")),
