@@ -454,9 +454,10 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
         smem = padded_smem;
         kernel = pick_padded_kernel(a.dtype, bucket, a.activation);
         // Hopper: the same MLP on wgmma (fused_mlp_sm90.cu) when its plan fits; else as above.
-        kernel_name = plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem)
-                          ? "sm90 wgmma, resident weights"
-                          : "mma.sync, resident padded weights";
+        kernel_name = !plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem)
+                          ? "mma.sync, resident padded weights"
+                      : p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
+                                              : "sm90 wgmma, resident weights";
       }
     }
   }

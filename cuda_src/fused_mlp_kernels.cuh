@@ -57,6 +57,7 @@ struct MlpKernelParams {
   int last_chunks;       // padded mma: 32-column chunks of the last layer
   bool bulk_weights;     // simt, resident: weight rows arrive by sm_90 bulk copies (see below)
   int barrier_offset;    // bytes; simt with bulk_weights: one mbarrier per layer
+  int last_panel_rows;   // sm90 wgmma: rows of the last layer's weight panels (0: kWidth, padded)
 };
 
 // A 16-byte chunk holding only `elems` (< 16 bytes' worth) real elements at the end of a tensor's
