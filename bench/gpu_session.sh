@@ -30,7 +30,10 @@
 #                                        # vs tcnn (SMALL_ARGS), the zoo (ZOO_ARGS), linear_glu_llama (GLU_ARGS);
 #                                        # "probe": experiments/zoo_bias_probe.py --parts PROBE_PARTS;
 #                                        # "gap": experiments/glu_gap_probe.py; "ncuglu":
-#                                        # experiments/ncu_glu.sh (ncu of the gated kernel and the GEMM)
+#                                        # experiments/ncu_glu.sh (ncu of the gated kernel and the GEMM);
+#                                        # "compact": fused_mlp's staged compact last layer (its test,
+#                                        # small batch with it off / on); "sync":
+#                                        # experiments/module_sync_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -287,6 +290,27 @@ steps)
     ncuglu)
       timeout ${NCU_TIMEOUT:-240} bash experiments/ncu_glu.sh "$OUT" 2>&1 | tail -n 40
       say "ncu_glu: rc=$? in $(( $(date +%s) - t0 )) s"
+      ;;
+    compact)
+      # fused_mlp's staged compact last layer (DUALK_MLP_COMPACT_LAST, experiments/NOTES-mlp.md
+      # session 27): its GPU test, then the 5-layer 128-wide and 64-wide MLPs at 2^20 rows
+      # beside tiny-cuda-nn with the switch off and on
+      timeout ${COMPACT_TEST_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_parity.py -k "compact_last or fused_mlp" \
+        > "$OUT/pytest-compact.log" 2>&1
+      say "pytest (compact last layer, fused_mlp parity): rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 1 "$OUT/pytest-compact.log"
+      tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
+      for flag in 0 1; do
+        DUALK_MLP_COMPACT_LAST=$flag timeout 150 $PY bench/small_batch_latency.py $tcnn --only 128x4,64x4 \
+          --json "$OUT/small_compact_$flag.json" > /tmp/small_compact_$flag.log 2>&1
+        say "small_batch_latency (DUALK_MLP_COMPACT_LAST=$flag): rc=$?"
+        grep -E "^(config|128x4|64x4)" /tmp/small_compact_$flag.log
+      done
+      ;;
+    sync)
+      timeout ${SYNC_TIMEOUT:-150} $PY experiments/module_sync_probe.py --json "$OUT/module_sync.json" > /tmp/module_sync.log 2>&1
+      say "module_sync_probe: rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 14 /tmp/module_sync.log
       ;;
     glu)
       timeout ${GLU_TIMEOUT:-150} $PY bench/linear_glu_llama.py ${GLU_ARGS:-} --json "$OUT/linear_glu_llama.json" > /tmp/linear_glu_llama.log 2>&1
