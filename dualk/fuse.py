@@ -928,6 +928,8 @@ class _SharedFusedMLP(FusedMLP):
 
     def _between_active(self) -> bool:
         # A Dropout that drops now (training, p > 0): the fused kernels have no dropout.
+        if not self._between:  # nothing between the layers (the common chain): 0.54 -> 0.08 us
+            return False
         if _is_compiling():  # through _between, as _original_forward: one path per module
             return any(
                 type(m) is nn.Dropout and m.training and m.p > 0
