@@ -32,7 +32,7 @@
 #                                        # "gap": experiments/glu_gap_probe.py; "ncuglu":
 #                                        # experiments/ncu_glu.sh (ncu of the gated kernel and the GEMM);
 #                                        # "compact": fused_mlp's staged compact last layer (its test,
-#                                        # small batch with it off / on); "sync":
+#                                        # experiments/compact_probe.py off / on); "sync":
 #                                        # experiments/module_sync_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
@@ -293,18 +293,14 @@ steps)
       ;;
     compact)
       # fused_mlp's staged compact last layer (DUALK_MLP_COMPACT_LAST, experiments/NOTES-mlp.md
-      # session 27): its GPU test, then the 5-layer 128-wide and 64-wide MLPs at 2^20 rows
-      # beside tiny-cuda-nn with the switch off and on
-      timeout ${COMPACT_TEST_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_parity.py -k "compact_last or fused_mlp" \
+      # session 27): its GPU test, then which kernel runs the 5-layer MLPs and how fast, with the
+      # switch off and on (experiments/compact_probe.py)
+      timeout ${COMPACT_TEST_TIMEOUT:-120} $PY -m pytest -q -p no:cacheprovider tests/test_parity.py -k "compact_last" \
         > "$OUT/pytest-compact.log" 2>&1
-      say "pytest (compact last layer, fused_mlp parity): rc=$? in $(( $(date +%s) - t0 )) s"
-      tail -n 1 "$OUT/pytest-compact.log"
-      tcnn=""; [ -x .peers/tcnn/tcnn_bench ] && tcnn="--tcnn .peers/tcnn"
+      say "pytest (compact last layer): rc=$? in $(( $(date +%s) - t0 )) s"
+      tail -n 3 "$OUT/pytest-compact.log"
       for flag in 0 1; do
-        DUALK_MLP_COMPACT_LAST=$flag timeout 150 $PY bench/small_batch_latency.py $tcnn --only 128x4,64x4 \
-          --json "$OUT/small_compact_$flag.json" > /tmp/small_compact_$flag.log 2>&1
-        say "small_batch_latency (DUALK_MLP_COMPACT_LAST=$flag): rc=$?"
-        grep -E "^(config|128x4|64x4)" /tmp/small_compact_$flag.log
+        DUALK_MLP_COMPACT_LAST=$flag timeout 90 $PY experiments/compact_probe.py 2>&1 | tee -a "$OUT/compact_probe.log"
       done
       ;;
     sync)

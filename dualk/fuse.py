@@ -67,6 +67,7 @@ from .nn import (
     kernel_activation,
     linear_problem,
     module_activation,
+    runs_forward_alone,
     traced_rows_bucket,
 )
 
@@ -200,9 +201,10 @@ def fuse(
             if _fuse_graph(gm, ctx, "") and unfused is not None:
                 object.__setattr__(gm, "forward", _FusedForward(gm, gm, original=unfused))
                 # nn.Module's call without fx's wrapper around it (which only words errors of
-                # the generated code: 0.9 us a call on a CPU-only host). The class is this
-                # GraphModule's own; recompile() and copies restore the wrapper.
-                type(gm).__call__ = nn.Module.__call__
+                # the generated code: 0.9 us a call on a CPU-only host), and where the graph is
+                # one FusedMLP with a C++ plan, that plan without nn.Module's call at all. The
+                # class is this GraphModule's own; recompile() and copies restore the wrapper.
+                type(gm).__call__ = _fused_graph_call
             result = gm
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
     fused_nodes = {node for chain in rep.fused for node in chain.nodes}
@@ -1135,7 +1137,7 @@ class _FusedForward:
             fast = single.__dict__.get("_fast")
             if (
                 fast is not None
-                and _runs_forward_alone(single)
+                and runs_forward_alone(single)
                 and not self._children_changed()
                 and (out := fast.serve(single, args[0])) is not None
             ):
@@ -1222,32 +1224,30 @@ class _FusedForward:
         )
 
 
-# nn.Module's global hooks: dicts that registering a hook adds to in place, so bound once
-_module_globals = torch.nn.modules.module
-_global_hook_dicts = tuple(
-    getattr(_module_globals, name)
-    for name in (
-        "_global_forward_hooks",
-        "_global_forward_pre_hooks",
-        "_global_backward_hooks",
-        "_global_backward_pre_hooks",
-    )
-    if isinstance(getattr(_module_globals, name, None), dict)
-)
-
-
-def _runs_forward_alone(module: nn.Module) -> bool:
-    """module(x) would be module.forward(x) and nothing else: no hooks of its own or global ones
-    (nn.Module._call_impl's test), not compiled in place by module.compile()."""
-    d = module.__dict__
-    return not (
-        d.get("_compiled_call_impl") is not None
-        or module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or any(_global_hook_dicts)
-    )
+def _fused_graph_call(self, *args, **kwargs):
+    """__call__ of fuse's whole-model GraphModule: where its graph is `return self.<FusedMLP>(x)`
+    (the seed's MLP) and that module has a C++ plan, the plan serves the call when neither module
+    has hooks (what nn.Module's call and the forward object would check first: 2 of a fuse'd
+    small-batch model's ~17 us of host time per call on an H200 host); else nn.Module's call
+    (looked up now: torch.fx patches it while tracing)."""
+    # (compiling first: a trace reads nothing here, so it guards on nothing more)
+    if (
+        not _is_compiling()
+        and type(forward := self.__dict__.get("forward")) is _FusedForward
+        and forward.single_mlp
+        and len(args) == 1
+        and not kwargs
+    ):
+        single = forward.single
+        fast = single.__dict__.get("_fast")
+        if (
+            fast is not None
+            and runs_forward_alone(self, single)
+            and not forward._children_changed()
+            and (out := fast.serve(single, args[0])) is not None
+        ):
+            return out
+    return nn.Module.__call__(self, *args, **kwargs)
 
 
 def _input_mlp(graph: fx.GraphModule) -> nn.Module | None:

@@ -10,6 +10,11 @@ D: the same for nerf_mlp_train, plus a "floor" model: the same parameters behind
    Function that returns a stored output and stored gradients (no kernels), so the step's cost
    outside the model (zero_grad, the loss and its backward, autograd's engine, SGD) is measured
    alone: no model can make the step faster than that floor.
+E. The host-bound vision rows (timm ViT-S and Mixer-B, the zoo's, eval + no_grad): the original,
+   a copy, fuse(original) with module_choice's own decisions, and the same fused model with every
+   forward object dualk set removed (each module's class forward, the fused modules left as
+   unused children), so that what the fused model costs on the original path splits into
+   dualk's per-call code and the rest (object layout, extra children).
 
     python experiments/zoo_bias_probe.py [--json OUT.json]
 """
@@ -186,13 +191,58 @@ def part_b(device, name="mlp256x4_train", floor=False):
     return res
 
 
+def part_e(device):
+    res = {}
+    for name in ("vit_small", "mixer_b16"):
+        spec = MODELS[name]
+        torch.manual_seed(0)
+        built = spec.build(device, spec.dtype, "gpu")
+        m = built.model.eval()
+        args, kwargs = built.make_inputs()
+        copied = _copy_sharing_tensors(m)
+        fused = dualk.fuse(m)
+        plain = dualk.fuse(_copy_sharing_tensors(m))
+        fns = {
+            "original": lambda m=m: m(*args, **kwargs),
+            "copy": lambda m=copied: m(*args, **kwargs),
+            "fused": lambda m=fused: m(*args, **kwargs),
+            "fused, class forwards": lambda m=plain: m(*args, **kwargs),
+        }
+        with torch.no_grad():
+            for fn in fns.values():
+                for _ in range(5):
+                    fn()
+            triton_tune.settle(lambda: (fns["fused"](), torch.cuda.synchronize()), 60)
+            for _ in range(3):
+                fns["fused"]()
+                fns["fused, class forwards"]()
+            paths = sorted(
+                {
+                    str(q.__dict__.get("_last_path"))
+                    for q in fused.modules()
+                    if "_last_path" in q.__dict__
+                }
+            )
+            stripped = 0
+            for q in plain.modules():
+                if "forward" in q.__dict__:
+                    del q.__dict__["forward"]
+                    stripped += 1
+            res[name] = alternate(fns)
+            res[name]["paths"] = paths
+            res[name]["stripped_forwards"] = stripped
+        print(name, json.dumps(res[name], indent=1))
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
     p.add_argument(
         "--parts",
         default="a,b",
-        help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's)",
+        help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
+        "e (ViT and Mixer on the original path)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -209,6 +259,8 @@ def main():
         out["train_wide_bf16"] = part_b(device, "mlp_wide_train_bf16")
     if "d" in a.parts.split(","):
         out["train_nerf"] = part_b(device, "nerf_mlp_train", floor=True)
+    if "e" in a.parts.split(","):
+        out["vision_original_path"] = part_e(device)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

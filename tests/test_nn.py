@@ -669,6 +669,64 @@ def test_fast_path_follows_the_poisoning_switch_and_the_backend(monkeypatch):
     assert served == [True]
 
 
+def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
+    # FusedMLP.__call__ serves a call from its C++ plan (on a GPU: _FastPath) before nn.Module's
+    # call, where that would only call forward; hooks, torch.fx tracing and torch.compile still
+    # see a module called as before. On the CPU the plan is a stand-in that counts its calls.
+    torch.manual_seed(11)
+    m = FusedMLP([8, 16, 4])
+    x = torch.randn(3, 8)
+    planned = torch.full((3, 4), 7.0)
+    served, forwards, hooked = [], [], []
+
+    class Plan:
+        def run(self, arg):  # (as the C++ plan: a plain tensor or nothing)
+            if type(arg) is not torch.Tensor:
+                return None
+            served.append(arg is x)
+            return planned
+
+    class Fast:
+        plan = Plan()
+        serve = dualk.nn._FastPath.serve
+
+        def usable(self, module):
+            return module is m
+
+    real_forward = FusedMLP.forward
+
+    def counting_forward(self, arg):
+        forwards.append(1)
+        return real_forward(self, arg)
+
+    monkeypatch.setattr(FusedMLP, "forward", counting_forward)
+    m.__dict__["_fast"] = Fast()
+    with torch.no_grad():
+        assert m(x) is planned and served == [True] and forwards == []
+        handle = m.register_forward_hook(lambda *a: hooked.append(1))
+        assert m(x) is planned  # a hook: nn.Module's call, whose forward takes the plan
+        assert hooked == [1] and forwards == [1] and served == [True, True]
+        handle.remove()
+        pre = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+        assert m(x) is planned and served[-1] is False  # the hook's input reached the plan
+        pre.remove()
+    # torch.fx sees a module call (FusedMLP a leaf, as dualk.fuse traces it), not the plan
+    class Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, mod, name):
+            return isinstance(mod, FusedMLP) or super().is_leaf_module(mod, name)
+
+    graph = Tracer().trace(nn.Sequential(m, nn.ReLU()))
+    assert [n.op for n in graph.nodes].count("call_module") == 2
+    assert len(served) == 3
+    # gradients on: the plan declines (the stand-in serves anything, so forget it first)
+    del m.__dict__["_fast"]
+    out = m(x)
+    assert out.requires_grad and len(forwards) == 3
+    with torch.no_grad():
+        ref = m.to_sequential().double()(x.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_fast_path_serves_a_fused_model():
     _skip("cuda")
     torch.manual_seed(4)
