@@ -458,6 +458,15 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
                           ? "mma.sync, resident padded weights"
                       : p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
                                               : "sm90 wgmma, resident weights";
+      } else if (plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem) &&
+                 threads >= 2 * 128) {
+        // Hopper: layers the padded kernel cannot hold may still fit the wgmma kernel with its
+        // compact last layer (tiny-cuda-nn's 128-128-128-128-128-16: 3 warpgroups); with fewer
+        // than 2 warpgroups the per-layer-group mma.sync kernel below stays (it ran 756 us there).
+        kernel_name = p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
+                                            : "sm90 wgmma, resident weights";
+      } else {
+        kernel = nullptr;  // (a refused plan may have set it)
       }
     }
   }

@@ -595,12 +595,12 @@ template <typename T> KernelFn pick_wgmma_kernel(int bucket, Activation act) {
                       : pick_by_activation<WgmmaPick<T, 128>::template By>(act);
 }
 
-// The compact last layer is staged off until a GPU run checks it (session 27 wrote it without
-// device time): DUALK_MLP_COMPACT_LAST=1 turns it on (read once per process).
+// The compact last layer is on unless DUALK_MLP_COMPACT_LAST=0 (read once per process: the
+// A/B switch of experiments/compact_probe.py and the tests).
 inline bool compact_last_layer_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("DUALK_MLP_COMPACT_LAST");
-    return v != nullptr && v[0] == '1';
+    return v == nullptr || v[0] != '0';
   }();
   return on;
 }

@@ -15,6 +15,9 @@ E. The host-bound vision rows (timm ViT-S and Mixer-B, the zoo's, eval + no_grad
    forward object dualk set removed (each module's class forward, the fused modules left as
    unused children), so that what the fused model costs on the original path splits into
    dualk's per-call code and the rest (object layout, extra children).
+F. Where the fused vision / BERT forward's extra host time goes: cProfile of 20 forwards of the
+   original and of fuse(original) (eval, no_grad, after settling), the top functions by own
+   time, and each _FusedForward's state (which branch a like call takes).
 
     python experiments/zoo_bias_probe.py [--json OUT.json]
 """
@@ -235,6 +238,73 @@ def part_e(device):
     return res
 
 
+def part_f(device):
+    import cProfile
+    import io
+    import pstats
+
+    from dualk.fuse import _FusedForward
+
+    res = {}
+    for name in ("bert", "vit_small"):
+        spec = MODELS[name]
+        torch.manual_seed(0)
+        built = spec.build(device, spec.dtype, "gpu")
+        m = built.model.eval()
+        args, kwargs = built.make_inputs()
+        fused = dualk.fuse(_copy_sharing_tensors(m))
+        runs = {"original": lambda: m(*args, **kwargs), "fused": lambda: fused(*args, **kwargs)}
+        out = {}
+        with torch.no_grad():
+            for fn in runs.values():
+                for _ in range(5):
+                    fn()
+            triton_tune.settle(lambda: (runs["fused"](), torch.cuda.synchronize()), 60)
+            for _ in range(5):
+                runs["fused"]()
+            torch.cuda.synchronize()
+            for which, fn in runs.items():
+                prof = cProfile.Profile()
+                t0 = time.perf_counter()
+                prof.enable()
+                for _ in range(20):
+                    fn()
+                prof.disable()
+                host = (time.perf_counter() - t0) / 20 * 1e6
+                torch.cuda.synchronize()
+                text = io.StringIO()
+                stats = pstats.Stats(prof, stream=text)
+                stats.sort_stats("tottime").print_stats(18)
+                out[which] = {"host_us_profiled": host, "top": text.getvalue()[-4000:]}
+                print(f"== {name} {which}: {host:.0f} us per forward under cProfile")
+                print(text.getvalue()[-3500:])
+        forwards = [
+            q.__dict__["forward"]
+            for q in fused.modules()
+            if isinstance(q.__dict__.get("forward"), _FusedForward)
+        ]
+        out["forward_objects"] = [
+            {
+                "owner": type(f.owner).__name__,
+                "last_original": f.last_original is not None,
+                "last_graph": f.last_graph is not None,
+                "original_calls": len(f.original_calls),
+                "single_mlp": f.single_mlp,
+            }
+            for f in forwards[:3]
+        ]
+        out["paths"] = sorted(
+            {
+                str(q.__dict__.get("_last_path"))
+                for q in fused.modules()
+                if "_last_path" in q.__dict__
+            }
+        )
+        print(name, "forward objects:", len(forwards), out["forward_objects"], out["paths"])
+        res[name] = out
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
@@ -242,7 +312,7 @@ def main():
         "--parts",
         default="a,b",
         help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
-        "e (ViT and Mixer on the original path)",
+        "e (ViT and Mixer on the original path), f (cProfile of BERT and ViT, original vs fused)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -261,6 +331,8 @@ def main():
         out["train_nerf"] = part_b(device, "nerf_mlp_train", floor=True)
     if "e" in a.parts.split(","):
         out["vision_original_path"] = part_e(device)
+    if "f" in a.parts.split(","):
+        out["profile"] = part_f(device)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -159,9 +159,10 @@ print("compact last layer: ok")
 
 
 def test_compact_last_layer_when_enabled():
-    """The staged compact last layer of the Hopper wgmma MLP kernel (DUALK_MLP_COMPACT_LAST=1, off
-    by default until a GPU run checks it): 5 layers of 128 with outputs of 10-64 columns take it
-    (3 warpgroups instead of 1) and match the float64 reference, tails and one row included."""
+    """The compact last layer of the Hopper wgmma MLP kernel (on unless DUALK_MLP_COMPACT_LAST=0;
+    set to 1 here): 5 layers of 128 with outputs of 10-64 columns take it (3 warpgroups, where
+    the padded layouts of both kernels fit too few) and match the float64 reference, tails and
+    one row included."""
     import os
     import subprocess
     import sys
