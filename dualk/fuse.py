@@ -1046,6 +1046,10 @@ class _FusedForward:
     function, so deepcopy and pickle follow it."""
 
     MAX_SIGNATURES = 64
+    # Like inference calls served by the original path (last_original's branch): at
+    # RESTORE_AFTER the owner gets its original forward back (_restore).
+    original_streak = 0
+    restored = False
     # The signature of the last positional-only call served by the class's forward (one in
     # original_calls), or None. A like call, the common one, is told by comparing its fields to
     # it, without building a signature: on a CPU-only host, a BertIntermediate whose LinearGELU
@@ -1150,6 +1154,10 @@ class _FusedForward:
             grad, clears = _is_grad_enabled(), _clears()
             last = self.last_original
             if last is not None and last[2] == fields and last[0] is grad and last[1] == clears:
+                if not grad:
+                    self.original_streak += 1
+                    if self.original_streak == RESTORE_AFTER:
+                        self._restore()
                 original = self.original
                 if original is not None:
                     return original.forward(a)
@@ -1203,6 +1211,28 @@ class _FusedForward:
         """The fused graph's forward code: torch.compile of a GraphModule reads its forward's
         __code__ (a GraphModule owner's forward is this object)."""
         return type(self.graph).forward.__code__
+
+    def _restore(self) -> None:
+        """Gives the owner back its original forward (the class's, or for fuse's whole-model
+        GraphModule the unfused graph's) once RESTORE_AFTER like inference calls have run the
+        original path and every fused module's choice is final and "original": such a call
+        then runs no dualk code at all (on an H200 host, ViT-S's 12 Mlp forward objects cost
+        3-4% of its host-bound eager forward). Not where a fused module may still be measured
+        (a provisional or missing decision) or has hooks. From then on the owner is its
+        original module: `dualk.fuse` the model again to measure other shapes."""
+        for m in self.fused:
+            memo = m.__dict__.get("_choice_memo")
+            if memo is None or memo[1] != "original" or not runs_forward_alone(m):
+                return
+        owner = self.owner
+        if owner.__dict__.get("forward") is not self:
+            return
+        if self.original is not None:  # (a GraphModule: its class forward is the fused graph)
+            object.__setattr__(owner, "forward", self.original.forward)
+        else:
+            del owner.__dict__["forward"]
+        self.restored = True
+        _RESTORED.add(owner)
 
     def _run_graph(self, *args, **kwargs):
         if self.graph_is_owner:  # the fused GraphModule itself: its forward is this object
@@ -1284,6 +1314,11 @@ def _single_module(graph: fx.GraphModule) -> nn.Module | None:
 
 
 # Every _FusedForward by id(): _children_unchanged finds one while Dynamo traces.
+# Where to give an owner back its original forward (_FusedForward._restore); a module constant
+# that tests lower.
+RESTORE_AFTER = 32
+# The owners whose forward was restored, for tests and the report (weak: models come and go)
+_RESTORED: weakref.WeakSet = weakref.WeakSet()
 _FUSED_FORWARDS: weakref.WeakValueDictionary[int, _FusedForward] = weakref.WeakValueDictionary()
 
 

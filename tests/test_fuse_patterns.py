@@ -5,6 +5,7 @@ the fused path and the original one (dualk.module_choice)."""
 from __future__ import annotations
 
 import copy
+import pickle
 import re
 import sys
 import types
@@ -602,6 +603,51 @@ def test_submodule_whose_fused_modules_run_original_runs_its_own_forward(measure
     with torch.no_grad():
         fused(torch.randn(5, 8))  # another signature: through the fused graph again
     assert calls == [1, 1, 1, 1]
+
+
+def test_owner_gets_its_original_forward_back(measured, monkeypatch):
+    # Many like inference calls on the original path, every fused module's choice final: the
+    # owner's forward is its own again (no dualk code per call). Training calls, and fused
+    # modules with hooks, never restore.
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+    torch.manual_seed(31)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    blocks = list(fused.mlps)
+    forwards = [_fused_forward(b) for b in blocks]
+    x = torch.randn(4, 8)
+    for _ in range(6):  # gradients on: no restore
+        fused(x).sum().backward()
+    assert all("forward" in b.__dict__ for b in blocks)
+    hooked = next(m for m in blocks[1].modules() if isinstance(m, FusedMLP))
+    handle = hooked.register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        for _ in range(6):
+            y = torch.randn(4, 8)
+            torch.testing.assert_close(fused(y), model(y), rtol=1e-5, atol=1e-6)
+    assert "forward" not in blocks[0].__dict__ and forwards[0].restored  # the class's forward
+    assert "forward" in blocks[1].__dict__ and not forwards[1].restored  # (a hook)
+    handle.remove()
+    with torch.no_grad():
+        y = torch.randn(9, 8)  # another shape: the restored block is its original module
+        torch.testing.assert_close(fused(y), model(y), rtol=1e-5, atol=1e-6)
+    assert copy.deepcopy(fused)(y).shape == (9, 8)
+    # fuse's whole-model GraphModule: the unfused graph's forward
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    gm = fuse(seq)
+    ff = _fused_forward(gm)
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(gm(x), seq(x), rtol=1e-5, atol=1e-6)
+    assert ff.restored and gm.forward == ff.original.forward
+    (inner,) = [m for m in gm.modules() if isinstance(m, FusedMLP)]
+    inner.__dict__["_last_path"] = None
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), seq(x), rtol=1e-5, atol=1e-6)
+        assert inner.__dict__["_last_path"] is None  # not called
+        torch.testing.assert_close(copy.deepcopy(gm)(x), seq(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
 def _fused_forward(module: nn.Module):

@@ -710,6 +710,7 @@ def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
         pre = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
         assert m(x) is planned and served[-1] is False  # the hook's input reached the plan
         pre.remove()
+
     # torch.fx sees a module call (FusedMLP a leaf, as dualk.fuse traces it), not the plan
     class Tracer(torch.fx.Tracer):
         def is_leaf_module(self, mod, name):

@@ -143,7 +143,7 @@ for widths, act, dtype, rows in [
     ((128,) * 5 + (16,), "relu", torch.float16, 5003),
     ((128,) * 5 + (10,), "gelu", torch.bfloat16, 777),
     ((100,) + (128,) * 4 + (32,), "silu", torch.float16, 4133),
-    ((128,) * 5 + (64,), "none", torch.bfloat16, 129),
+    ((128,) * 5 + (24,), "none", torch.bfloat16, 129),
     ((128,) * 5 + (16,), "relu", torch.bfloat16, 1),
 ]:
     weights, biases = mlp_parameters(widths, dtype, "cuda", gen)
@@ -160,9 +160,10 @@ print("compact last layer: ok")
 
 def test_compact_last_layer_when_enabled():
     """The compact last layer of the Hopper wgmma MLP kernel (on unless DUALK_MLP_COMPACT_LAST=0;
-    set to 1 here): 5 layers of 128 with outputs of 10-64 columns take it (3 warpgroups, where
-    the padded layouts of both kernels fit too few) and match the float64 reference, tails and
-    one row included."""
+    set to 1 here): 5 layers of 128 with outputs of 10-32 columns take it (2-3 warpgroups, where
+    the padded layouts of both kernels fit too few; 64 columns fit one warpgroup, which the
+    launcher leaves to the mma.sync kernel) and match the float64 reference, tails and one row
+    included."""
     import os
     import subprocess
     import sys
