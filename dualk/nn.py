@@ -350,7 +350,6 @@ _is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the 
 _any_autocast = route.any_autocast
 _transforms_active = route.transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
-_poisoning, _generation = alloc.poisoning, autotune.generation  # (one global read each)
 _clears = autotune.clears
 _Tensor = torch.Tensor
 _auto_unforced = dispatch.auto_unforced
@@ -505,15 +504,17 @@ class _FastPath:
         return self.plan.run(x) if self.usable(module) else None
 
     def usable(self, module) -> bool:
-        # (forward has taken its compiled branch already: torch.compile is not tracing here)
+        # (forward has taken its compiled branch already: torch.compile is not tracing here;
+        # the switches read as module globals, not through their functions: a small-batch call
+        # is host-bound, and each Python frame costs there)
         return not (
             _transforms_active()
-            or _poisoning() is not self.poison
+            or alloc._poison is not self.poison
             or module.backend != self.backend
             or module.__dict__.get("_plan") is not self.owner
             or (
                 self.backend == "auto"
-                and (_generation() != self.generation or not _auto_unforced(_FUSED_MLP_SPEC))
+                and (autotune._generation != self.generation or not _auto_unforced(_FUSED_MLP_SPEC))
             )
             or (self.tf32 is not None and _tf32() != self.tf32)
             or module._between_active()
@@ -782,7 +783,8 @@ class FusedMLP(nn.Module):
             and len(args) == 1
             and not kwargs
             and runs_forward_alone(self)
-            and (out := fast.serve(self, args[0])) is not None
+            and fast.usable(self)
+            and (out := fast.plan.run(args[0])) is not None
         ):
             return out
         return nn.Module.__call__(self, *args, **kwargs)

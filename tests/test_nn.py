@@ -728,6 +728,76 @@ def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_module_call_plan_steps_aside_for_every_change(monkeypatch):
+    # What FusedMLP's fast path checks in Python before its C++ plan (_FastPath.usable), on the
+    # CPU with a stand-in plan: the poisoning switch, the module's backend, auto's decisions
+    # (forgotten) and overrides, torch.func transforms, an absorbed Dropout that drops, TF32.
+    from dualk.core import alloc as _alloc
+
+    torch.manual_seed(12)
+    m = FusedMLP([8, 16, 4])
+    x = torch.randn(3, 8)
+    planned = torch.full((3, 4), 7.0)
+
+    class Plan:
+        def run(self, arg):
+            return planned if type(arg) is torch.Tensor else None
+
+    class Owner:  # the Python plan the fast path belongs to: it serves nothing here
+        ptrs = backend = generation = None
+
+        def run(self, *args):
+            return None
+
+    def install(module=m, tf32=None):
+        owner = Owner()
+        module.__dict__["_plan"] = owner
+        module.__dict__["_fast"] = dualk.nn._FastPath(
+            Plan(), owner, module.backend, autotune.generation(), tf32, 1, _alloc.poisoning()
+        )
+
+    def served(module=m, arg=x) -> bool:
+        with torch.no_grad():
+            return module(arg) is planned
+
+    install()
+    assert served()
+    monkeypatch.setattr(_alloc, "_poison", not _alloc.poisoning())
+    assert not served()
+    monkeypatch.undo()
+    install()
+    m.backend = "torch"
+    assert not served()
+    m.backend = "auto"
+    install()
+    autotune.clear_memory()  # auto's decisions forgotten: a new generation
+    assert not served()
+    install()
+    monkeypatch.setenv("DUALK_BACKEND", "torch")
+    assert not served()
+    monkeypatch.delenv("DUALK_BACKEND")
+    install()
+    with dualk.use_backend("torch"):  # a scoped override
+        assert not served()
+    install()
+    assert served()
+    with torch.no_grad():
+        out = torch.func.vmap(m)(torch.randn(2, 3, 8))  # a transform: the full call
+    assert out.shape == (2, 3, 4) and not (out == 7.0).all()
+    install(tf32=not autotune.tf32_allowed())  # planned under the other TF32 switch
+    assert not served()
+    # dualk.fuse's shared FusedMLP with an absorbed Dropout: served in eval, not when it drops
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4))
+    fused = dualk.fuse(model).eval()
+    (inner,) = [q for q in fused.modules() if isinstance(q, FusedMLP)]
+    install(inner)
+    assert served(inner)
+    inner.train()  # (its Dropout is not its child: the shared module reads it)
+    fused.train()
+    install(inner)
+    assert not served(inner)
+
+
 def test_fast_path_serves_a_fused_model():
     _skip("cuda")
     torch.manual_seed(4)
