@@ -1319,6 +1319,14 @@ def _single_module(graph: fx.GraphModule) -> nn.Module | None:
 RESTORE_AFTER = 32
 # The owners whose forward was restored, for tests and the report (weak: models come and go)
 _RESTORED: weakref.WeakSet = weakref.WeakSet()
+
+
+def forward_restored(module: nn.Module) -> bool:
+    """Whether dualk.fuse gave `module` its own forward back (every fused module in it chose the
+    original path: _FusedForward._restore)."""
+    return module in _RESTORED
+
+
 _FUSED_FORWARDS: weakref.WeakValueDictionary[int, _FusedForward] = weakref.WeakValueDictionary()
 
 

@@ -350,6 +350,7 @@ _is_tracing = route.is_tracing  # torch.jit.trace: the registered op, which the 
 _any_autocast = route.any_autocast
 _transforms_active = route.transforms_active
 _FUSED_MLP_SPEC = OPS["fused_mlp"]
+_poisoning, _generation = alloc.poisoning, autotune.generation  # (one global read each)
 _clears = autotune.clears
 _Tensor = torch.Tensor
 _auto_unforced = dispatch.auto_unforced
@@ -504,17 +505,15 @@ class _FastPath:
         return self.plan.run(x) if self.usable(module) else None
 
     def usable(self, module) -> bool:
-        # (forward has taken its compiled branch already: torch.compile is not tracing here;
-        # the switches read as module globals, not through their functions: a small-batch call
-        # is host-bound, and each Python frame costs there)
+        # (forward has taken its compiled branch already: torch.compile is not tracing here)
         return not (
             _transforms_active()
-            or alloc._poison is not self.poison
+            or _poisoning() is not self.poison
             or module.backend != self.backend
             or module.__dict__.get("_plan") is not self.owner
             or (
                 self.backend == "auto"
-                and (autotune._generation != self.generation or not _auto_unforced(_FUSED_MLP_SPEC))
+                and (_generation() != self.generation or not _auto_unforced(_FUSED_MLP_SPEC))
             )
             or (self.tf32 is not None and _tf32() != self.tf32)
             or module._between_active()

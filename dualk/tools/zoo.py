@@ -58,7 +58,7 @@ import dualk
 from .. import module_choice
 from ..core import timing
 from ..dispatch import triton_tune
-from ..fuse import _RESTORED, fuse
+from ..fuse import forward_restored, fuse
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
 
@@ -314,7 +314,7 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
             ref=ref_out,
             dtype=spec.dtype,
         )
-    restored = sum(1 for m in fused.modules() if m in _RESTORED)
+    restored = sum(1 for m in fused.modules() if forward_restored(m))
     if restored:  # (dualk.fuse gave them their own forward back: original-path calls, no dualk)
         result.note = _join(result.note, f"{restored} fused owner(s) back on their own forward")
 
