@@ -194,14 +194,34 @@ def part_b(device, name="mlp256x4_train", floor=False):
     return res
 
 
+def _built(name, device):
+    """The zoo's `name` at its GPU size, eval: (model, args, kwargs)."""
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    built = spec.build(device, spec.dtype, "gpu")
+    args, kwargs = built.make_inputs()
+    return built.model.eval(), args, kwargs
+
+
+def _warm(fns: dict, fused_key: str = "fused") -> None:
+    """Five calls of each, then auto's background work settled on the fused one."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    triton_tune.settle(lambda: (fns[fused_key](), torch.cuda.synchronize()), 60)
+
+
+def _paths(model) -> list[str]:
+    """The paths the fused modules took on their last call."""
+    return sorted(
+        {str(q.__dict__.get("_last_path")) for q in model.modules() if "_last_path" in q.__dict__}
+    )
+
+
 def part_e(device):
     res = {}
     for name in ("vit_small", "mixer_b16"):
-        spec = MODELS[name]
-        torch.manual_seed(0)
-        built = spec.build(device, spec.dtype, "gpu")
-        m = built.model.eval()
-        args, kwargs = built.make_inputs()
+        m, args, kwargs = _built(name, device)
         copied = _copy_sharing_tensors(m)
         fused = dualk.fuse(m)
         plain = dualk.fuse(_copy_sharing_tensors(m))
@@ -212,20 +232,11 @@ def part_e(device):
             "fused, class forwards": lambda m=plain: m(*args, **kwargs),
         }
         with torch.no_grad():
-            for fn in fns.values():
-                for _ in range(5):
-                    fn()
-            triton_tune.settle(lambda: (fns["fused"](), torch.cuda.synchronize()), 60)
+            _warm(fns)
             for _ in range(3):
                 fns["fused"]()
                 fns["fused, class forwards"]()
-            paths = sorted(
-                {
-                    str(q.__dict__.get("_last_path"))
-                    for q in fused.modules()
-                    if "_last_path" in q.__dict__
-                }
-            )
+            paths = _paths(fused)
             stripped = 0
             for q in plain.modules():
                 if "forward" in q.__dict__:
@@ -247,19 +258,12 @@ def part_f(device):
 
     res = {}
     for name in ("bert", "vit_small"):
-        spec = MODELS[name]
-        torch.manual_seed(0)
-        built = spec.build(device, spec.dtype, "gpu")
-        m = built.model.eval()
-        args, kwargs = built.make_inputs()
+        m, args, kwargs = _built(name, device)
         fused = dualk.fuse(_copy_sharing_tensors(m))
         runs = {"original": lambda: m(*args, **kwargs), "fused": lambda: fused(*args, **kwargs)}
         out = {}
         with torch.no_grad():
-            for fn in runs.values():
-                for _ in range(5):
-                    fn()
-            triton_tune.settle(lambda: (runs["fused"](), torch.cuda.synchronize()), 60)
+            _warm(runs)
             for _ in range(5):
                 runs["fused"]()
             torch.cuda.synchronize()
@@ -293,13 +297,7 @@ def part_f(device):
             }
             for f in forwards[:3]
         ]
-        out["paths"] = sorted(
-            {
-                str(q.__dict__.get("_last_path"))
-                for q in fused.modules()
-                if "_last_path" in q.__dict__
-            }
-        )
+        out["paths"] = _paths(fused)
         print(name, "forward objects:", len(forwards), out["forward_objects"], out["paths"])
         res[name] = out
     return res

@@ -125,3 +125,25 @@ def pytest_collection_modifyitems(session, config, items):
         p for p in module.KERNEL_FILES if any(f"[{p.name}]" in i.nodeid for i in compile_items)
     ]
     module.start_compiles(workers=1, files=files)
+
+
+def stand_in_fast_path(module, x: torch.Tensor, planned: torch.Tensor, served: list) -> None:
+    """Gives a FusedMLP a stand-in for its C++ fast path (dualk/nn.py _FastPath), for CPU tests:
+    the plan answers `planned` for a plain tensor (appending to `served` whether it was `x`) and
+    None for anything else, as the C++ plan does; usable only for `module` itself."""
+
+    class Plan:
+        def run(self, arg):
+            if type(arg) is not torch.Tensor:
+                return None
+            served.append(arg is x)
+            return planned
+
+    class Fast:
+        plan = Plan()
+        serve = dualk.nn._FastPath.serve
+
+        def usable(self, m):
+            return m is module
+
+    module.__dict__["_fast"] = Fast()

@@ -13,6 +13,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import stand_in_fast_path
 from torch import nn
 
 import dualk
@@ -1012,19 +1013,7 @@ def test_one_mlp_graph_runs_the_modules_plan_directly(monkeypatch):
     planned = torch.full((3, 4), 7.0)
     served = []
 
-    class Plan:
-        def run(self, arg):
-            served.append(arg is x)
-            return planned
-
-    class Fast:
-        plan = Plan()
-        serve = dualk.nn._FastPath.serve
-
-        def usable(self, module):
-            return module is inner
-
-    inner.__dict__["_fast"] = Fast()
+    stand_in_fast_path(inner, x, planned, served)
     forwards = _count_calls(monkeypatch, type(inner), "forward")
     with torch.no_grad():
         assert fused(x) is planned

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, stand_in_fast_path
 from torch import nn
 
 import dualk
@@ -679,20 +679,6 @@ def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
     planned = torch.full((3, 4), 7.0)
     served, forwards, hooked = [], [], []
 
-    class Plan:
-        def run(self, arg):  # (as the C++ plan: a plain tensor or nothing)
-            if type(arg) is not torch.Tensor:
-                return None
-            served.append(arg is x)
-            return planned
-
-    class Fast:
-        plan = Plan()
-        serve = dualk.nn._FastPath.serve
-
-        def usable(self, module):
-            return module is m
-
     real_forward = FusedMLP.forward
 
     def counting_forward(self, arg):
@@ -700,7 +686,7 @@ def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
         return real_forward(self, arg)
 
     monkeypatch.setattr(FusedMLP, "forward", counting_forward)
-    m.__dict__["_fast"] = Fast()
+    stand_in_fast_path(m, x, planned, served)
     with torch.no_grad():
         assert m(x) is planned and served == [True] and forwards == []
         handle = m.register_forward_hook(lambda *a: hooked.append(1))
