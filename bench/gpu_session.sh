@@ -33,7 +33,8 @@
 #                                        # experiments/ncu_glu.sh (ncu of the gated kernel and the GEMM);
 #                                        # "compact": fused_mlp's staged compact last layer (its test,
 #                                        # experiments/compact_probe.py off / on); "sync":
-#                                        # experiments/module_sync_probe.py
+#                                        # experiments/module_sync_probe.py; "harness": issue 36's
+#                                        # GEMM harness (carried build/harness, HARNESS_ARGS)
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -302,6 +303,23 @@ steps)
       for flag in 0 1; do
         DUALK_MLP_COMPACT_LAST=$flag timeout 90 $PY experiments/compact_probe.py 2>&1 | tee -a "$OUT/compact_probe.log"
       done
+      ;;
+    harness)
+      # issue 36's GEMM harness (experiments/gemm_sm90_bench.cu): the binary linked on the CPU
+      # machine (carried build/harness, its SOURCE.txt) against the image's cuBLAS; where it
+      # will not start, built here (~260 s)
+      lib=$(timeout 60 find / -name libcublas.so.13 -not -path "/proc/*" 2>/dev/null | head -1)
+      [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib"):${LD_LIBRARY_PATH:-}
+      if [ -x build/harness/gemm_sm90_bench ] && ! ldd build/harness/gemm_sm90_bench | grep -q "not found"; then
+        timeout ${HARNESS_TIMEOUT:-300} build/harness/gemm_sm90_bench ${HARNESS_ARGS:---epilogue} > "$OUT/gemm_harness.txt" 2>&1
+        say "gemm harness (carried binary, ${HARNESS_ARGS:---epilogue}): rc=$?"
+      else
+        say "the carried harness does not start here: building it"
+        timeout ${HARNESS_TIMEOUT:-300} bash experiments/gemm_sm90_run.sh /tmp/g ${HARNESS_ARGS:---epilogue} > /tmp/g.log 2>&1
+        say "gemm harness (built here): rc=$?"
+        cp /tmp/g/run.txt "$OUT/gemm_harness.txt"
+      fi
+      grep -E "correctness|failures" "$OUT/gemm_harness.txt"; sed -n '/== summary/,$p' "$OUT/gemm_harness.txt" | head -80
       ;;
     sync)
       timeout ${SYNC_TIMEOUT:-150} $PY experiments/module_sync_probe.py --json "$OUT/module_sync.json" > /tmp/module_sync.log 2>&1
