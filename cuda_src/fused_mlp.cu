@@ -372,6 +372,12 @@ template <Activation kAct> struct SimtPick {
   static KernelFn kernel() { return fused_mlp_simt_kernel<kAct>; }
 };
 
+// The name explain shows for a wgmma plan (fused_mlp_sm90.cu's plan_fused_mlp_wgmma).
+const char* wgmma_kernel_name(const MlpKernelParams& p) {
+  return p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
+                               : "sm90 wgmma, resident weights";
+}
+
 // Fills `plan` (when not null) or returns why the fused kernel cannot run these arguments.
 // Shape-only callers (plan == nullptr) may leave pointers, m and num_sms zero. allow_wide false
 // leaves fused_mlp_wide.cu's kernel out (the launcher's fallback when its tensor maps fail).
@@ -454,17 +460,15 @@ const char* plan_fused_mlp(const FusedMlpArgs& a, MlpPlan* plan, bool allow_wide
         smem = padded_smem;
         kernel = pick_padded_kernel(a.dtype, bucket, a.activation);
         // Hopper: the same MLP on wgmma (fused_mlp_sm90.cu) when its plan fits; else as above.
-        kernel_name = !plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem)
-                          ? "mma.sync, resident padded weights"
-                      : p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
-                                              : "sm90 wgmma, resident weights";
+        kernel_name = plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem)
+                          ? wgmma_kernel_name(p)
+                          : "mma.sync, resident padded weights";
       } else if (plan_fused_mlp_wgmma(a, bucket, smem_limit, p, kernel, threads, smem) &&
                  threads >= 2 * 128) {
         // Hopper: layers the padded kernel cannot hold may still fit the wgmma kernel with its
         // compact last layer (tiny-cuda-nn's 128-128-128-128-128-16: 3 warpgroups); with fewer
         // than 2 warpgroups the per-layer-group mma.sync kernel below stays (it ran 756 us there).
-        kernel_name = p.last_panel_rows > 0 ? "sm90 wgmma, resident weights, compact last layer"
-                                            : "sm90 wgmma, resident weights";
+        kernel_name = wgmma_kernel_name(p);
       } else {
         kernel = nullptr;  // (a refused plan may have set it)
       }

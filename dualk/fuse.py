@@ -1049,7 +1049,6 @@ class _FusedForward:
     # Like inference calls served by the original path (last_original's branch): at
     # RESTORE_AFTER the owner gets its original forward back (_restore).
     original_streak = 0
-    restored = False
     # The signature of the last positional-only call served by the class's forward (one in
     # original_calls), or None. A like call, the common one, is told by comparing its fields to
     # it, without building a signature: on a CPU-only host, a BertIntermediate whose LinearGELU
@@ -1132,20 +1131,13 @@ class _FusedForward:
                     return self.traced.forward(x)
             return self._run_graph(*args, **kwargs)
         owner = self.owner
-        if self.single_mlp and len(args) == 1 and not kwargs:
-            # The graph is `return self.<FusedMLP>(x)`: what its forward does first, its planned
-            # CUDA call (the C++ side checks x, the layers, gradient mode), without nn.Module's
-            # call and FusedMLP.forward around it, where the module has no hooks (H100, seed
-            # shape on a slow host: module 20 us, the functional call 9)
-            single = self.single
-            fast = single.__dict__.get("_fast")
-            if (
-                fast is not None
-                and runs_forward_alone(single)
-                and not self._children_changed()
-                and (out := fast.serve(single, args[0])) is not None
-            ):
-                return out
+        if (
+            self.single_mlp
+            and len(args) == 1
+            and not kwargs
+            and (out := self.serve_single(args[0])) is not None
+        ):
+            return out
         if len(args) == 1 and not kwargs and isinstance(a := args[0], _Tensor):
             # A call like the last one served by the original path or by the fused graph, told by
             # its fields (_call_signature's, inline: as a function, its frame and loop cost 1.1
@@ -1212,6 +1204,18 @@ class _FusedForward:
         __code__ (a GraphModule owner's forward is this object)."""
         return type(self.graph).forward.__code__
 
+    def serve_single(self, x):
+        """The graph is `return self.<FusedMLP>(x)` (single_mlp): what its forward does first, its
+        planned CUDA call (the C++ side checks x, the layers, gradient mode), without nn.Module's
+        call and FusedMLP.forward around it, where the module has no hooks and the graph's
+        children are as fused (H100, seed shape on a slow host: module 20 us, the functional
+        call 9); None where the plan cannot serve x."""
+        single = self.single
+        fast = single.__dict__.get("_fast")
+        if fast is None or not runs_forward_alone(single) or self._children_changed():
+            return None
+        return fast.serve(single, x)
+
     def _restore(self) -> None:
         """Gives the owner back its original forward (the class's, or for fuse's whole-model
         GraphModule the unfused graph's) once RESTORE_AFTER like inference calls have run the
@@ -1231,7 +1235,6 @@ class _FusedForward:
             object.__setattr__(owner, "forward", self.original.forward)
         else:
             del owner.__dict__["forward"]
-        self.restored = True
         _RESTORED.add(owner)
 
     def _run_graph(self, *args, **kwargs):
@@ -1256,10 +1259,10 @@ class _FusedForward:
 
 def _fused_graph_call(self, *args, **kwargs):
     """__call__ of fuse's whole-model GraphModule: where its graph is `return self.<FusedMLP>(x)`
-    (the seed's MLP) and that module has a C++ plan, the plan serves the call when neither module
-    has hooks (what nn.Module's call and the forward object would check first: 2 of a fuse'd
-    small-batch model's ~17 us of host time per call on an H200 host); else nn.Module's call
-    (looked up now: torch.fx patches it while tracing)."""
+    (the seed's MLP) and the GraphModule has no hooks, the forward object's one-MLP branch
+    (serve_single) before nn.Module's call, which was ~2 of a fuse'd small-batch model's ~17 us
+    of host time per call on an H200 host. Else nn.Module's call (looked up now: torch.fx
+    patches it while tracing)."""
     # (compiling first: a trace reads nothing here, so it guards on nothing more)
     if (
         not _is_compiling()
@@ -1267,16 +1270,10 @@ def _fused_graph_call(self, *args, **kwargs):
         and forward.single_mlp
         and len(args) == 1
         and not kwargs
+        and runs_forward_alone(self)
+        and (out := forward.serve_single(args[0])) is not None
     ):
-        single = forward.single
-        fast = single.__dict__.get("_fast")
-        if (
-            fast is not None
-            and runs_forward_alone(self, single)
-            and not forward._children_changed()
-            and (out := fast.serve(single, args[0])) is not None
-        ):
-            return out
+        return out
     return nn.Module.__call__(self, *args, **kwargs)
 
 

@@ -372,10 +372,9 @@ _global_hook_dicts = tuple(
 )
 
 
-def runs_forward_alone(module: nn.Module, also: nn.Module | None = None) -> bool:
+def runs_forward_alone(module: nn.Module) -> bool:
     """module(x) would be module.forward(x) and nothing else: no hooks of its own or global ones
-    (nn.Module._call_impl's test), not compiled in place by module.compile(); and so for `also`
-    where given (the global hooks read once for both)."""
+    (nn.Module._call_impl's test), not compiled in place by module.compile()."""
     d = module.__dict__
     return not (
         d.get("_compiled_call_impl") is not None
@@ -384,16 +383,6 @@ def runs_forward_alone(module: nn.Module, also: nn.Module | None = None) -> bool
         or module._backward_hooks
         or module._backward_pre_hooks
         or any(_global_hook_dicts)
-        or (
-            also is not None
-            and (
-                also.__dict__.get("_compiled_call_impl") is not None
-                or also._forward_hooks
-                or also._forward_pre_hooks
-                or also._backward_hooks
-                or also._backward_pre_hooks
-            )
-        )
     )
 
 
@@ -782,8 +771,7 @@ class FusedMLP(nn.Module):
             and len(args) == 1
             and not kwargs
             and runs_forward_alone(self)
-            and fast.usable(self)
-            and (out := fast.plan.run(args[0])) is not None
+            and (out := fast.serve(self, args[0])) is not None
         ):
             return out
         return nn.Module.__call__(self, *args, **kwargs)

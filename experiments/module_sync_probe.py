@@ -18,14 +18,18 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
-import dualk
-from dualk.backends import cuda as cuda_backend
-from dualk.core import timing
-from dualk.dispatch import triton_tune
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import dualk  # noqa: E402
+from dualk.backends import cuda as cuda_backend  # noqa: E402
+from dualk.core import timing  # noqa: E402
+from dualk.dispatch import triton_tune  # noqa: E402
+from host_cost import host_us  # noqa: E402  (bench/host_cost.py: back to back, synchronized)
 
 SLEEP_US = 3000.0
 CALLS = 20
@@ -41,17 +45,6 @@ def host_us_behind_sleep(fn) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / CALLS * 1e6
-
-
-def host_us_free(fn, calls=200) -> float:
-    """Host microseconds per call, back to back, nothing queued before."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main() -> int:
@@ -104,7 +97,7 @@ def main() -> int:
             res = {}
             for name, fn in paths.items():
                 behind = [host_us_behind_sleep(fn) for _ in range(5)]
-                free = [host_us_free(fn) for _ in range(5)]
+                free = [host_us(fn, 200) for _ in range(5)]
                 res[name] = {
                     "host_us_behind_sleep": statistics.median(behind),
                     "host_us_free": statistics.median(free),
