@@ -220,7 +220,9 @@ def _paths(model) -> list[str]:
 
 def part_e(device):
     res = {}
-    for name in ("vit_small", "mixer_b16"):
+    from dualk.fuse import RESTORE_AFTER, forward_restored
+
+    for name in ("vit_small", "mixer_b16", "bert"):
         m, args, kwargs = _built(name, device)
         copied = _copy_sharing_tensors(m)
         fused = dualk.fuse(m)
@@ -233,10 +235,11 @@ def part_e(device):
         }
         with torch.no_grad():
             _warm(fns)
-            for _ in range(3):
+            for _ in range(RESTORE_AFTER + 3):  # (past the restore of all-original owners)
                 fns["fused"]()
                 fns["fused, class forwards"]()
             paths = _paths(fused)
+            restored = sum(forward_restored(q) for q in fused.modules())
             stripped = 0
             for q in plain.modules():
                 if "forward" in q.__dict__:
@@ -245,6 +248,7 @@ def part_e(device):
             res[name] = alternate(fns)
             res[name]["paths"] = paths
             res[name]["stripped_forwards"] = stripped
+            res[name]["restored_owners"] = restored
         print(name, json.dumps(res[name], indent=1))
     return res
 
@@ -310,7 +314,7 @@ def main():
         "--parts",
         default="a,b",
         help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
-        "e (ViT and Mixer on the original path), f (cProfile of BERT and ViT, original vs fused)",
+        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
