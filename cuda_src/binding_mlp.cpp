@@ -103,29 +103,117 @@ py::object fused_mlp_kernel(const at::Tensor& x, const std::vector<at::Tensor>& 
   return py::str(name);
 }
 
+// The Python-side state a plan was made under (dualk/core/guards.py Guards, whose hold() is the
+// same test in Python), read afresh on every call: identities: (dict, key, value), dict[key] is
+// value with the key present; absent: (dict, key), the key missing or None; empty: dicts that
+// must stay empty (hooks); sizes: (dict, length); calls: (callable, result), callable() is
+// result (a switch, a context variable's value).
+struct Guards {
+  struct Identity {
+    py::dict dict;
+    py::object key;
+    py::object value;
+  };
+  struct Absent {
+    py::dict dict;
+    py::object key;
+  };
+  struct Size {
+    py::dict dict;
+    Py_ssize_t size;
+  };
+  struct Call {
+    py::object fn;
+    py::object result;
+  };
+
+  std::vector<py::dict> empty;
+  std::vector<Identity> identities;
+  std::vector<Absent> absent;
+  std::vector<Size> sizes;
+  std::vector<Call> calls;
+
+  // guards: Guards.args()'s tuple (identities, absent, empty, sizes, calls)
+  void extend(const py::tuple& guards) {
+    TORCH_CHECK(guards.size() == 5, "dualk MlpPlan: guards are 5 lists");
+    for (const auto& item : guards[0].cast<py::list>()) {
+      const auto triple = item.cast<py::tuple>();
+      identities.push_back({triple[0].cast<py::dict>(),
+                            py::reinterpret_borrow<py::object>(triple[1]),
+                            py::reinterpret_borrow<py::object>(triple[2])});
+    }
+    for (const auto& item : guards[1].cast<py::list>()) {
+      const auto pair = item.cast<py::tuple>();
+      absent.push_back({pair[0].cast<py::dict>(), py::reinterpret_borrow<py::object>(pair[1])});
+    }
+    for (const auto& item : guards[2].cast<py::list>()) empty.push_back(item.cast<py::dict>());
+    for (const auto& item : guards[3].cast<py::list>()) {
+      const auto pair = item.cast<py::tuple>();
+      sizes.push_back({pair[0].cast<py::dict>(), pair[1].cast<Py_ssize_t>()});
+    }
+    for (const auto& item : guards[4].cast<py::list>()) {
+      const auto pair = item.cast<py::tuple>();
+      calls.push_back({py::reinterpret_borrow<py::object>(pair[0]),
+                       py::reinterpret_borrow<py::object>(pair[1])});
+    }
+  }
+
+  // Leaves no Python error set: a lookup or a call that raises counts as changed.
+  bool hold() const {
+    for (const auto& d : empty)
+      if (PyDict_GET_SIZE(d.ptr()) != 0) return false;
+    for (const auto& id : identities) {
+      PyObject* now = PyDict_GetItemWithError(id.dict.ptr(), id.key.ptr());
+      if (now != id.value.ptr()) {
+        if (now == nullptr) PyErr_Clear();
+        return false;
+      }
+    }
+    for (const auto& a : absent) {
+      PyObject* now = PyDict_GetItemWithError(a.dict.ptr(), a.key.ptr());
+      if (now == nullptr && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+      }
+      if (now != nullptr && now != Py_None) return false;
+    }
+    for (const auto& sz : sizes)
+      if (PyDict_GET_SIZE(sz.dict.ptr()) != sz.size) return false;
+    for (const auto& c : calls) {
+      PyObject* now = PyObject_CallNoArgs(c.fn.ptr());
+      if (now == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      const bool same = now == c.result.ptr();
+      Py_DECREF(now);
+      if (!same) return false;
+    }
+    return true;
+  }
+};
+
 // FusedMLP's planned inference call (dualk/nn.py _FastPath): the module's parameters and the
 // launch's fixed arguments live here, so a call is one crossing from Python, an allocation and
 // a launch. run() returns None wherever the call does not fit the plan any more (another input,
-// a replaced or reshaped parameter, gradient mode, autocast, tracing, a torch.func transform);
-// the caller then takes the full call, which explains any error.
+// a replaced or reshaped parameter, gradient mode, autocast, tracing, a changed guard); the
+// caller then takes the full call, which explains any error.
 class MlpPlan {
  public:
-  // identities: (dict, key, value) triples that must still hold (the modules' _parameters and
-  // _modules entries: a parameter or layer replaced through any route changes one of them);
   // weights / biases: the parameters themselves (None for no bias), read again on every call
   // (.data assignment changes a parameter's storage, dtype or shape in place); row_buckets: bit
   // b set where calls of (rows - 1).bit_length() == b take this kernel.
   // poison: outputs are NaN-filled before the launch (the test suite's check that every
   // element is written; dualk/core/alloc.py).
-  MlpPlan(const py::list& identities, const py::list& weights, const py::list& biases,
-          int64_t activation, int64_t row_buckets, bool poison)
+  // state: guards every call checks (the modules' _parameters and _modules entries: a parameter
+  // or layer replaced through any route changes one of them; the switches and decisions the
+  // plan was made under); call: guards that run() checks and run_in_forward() leaves to
+  // nn.Module's call that ran forward (hooks, module.compile()).
+  MlpPlan(const py::list& weights, const py::list& biases, int64_t activation, int64_t row_buckets,
+          bool poison, const py::tuple& state, const py::tuple& call)
       : row_buckets_(static_cast<uint64_t>(row_buckets)), poison_(poison) {
-    for (const auto& item : identities) {
-      const auto triple = item.cast<py::tuple>();
-      identities_.push_back({triple[0].cast<py::dict>(),
-                             py::reinterpret_borrow<py::object>(triple[1]),
-                             py::reinterpret_borrow<py::object>(triple[2])});
-    }
+    state_.extend(state);
+    call_.extend(call);
     TORCH_CHECK(weights.size() >= 1 &&
                     weights.size() <= static_cast<size_t>(dualk::kMaxMlpLayers) &&
                     biases.size() == weights.size(),
@@ -150,7 +238,20 @@ class MlpPlan {
     args_.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   }
 
-  py::object run(py::handle x) {
+  // A copy whose run() also checks `call` (dualk.fuse's one-MLP model calls the plan of its
+  // FusedMLP in place of its own call: its hooks and children as guards).
+  MlpPlan with_call_guards(const py::tuple& call) const {
+    MlpPlan copy = *this;
+    copy.call_.extend(call);
+    return copy;
+  }
+
+  py::object run(py::handle x) { return launch(x, true); }
+  py::object run_in_forward(py::handle x) { return launch(x, false); }
+  bool guards_hold() const { return state_.hold() && call_.hold(); }
+
+ private:
+  py::object launch(py::handle x, bool whole_call) {
     PyObject* obj = x.ptr();
     if (!THPVariable_CheckExact(obj) || at::GradMode::is_enabled() ||
         torch::jit::tracer::isTracing())
@@ -161,13 +262,7 @@ class MlpPlan {
         !(row_buckets_ >> bucket(t.size(0)) & 1u) || at::autocast::is_autocast_enabled(at::kCUDA) ||
         at::autocast::is_autocast_enabled(at::kCPU))
       return py::none();
-    for (const auto& id : identities_) {
-      PyObject* now = PyDict_GetItemWithError(id.dict.ptr(), id.key.ptr());
-      if (now != id.value.ptr()) {
-        if (now == nullptr) PyErr_Clear();
-        return py::none();
-      }
-    }
+    if ((whole_call && !call_.hold()) || !state_.hold()) return py::none();
     dualk::FusedMlpArgs args = args_;
     for (size_t i = 0; i < weights_.size(); ++i) {
       const at::Tensor& w = THPVariable_Unpack(weights_[i].ptr());
@@ -195,13 +290,6 @@ class MlpPlan {
     return py::cast(std::move(out));
   }
 
- private:
-  struct Identity {
-    py::dict dict;
-    py::object key;
-    py::object value;
-  };
-
   static int bucket(int64_t rows) {  // (rows - 1).bit_length()
     int b = 0;
     for (uint64_t r = static_cast<uint64_t>(rows - 1); r != 0; r >>= 1) ++b;
@@ -221,7 +309,7 @@ class MlpPlan {
     }
   }
 
-  std::vector<Identity> identities_;
+  Guards state_, call_;
   std::vector<py::object> weights_, biases_;
   std::vector<int64_t> widths_;
   at::ScalarType dtype_ = at::kFloat;
@@ -578,8 +666,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_mlp_kernel", &fused_mlp_kernel,
         "which kernel fused_mlp launches for these tensors (None: it would refuse them)");
   py::class_<MlpPlan>(m, "MlpPlan", "FusedMLP's planned inference call (dualk/nn.py _FastPath)")
-      .def(py::init<const py::list&, const py::list&, const py::list&, int64_t, int64_t, bool>())
-      .def("run", &MlpPlan::run, "mlp(x), or None where the call does not fit the plan");
+      .def(py::init<const py::list&, const py::list&, int64_t, int64_t, bool, const py::tuple&,
+                    const py::tuple&>())
+      .def("run", &MlpPlan::run,
+           "module(x), or None where the call does not fit the plan (every guard checked)")
+      .def("run_in_forward", &MlpPlan::run_in_forward,
+           "module.forward(x) inside nn.Module's call, or None (the call guards left to it)")
+      .def("with_call_guards", &MlpPlan::with_call_guards,
+           "a copy whose run() also checks these guards")
+      .def("guards_hold", &MlpPlan::guards_hold, "whether the planned Python-side state holds");
   m.def("register_ops", &register_ops,
         "registers dualk::fused_mlp_infer's CUDA kernel (activations, nn.Parameter, usable, "
         "fallback)");

@@ -61,6 +61,7 @@ from .nn import (
     GatedBase,
     GatedMLP,
     LinearGELU,
+    call_guards,
     compiled_choice,
     compiling_with_dynamo,
     hooks_of,
@@ -940,6 +941,13 @@ class _SharedFusedMLP(FusedMLP):
             )
         return any(d.training and d.p > 0 for d in self._dropouts)
 
+    def _between_guards(self) -> list:
+        return [
+            (d.__dict__, key, d.__dict__.get(key))
+            for d in self._dropouts
+            for key in ("training", "p")
+        ]
+
     def _get_name(self) -> str:
         return "FusedMLP"
 
@@ -1078,6 +1086,10 @@ class _FusedForward:
     # compiled choice is original, Dynamo traces `traced`. None otherwise.
     input_mlp: nn.Module | None = None
     traces_original = False  # (input_mlp is not None: a bool, Dynamo reads no module)
+    # graph_run's: the single FusedMLP's fast path it was made for, and the guarded plan's run
+    # (neither pickled nor copied: made again on the first call)
+    graph_fast = None
+    graph_plan_run = None
 
     def __init__(
         self,
@@ -1100,6 +1112,12 @@ class _FusedForward:
         # keeps last_original one of them.
         self.original_calls: set = set()
         _FUSED_FORWARDS[id(self)] = self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("graph_fast", None)
+        state.pop("graph_plan_run", None)
+        return state
 
     def __setstate__(self, state: dict) -> None:  # (deepcopy and pickle)
         self.__dict__.update(state)
@@ -1206,15 +1224,30 @@ class _FusedForward:
 
     def serve_single(self, x):
         """The graph is `return self.<FusedMLP>(x)` (single_mlp): what its forward does first, its
-        planned CUDA call (the C++ side checks x, the layers, gradient mode), without nn.Module's
-        call and FusedMLP.forward around it, where the module has no hooks and the graph's
-        children are as fused (H100, seed shape on a slow host: module 20 us, the functional
-        call 9); None where the plan cannot serve x."""
-        single = self.single
-        fast = single.__dict__.get("_fast")
-        if fast is None or not runs_forward_alone(single) or self._children_changed():
+        planned CUDA call (the C++ side checks x, the layers, gradient mode, the module's hooks
+        and state: dualk/nn.py _FastPath), without nn.Module's call and FusedMLP.forward around
+        it, where the graph's children are as fused (H100, seed shape on a slow host: module 20
+        us, the functional call 9); None where the plan cannot serve x."""
+        fast = self.single.__dict__.get("_fast")
+        if fast is None or self._children_changed():
             return None
-        return fast.serve(single, x)
+        return fast.run(x)
+
+    def graph_run(self, fast):
+        """The owner's call by `fast`, its one FusedMLP's fast path (_fused_graph_call): a copy of
+        the plan that also checks, in C++, what the owner's call would do besides this forward
+        (its hooks; its forward still this object; its children as fused). Made once per fast
+        path of the module."""
+        if self.graph_fast is not fast:
+            owner = self.owner
+            guards = call_guards(owner)
+            guards.identities.append((owner.__dict__, "forward", self))
+            children = owner._modules
+            guards.identities += [(children, key, child) for key, child in children.items()]
+            guards.sizes.append((children, len(children)))
+            self.graph_fast = fast
+            self.graph_plan_run = fast.plan.with_call_guards(guards.args()).run
+        return self.graph_plan_run
 
     def _restore(self) -> None:
         """Gives the owner back its original forward (the class's, or for fuse's whole-model
@@ -1266,12 +1299,17 @@ def _fused_graph_call(self, *args, **kwargs):
     # (compiling first: a trace reads nothing here, so it guards on nothing more)
     if (
         not _is_compiling()
-        and type(forward := self.__dict__.get("forward")) is _FusedForward
-        and forward.single_mlp
         and len(args) == 1
         and not kwargs
-        and runs_forward_alone(self)
-        and (out := forward.serve_single(args[0])) is not None
+        and type(forward := self.__dict__.get("forward")) is _FusedForward
+        and forward.single_mlp
+        and (fast := forward.single.__dict__.get("_fast")) is not None
+        and (
+            out := (
+                forward.graph_plan_run if forward.graph_fast is fast else forward.graph_run(fast)
+            )(args[0])
+        )
+        is not None
     ):
         return out
     return nn.Module.__call__(self, *args, **kwargs)

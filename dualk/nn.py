@@ -33,6 +33,7 @@ from .backends import cuda
 from .backends.torch_ref import ACTIVATIONS
 from .core import alloc
 from .core.errors import DtypeError, InvalidArgumentError, InvalidTypeError
+from .core.guards import Guards
 from .core.validate import FLOAT_DTYPES, FLOAT_DTYPES_TEXT
 from .dispatch import autotune, check_name
 from .dispatch.autotune import tf32_allowed as _tf32
@@ -475,38 +476,22 @@ class _FastPath:
     row buckets whose plan runs the CUDA kernel. The C++ side checks on every call what the
     plan's Python checks would (x; the parameters and layers still the ones planned, through
     their modules' _parameters and _modules dicts; their dtype, shape and storage read afresh;
-    gradient mode, autocast, jit tracing; with poisoning on, it NaN-fills the output first);
-    `usable` checks the rest (forward has ruled out compiling): torch.func transforms, the
-    poisoning switch as planned, the module's backend and auto's decisions, the TF32 flag of an
-    fp32 plan and an absorbed Dropout that drops now. On a CPU-only host, with the C++ call
-    replaced by an allocation: usable + forward's own reads 1.2 us, nn.Module's __call__ 1.4."""
+    gradient mode, autocast, jit tracing; with poisoning on, it NaN-fills the output first) and
+    the Python-side state the plan was made under, as guards (_fast_guards, dualk/core/guards.py):
+    torch.func transforms, the poisoning switch, the module's backend and auto's decisions and
+    overrides, the TF32 flag of an fp32 plan, an absorbed Dropout that drops now. `run` (for
+    FusedMLP.__call__) also checks what nn.Module's call would do besides forward (hooks, a
+    module.compile()); `run_in_forward` leaves that to the call that ran forward. In Python
+    these checks cost 1-3 us per call (H100 host: the fuse'd seed model 15.2 us against the
+    functional call's 11.9); in C++ they are a few dict reads."""
 
-    __slots__ = ("plan", "owner", "backend", "generation", "tf32", "buckets", "poison")
+    __slots__ = ("plan", "run", "run_in_forward", "owner", "tf32", "buckets", "poison")
 
-    def __init__(self, plan, owner, backend, generation, tf32, buckets, poison):
-        self.plan, self.owner, self.backend = plan, owner, backend
-        self.generation, self.tf32, self.buckets = generation, tf32, buckets
-        self.poison = poison
-
-    def serve(self, module, x):
-        """module(x) by the plan, or None where it cannot serve the call (usable's checks, then
-        the C++ side's)."""
-        return self.plan.run(x) if self.usable(module) else None
-
-    def usable(self, module) -> bool:
-        # (forward has taken its compiled branch already: torch.compile is not tracing here)
-        return not (
-            _transforms_active()
-            or _poisoning() is not self.poison
-            or module.backend != self.backend
-            or module.__dict__.get("_plan") is not self.owner
-            or (
-                self.backend == "auto"
-                and (_generation() != self.generation or not _auto_unforced(_FUSED_MLP_SPEC))
-            )
-            or (self.tf32 is not None and _tf32() != self.tf32)
-            or module._between_active()
-        )
+    def __init__(self, plan, owner, tf32, buckets, poison):
+        self.plan, self.owner, self.tf32, self.buckets, self.poison = (
+            plan, owner, tf32, buckets, poison
+        )  # fmt: skip
+        self.run, self.run_in_forward = plan.run, plan.run_in_forward
 
     @classmethod
     def add(cls, module, owner, slot, weights, biases, activation) -> None:
@@ -535,15 +520,63 @@ class _FastPath:
             if params.get("weight") is not w or params.get("bias") is not b:
                 return
             identities += [(params, "weight", w), (params, "bias", b)]
+        state = _fast_guards(module, owner, tf32)
+        if state is None:
+            return
+        state.identities[:0] = identities
         try:
             plan = cuda.fused_mlp_plan(
-                identities, list(weights), list(biases), activation, buckets, poison
-            )
+                list(weights), list(biases), activation, buckets, poison, state,
+                call_guards(module),
+            )  # fmt: skip
         except Exception:  # an extension without MlpPlan (an older prebuilt): the Python plan
             return
-        module.__dict__["_fast"] = cls(
-            plan, owner, owner.backend, owner.generation, tf32, buckets, poison
-        )
+        module.__dict__["_fast"] = cls(plan, owner, tf32, buckets, poison)
+
+
+def _fast_guards(module, owner, tf32) -> Guards | None:
+    """The state a fast path is planned under, as guards (dualk/core/guards.py), or None where
+    the plan would not serve now: the module's plan and backend, the poisoning switch, no
+    torch.func transform, an fp32 plan's TF32 switch, its absorbed Dropouts as they are (none
+    dropping), and for "auto" auto's decisions as planned and nothing overriding auto."""
+    d = module.__dict__
+    backend = d.get("backend")
+    if (
+        d.get("_plan") is not owner
+        or backend != owner.backend
+        or module._between_active()
+        or _transforms_active()
+        or (tf32 is not None and _tf32() != tf32)
+    ):
+        return None
+    guards = Guards()
+    if backend == "auto":
+        unforced = dispatch.unforced_guards(_FUSED_MLP_SPEC)
+        gen = autotune.generation_guard()
+        if unforced is None or gen[2] != owner.generation:
+            return None
+        guards.extend(unforced).identities.append(gen)
+    guards.identities += [(d, "_plan", owner), (d, "backend", backend), alloc.poisoning_guard()]
+    guards.identities += module._between_guards()
+    guards.calls.append((_transforms_active, False))
+    if tf32 is not None:
+        guards.calls.append((_tf32, tf32))
+    return guards
+
+
+def call_guards(module: nn.Module) -> Guards:
+    """runs_forward_alone(module) as guards: module(x) would be module.forward(x) and nothing
+    else (no hooks of its own or global ones, not compiled in place)."""
+    guards = Guards()
+    guards.empty += [
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+        *_global_hook_dicts,
+    ]
+    guards.absent.append((module.__dict__, "_compiled_call_impl"))
+    return guards
 
 
 class _InferencePlan:
@@ -760,18 +793,17 @@ class FusedMLP(nn.Module):
         return [self.layers[0].in_features, *(lin.out_features for lin in self.layers)]
 
     def __call__(self, *args, **kwargs):
-        # The planned CUDA call (_FastPath) without nn.Module's call machinery around it where
-        # that would only call forward (no hooks, not compiled in place): 1.1 of a small-batch
-        # call's few us of host time on a CPU-only host. Anything else is nn.Module's call,
-        # looked up now (torch.fx patches it while tracing).
-        # (compiling first: a trace reads nothing here, so it guards on nothing more)
+        # The planned CUDA call (_FastPath.run, whose guards include nn.Module's call doing
+        # nothing but forward: no hooks, not compiled in place) without nn.Module's call
+        # machinery around it: 1.1 of a small-batch call's few us of host time on a CPU-only
+        # host. Anything else is nn.Module's call, looked up now (torch.fx patches it while
+        # tracing). (compiling first: a trace reads nothing here, so it guards on nothing more)
         if (
             not _is_compiling()
             and (fast := self.__dict__.get("_fast")) is not None
             and len(args) == 1
             and not kwargs
-            and runs_forward_alone(self)
-            and (out := fast.serve(self, args[0])) is not None
+            and (out := fast.run(args[0])) is not None
         ):
             return out
         return nn.Module.__call__(self, *args, **kwargs)
@@ -780,7 +812,7 @@ class FusedMLP(nn.Module):
         if _is_compiling():
             return self._compiled_forward(x)
         fast = self.__dict__.get("_fast")
-        if fast is not None and (out := fast.serve(self, x)) is not None:
+        if fast is not None and (out := fast.run_in_forward(x)) is not None:
             return out
         layers = self.layers
         weights = [lin.weight for lin in layers]
@@ -838,6 +870,11 @@ class FusedMLP(nn.Module):
 
     def _between_active(self) -> bool:
         return False
+
+    def _between_guards(self) -> list:
+        """Guards (dualk/core/guards.py identities) that hold while _between_active() stays
+        as it is now."""
+        return []
 
     def _original_forward(self, x: torch.Tensor) -> torch.Tensor:
         """What the nn.Linear stack computes, with PyTorch's ops (the "original" path)."""

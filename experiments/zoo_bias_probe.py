@@ -307,6 +307,49 @@ def part_f(device):
     return res
 
 
+def part_g(device):
+    """BERT with its LinearGELUs forced onto dualk's path (module_choice answers "fused"): host
+    per forward against the original, alternating, then a cProfile of each, the op's auto
+    decision for the intermediate's input and what module_choice and autotune hold."""
+    import cProfile
+    import io
+    import pstats
+
+    m, args, kwargs = _built("bert", device)
+    fused = dualk.fuse(_copy_sharing_tensors(m))
+    real_choose = module_choice.choose
+    module_choice.choose = lambda *a, **k: "fused"
+    res = {}
+    try:
+        runs = {"original": lambda: m(*args, **kwargs), "fused": lambda: fused(*args, **kwargs)}
+        with torch.no_grad():
+            _warm(runs)
+            res["alternate"] = alternate(runs)
+            res["paths"] = _paths(fused)
+            print("bert forced fused:", json.dumps(res["alternate"]), res["paths"])
+            for which, fn in runs.items():
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(20):
+                    fn()
+                prof.disable()
+                torch.cuda.synchronize()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+                res[f"cprofile_{which}"] = text.getvalue()[-5000:]
+                print(f"== bert {which} (LinearGELU forced fused)")
+                print(text.getvalue()[-4500:])
+            inter = next(q for q in fused.modules() if type(q).__name__ == "LinearGELU")
+            x = torch.randn(8, 512, 768, device=device, dtype=torch.bfloat16)
+            ex = dualk.ops.explain("linear_gelu", x, inter.weight, inter.bias, approximate="none")
+            res["explain"] = str(ex)
+            print(ex)
+            res["module_choice"] = module_choice.details()
+    finally:
+        module_choice.choose = real_choose
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
@@ -314,7 +357,7 @@ def main():
         "--parts",
         default="a,b",
         help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
-        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused)",
+        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused), g (BERT with its LinearGELUs forced fused)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -335,6 +378,8 @@ def main():
         out["vision_original_path"] = part_e(device)
     if "f" in a.parts.split(","):
         out["profile"] = part_f(device)
+    if "g" in a.parts.split(","):
+        out["bert_forced_fused"] = part_g(device)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -40,7 +40,10 @@ def _private_autotune_cache() -> None:
 
 _private_autotune_cache()
 
+import dualk  # noqa: E402
 import dualk.core.alloc  # noqa: E402
+from dualk.core import alloc  # noqa: E402
+from dualk.core.guards import Guards  # noqa: E402
 
 dualk.core.alloc.set_poison(True)
 
@@ -127,23 +130,63 @@ def pytest_collection_modifyitems(session, config, items):
     module.start_compiles(workers=1, files=files)
 
 
-def stand_in_fast_path(module, x: torch.Tensor, planned: torch.Tensor, served: list) -> None:
-    """Gives a FusedMLP a stand-in for its C++ fast path (dualk/nn.py _FastPath), for CPU tests:
-    the plan answers `planned` for a plain tensor (appending to `served` whether it was `x`) and
-    None for anything else, as the C++ plan does; usable only for `module` itself."""
+class StandInPlan:
+    """A stand-in for the C++ MlpPlan (cuda_src/binding_mlp.cpp) on the CPU: the same guards,
+    checked by Guards.hold (dualk/core/guards.py, MlpPlan's test in Python), and the same
+    declines (not a plain tensor, gradients on); where they pass it answers `planned`, appending
+    to `served` whether the argument was `x`."""
 
-    class Plan:
-        def run(self, arg):
-            if type(arg) is not torch.Tensor:
-                return None
-            served.append(arg is x)
-            return planned
+    def __init__(self, state, call, x, planned, served):
+        self.state, self.call, self.x, self.planned, self.served = state, call, x, planned, served
 
-    class Fast:
-        plan = Plan()
-        serve = dualk.nn._FastPath.serve
+    def run(self, arg):
+        return self._launch(arg, whole_call=True)
 
-        def usable(self, m):
-            return m is module
+    def run_in_forward(self, arg):
+        return self._launch(arg, whole_call=False)
 
-    module.__dict__["_fast"] = Fast()
+    def with_call_guards(self, args):
+        extra = Guards()
+        for name, items in zip(Guards.__slots__, args):
+            getattr(extra, name).extend(items)
+        call = Guards().extend(self.call).extend(extra)
+        return StandInPlan(self.state, call, self.x, self.planned, self.served)
+
+    def _launch(self, arg, whole_call):
+        if type(arg) is not torch.Tensor or torch.is_grad_enabled():
+            return None
+        if (whole_call and not self.call.hold()) or not self.state.hold():
+            return None
+        self.served.append(arg is self.x)
+        return self.planned
+
+
+class StandInOwner:
+    """The Python inference plan a stand-in fast path belongs to (its backend and auto's
+    generation as planned); it serves nothing itself."""
+
+    ptrs = None
+
+    def __init__(self, backend):
+        self.backend, self.generation = backend, dualk.dispatch.autotune.generation()
+
+    def run(self, *args):
+        return None
+
+
+def stand_in_fast_path(
+    module, x: torch.Tensor, planned: torch.Tensor, served: list, tf32=None
+) -> bool:
+    """Gives a FusedMLP a stand-in for its C++ fast path (dualk/nn.py _FastPath) with the guards
+    _FastPath.add would give the real one, for CPU tests: it answers `planned` where the C++
+    plan would serve (appending to `served` whether the argument was `x`), None elsewhere.
+    False where the module would get no fast path now."""
+    owner = StandInOwner(module.backend)
+    module.__dict__["_plan"] = owner
+    module.__dict__.pop("_fast", None)
+    state = dualk.nn._fast_guards(module, owner, tf32)
+    if state is None:
+        return False
+    plan = StandInPlan(state, dualk.nn.call_guards(module), x, planned, served)
+    module.__dict__["_fast"] = dualk.nn._FastPath(plan, owner, tf32, 1, alloc.poisoning())
+    return True

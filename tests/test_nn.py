@@ -582,18 +582,35 @@ def _fast_module(dtype=torch.float16, widths=(100, 128, 64, 10), backend="cuda")
     return m, x, full
 
 
+class _CountingPlan:
+    """Wraps a C++ MlpPlan: appends True to `served` for each call it served (a declined call
+    appends nothing); the copies with_call_guards makes (dualk.fuse's one-MLP model) count too."""
+
+    def __init__(self, real, served):
+        self.real, self.served = real, served
+
+    def run(self, x):
+        return self._count(self.real.run(x))
+
+    def run_in_forward(self, x):
+        return self._count(self.real.run_in_forward(x))
+
+    def with_call_guards(self, guards):
+        return _CountingPlan(self.real.with_call_guards(guards), self.served)
+
+    def _count(self, out):
+        if out is not None:
+            self.served.append(True)
+        return out
+
+
 def _fast_calls(m) -> list:
-    """Counts calls of the fast path that returned a result."""
+    """Counts the calls the fast path served (one True each)."""
     fast = m.__dict__["_fast"]
-    served = []
-
-    class Counting:
-        def run(self, x, real=fast.plan):
-            out = real.run(x)
-            served.append(out is not None)
-            return out
-
-    fast.plan = Counting()  # (a __slots__ attribute: set directly)
+    served: list = []
+    counting = _CountingPlan(fast.plan, served)
+    # (__slots__ attributes: set directly)
+    fast.plan, fast.run, fast.run_in_forward = counting, counting.run, counting.run_in_forward
     return served
 
 
@@ -617,16 +634,17 @@ def test_fast_path_steps_aside_for_what_it_cannot_serve(monkeypatch):
     m, x, full = _fast_module()
     served = _fast_calls(m)
     with torch.no_grad():
-        assert torch.equal(m(x), full) and served[-1] is True
+        assert torch.equal(m(x), full) and served == [True]
         m(x.float().half().t().contiguous().t())  # strided: the full call
-        assert served[-1] is False
         m(torch.randn(300, 100, device=DEVICE, dtype=torch.float16))  # another rows bucket
-        assert served[-1] is False
     m(x)  # gradients on: the autograd route, not the plan
-    assert served[-1] is False
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         m(x)
-        assert served[-1] is False
+    assert served == [True]
+    hooked = []
+    m.register_forward_hook(lambda *a: hooked.append(1))
+    with torch.no_grad():  # a hook: nn.Module's call, whose forward takes the plan
+        assert torch.equal(m(x), full) and served == [True, True] and hooked == [1]
 
 
 def test_fast_path_follows_parameter_changes():
@@ -661,11 +679,21 @@ def test_fast_path_follows_the_poisoning_switch_and_the_backend(monkeypatch):
     assert served == []  # planned under the other switch: the Python path
     monkeypatch.setattr(_alloc, "_poison", planned)
     with torch.no_grad():
+        m(x)  # (a full call plans again: a new fast path)
+    served = _fast_calls(m)
+    with torch.no_grad():
         assert torch.equal(m(x), full)
     assert served == [True]
     m.backend = "torch"
     with torch.no_grad():
         assert torch.allclose(m(x), full, atol=2e-2, rtol=2e-2)
+    assert served == [True]
+    m.backend = "cuda"
+    with torch.no_grad():
+        m(x)  # (planned again under backend="cuda")
+    served = _fast_calls(m)
+    with torch.no_grad(), dualk.use_backend("torch"):  # a scope: named backends keep their plan
+        assert torch.equal(m(x), full)
     assert served == [True]
 
 
@@ -715,72 +743,85 @@ def test_module_call_takes_the_plan_without_nn_modules_call(monkeypatch):
 
 
 def test_module_call_plan_steps_aside_for_every_change(monkeypatch):
-    # What FusedMLP's fast path checks in Python before its C++ plan (_FastPath.usable), on the
-    # CPU with a stand-in plan: the poisoning switch, the module's backend, auto's decisions
-    # (forgotten) and overrides, torch.func transforms, an absorbed Dropout that drops, TF32.
+    # The state FusedMLP's fast path is planned under, as the guards its C++ plan checks on
+    # every call (dualk/nn.py _fast_guards, call_guards; dualk/core/guards.py): on the CPU a
+    # stand-in plan checks the same guards in Python. A change by any route after planning
+    # makes the plan decline: the poisoning switch, the module's backend, auto's decisions
+    # (forgotten) and overrides (environment, scope, process default), torch.func transforms,
+    # TF32, an absorbed Dropout that drops, hooks (their call: forward then takes the plan).
     from dualk.core import alloc as _alloc
 
     torch.manual_seed(12)
     m = FusedMLP([8, 16, 4])
     x = torch.randn(3, 8)
     planned = torch.full((3, 4), 7.0)
+    log: list = []
 
-    class Plan:
-        def run(self, arg):
-            return planned if type(arg) is torch.Tensor else None
-
-    class Owner:  # the Python plan the fast path belongs to: it serves nothing here
-        ptrs = backend = generation = None
-
-        def run(self, *args):
-            return None
-
-    def install(module=m, tf32=None):
-        owner = Owner()
-        module.__dict__["_plan"] = owner
-        module.__dict__["_fast"] = dualk.nn._FastPath(
-            Plan(), owner, module.backend, autotune.generation(), tf32, 1, _alloc.poisoning()
-        )
+    def install(module=m, tf32=None) -> bool:
+        return stand_in_fast_path(module, x, planned, log, tf32)
 
     def served(module=m, arg=x) -> bool:
         with torch.no_grad():
             return module(arg) is planned
 
-    install()
-    assert served()
+    # (a declined call runs the full call, which plans afresh: installed again after each)
+    assert install() and served()
     monkeypatch.setattr(_alloc, "_poison", not _alloc.poisoning())
     assert not served()
     monkeypatch.undo()
-    install()
+    assert install() and served()
     m.backend = "torch"
     assert not served()
     m.backend = "auto"
-    install()
+    assert install() and served()
     autotune.clear_memory()  # auto's decisions forgotten: a new generation
     assert not served()
-    install()
+    assert install()
     monkeypatch.setenv("DUALK_BACKEND", "torch")
-    assert not served()
+    assert not served() and not install()
     monkeypatch.delenv("DUALK_BACKEND")
-    install()
+    monkeypatch.setenv("DUALK_BACKEND_FUSED_MLP", "cuda")
+    assert not install()
+    monkeypatch.delenv("DUALK_BACKEND_FUSED_MLP")
+    assert install()
     with dualk.use_backend("torch"):  # a scoped override
         assert not served()
-    install()
-    assert served()
+    assert install()
+    dualk.set_default_backend("torch")
+    try:
+        assert not served()
+    finally:
+        dualk.set_default_backend(None)
+    assert install() and served()
     with torch.no_grad():
         out = torch.func.vmap(m)(torch.randn(2, 3, 8))  # a transform: the full call
     assert out.shape == (2, 3, 4) and not (out == 7.0).all()
-    install(tf32=not autotune.tf32_allowed())  # planned under the other TF32 switch
-    assert not served()
+    # an fp32 plan under the TF32 switch as planned
+    tf32 = autotune.tf32_allowed()
+    assert install(tf32=tf32) and served()
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        assert autotune.tf32_allowed() is not tf32 and not served()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert install(tf32=tf32) and served()
+    # hooks: nn.Module's call runs them, then forward takes the plan
+    hooked: list = []
+    handle = m.register_forward_hook(lambda *a: hooked.append(1))
+    n = len(log)
+    assert served() and hooked == [1] and len(log) == n + 1
+    handle.remove()
     # dualk.fuse's shared FusedMLP with an absorbed Dropout: served in eval, not when it drops
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4))
     fused = dualk.fuse(model).eval()
     (inner,) = [q for q in fused.modules() if isinstance(q, FusedMLP)]
-    install(inner)
-    assert served(inner)
-    inner.train()  # (its Dropout is not its child: the shared module reads it)
-    fused.train()
-    install(inner)
+    assert install(inner) and served(inner)
+    fused.train()  # (its Dropout is not its child: the guard reads the Dropout itself)
+    assert not served(inner) and not install(inner)
+    fused.eval()
+    assert install(inner) and served(inner)
+    (drop,) = [q for q in fused.modules() if isinstance(q, nn.Dropout)]
+    drop.p = 0.25  # (a changed p: declined too)
     assert not served(inner)
 
 

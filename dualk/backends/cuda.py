@@ -1216,14 +1216,16 @@ def fused_mlp_runner(
 
 
 def fused_mlp_plan(
-    identities: list, weights: list, biases: list, activation: str, row_buckets: int, poison: bool
+    weights: list, biases: list, activation: str, row_buckets: int, poison: bool, state, call
 ):
     """The mlp extension's MlpPlan: FusedMLP's planned inference call in one C++ crossing
-    (cuda_src/binding_mlp.cpp says what it checks on every call). `run(x)` returns mlp(x) or
-    None where the call no longer fits the plan."""
+    (cuda_src/binding_mlp.cpp says what it checks on every call); state and call are
+    dualk/core/guards.py Guards. `run(x)` returns mlp(x) or None where the call no longer fits
+    the plan."""
     return extension("mlp").MlpPlan(
-        identities, weights, biases, ACTIVATION_CODES[activation], row_buckets, poison
-    )
+        weights, biases, ACTIVATION_CODES[activation], row_buckets, poison, state.args(),
+        call.args(),
+    )  # fmt: skip
 
 
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:

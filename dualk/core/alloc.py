@@ -21,6 +21,11 @@ def poisoning() -> bool:
     return _poison
 
 
+def poisoning_guard() -> tuple:
+    """The switch as it is now, as a guard (dualk/core/guards.py): (dict, key, value)."""
+    return (globals(), "_poison", _poison)
+
+
 def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
     if _poison:

@@ -29,6 +29,7 @@ import torch
 
 from ..backends import BACKENDS, cuda, unavailable_reason
 from ..core.errors import BackendUnavailableError, UnknownBackendError
+from ..core.guards import Guards
 from ..registry import OpSpec
 from . import autotune, config, keys, triton_tune
 
@@ -127,6 +128,24 @@ def auto_unforced(spec: OpSpec) -> bool:
         and b"DUALK_BACKEND" not in _ENV_BYTES
         and not (config.loaded if config.loaded is not None else config.backend_defaults())
     )
+
+
+def unforced_guards(spec: OpSpec) -> Guards | None:
+    """auto_unforced(spec)'s state as guards (dualk/core/guards.py) that hold while nothing
+    overrides "auto" for `spec`, or None where something does now: no process default, no scope
+    (in any context: the context variable is read on every check), neither environment variable,
+    the config's [backend] table the one read and empty."""
+    if not auto_unforced(spec):
+        return None
+    table = config.loaded
+    if table is None:
+        table = config.backend_defaults()
+    guards = Guards()
+    guards.identities += [(globals(), "_process_default", None), (vars(config), "loaded", table)]
+    guards.absent += [(_ENV_BYTES, spec.env_key), (_ENV_BYTES, b"DUALK_BACKEND")]
+    guards.empty.append(table)
+    guards.calls.append((_scoped_get, None))
+    return guards
 
 
 def choose(spec: OpSpec, backend: str, args: tuple) -> str:

@@ -241,6 +241,12 @@ def generation() -> int:
     return _generation
 
 
+def generation_guard() -> tuple:
+    """generation() as it is now, as a guard (dualk/core/guards.py): (dict, key, value); the
+    counter is rebound to a new int object whenever it changes."""
+    return (globals(), "_generation", _generation)
+
+
 _generation = 0
 _clears = 0
 
