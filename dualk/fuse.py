@@ -62,6 +62,7 @@ from .nn import (
     GatedMLP,
     LinearGELU,
     call_guards,
+    choice_final,
     compiled_choice,
     compiling_with_dynamo,
     hooks_of,
@@ -1258,8 +1259,7 @@ class _FusedForward:
         (a provisional or missing decision) or has hooks. From then on the owner is its
         original module: `dualk.fuse` the model again to measure other shapes."""
         for m in self.fused:
-            memo = m.__dict__.get("_choice_memo")
-            if memo is None or memo[1] != "original" or not runs_forward_alone(m):
+            if choice_final(m) != "original" or not runs_forward_alone(m):
                 return
         owner = self.owner
         if owner.__dict__.get("forward") is not self:

@@ -408,7 +408,12 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     sig = (x.shape, x.dtype, x.get_device(), x.requires_grad, grad_mode, w0.requires_grad,
            w0.dtype, w0.get_device(), _clears(), x.is_contiguous())  # fmt: skip
     memo = module.__dict__.get("_choice_memo")
-    if memo is not None and memo[0] == sig and _auto_unforced(OPS[op_name]):
+    if (
+        memo is not None
+        and memo[0] == sig
+        and (memo[2] is None or _monotonic() < memo[2])
+        and _auto_unforced(OPS[op_name])
+    ):
         return memo[1]
     if not (
         x.dim() >= 1 and x.shape[-1] == w0.shape[1] and x.dtype is w0.dtype
@@ -425,10 +430,21 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     rows = x.numel() // x.shape[-1]
     path = module_choice.choose(mode, shape, rows, grad and x_grad)
     if module_choice.decided(mode, shape, rows, grad and x_grad) is not None:
-        module.__dict__["_choice_memo"] = (sig, path)
-    else:  # provisional (a backend still building) or not measurable now: asked again
-        module.__dict__.pop("_choice_memo", None)
+        module.__dict__["_choice_memo"] = (sig, path, None)
+    else:
+        # Provisional (a backend still building or tuning) or not measurable now: asked again
+        # after PROVISIONAL_PLAN_S. Asking on every call polled the background builds and tuner
+        # each time: on an H100 host, BERT's four LinearGELUs cost ~127 us of host time per call
+        # more than the original path while linear_gelu's Triton class was still tuning.
+        module.__dict__["_choice_memo"] = (sig, path, _monotonic() + PROVISIONAL_PLAN_S)
     return path
+
+
+def choice_final(module: nn.Module) -> str | None:
+    """The module's remembered path ("fused" or "original") for calls like its last one where
+    that choice is final (measured, no backend still building or tuning), else None."""
+    memo = module.__dict__.get("_choice_memo")
+    return memo[1] if memo is not None and memo[2] is None else None
 
 
 def traced_rows_bucket(x: torch.Tensor) -> int:
@@ -842,7 +858,7 @@ class FusedMLP(nn.Module):
             out = ops.fused_mlp(
                 x, weights, biases, activation=self.kernel_activation, backend=self.backend
             )
-        if planned and (path == "fused" or "_choice_memo" in self.__dict__):
+        if planned and (path == "fused" or choice_final(self) is not None):
             # (the original path is planned only once its choice is final)
             _InferencePlan.update(self, x, weights, biases, original=path == "original")
         return out

@@ -339,14 +339,30 @@ def part_g(device):
                 res[f"cprofile_{which}"] = text.getvalue()[-5000:]
                 print(f"== bert {which} (LinearGELU forced fused)")
                 print(text.getvalue()[-4500:])
-            inter = next(q for q in fused.modules() if type(q).__name__ == "LinearGELU")
+            inter = next(q for q in fused.modules() if isinstance(q, dualk.nn.LinearGELU))
             x = torch.randn(8, 512, 768, device=device, dtype=torch.bfloat16)
             ex = dualk.ops.explain("linear_gelu", x, inter.weight, inter.bias, approximate="none")
             res["explain"] = str(ex)
             print(ex)
-            res["module_choice"] = module_choice.details()
     finally:
         module_choice.choose = real_choose
+    # the zoo's own way: module_choice decides; which decisions are still provisional after
+    # the warm-up and settle, and what a forward costs then
+    fused2 = dualk.fuse(_copy_sharing_tensors(m))
+    runs = {"original": lambda: m(*args, **kwargs), "fused": lambda: fused2(*args, **kwargs)}
+    with torch.no_grad():
+        _warm(runs)
+        for _ in range(40):
+            runs["fused"]()
+        res["decided_alternate"] = alternate(runs)
+    res["decided_paths"] = _paths(fused2)
+    res["choice_final"] = [
+        dualk.nn.choice_final(q) for q in fused2.modules() if isinstance(q, dualk.nn.LinearGELU)
+    ]
+    res["module_choice"] = {k: str(v)[:600] for k, v in module_choice.details().items()}
+    print("bert decided:", json.dumps(res["decided_alternate"]), res["decided_paths"])
+    print("choice_final:", res["choice_final"])
+    print(json.dumps(res["module_choice"], indent=1)[:3000])
     return res
 
 

@@ -527,6 +527,12 @@ def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch
     monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: True)
     monkeypatch.setattr(cuda, "generation", lambda: generation[0])
     monkeypatch.setattr(cuda, "poll_builds", lambda: generation[0])
+    from dualk import nn as dnn
+
+    now = [1000.0]
+    monkeypatch.setattr(dnn, "_monotonic", lambda: now[0])
+    polls = []
+    monkeypatch.setattr(cuda, "poll_builds", lambda: (polls.append(1), generation[0])[1])
     model = FusedMLP((8, 12, 8))
     x = torch.randn(4, 8)
     with torch.no_grad():
@@ -534,12 +540,19 @@ def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch
         count = sum(timed.values())
         model(x)
         assert sum(timed.values()) == count  # remembered in memory while nothing changed
-        assert "_choice_memo" not in model.__dict__ and "_plan" not in model.__dict__
+        assert dnn.choice_final(model) is None and "_plan" not in model.__dict__
+        before = len(polls)
+        for _ in range(5):  # like calls within PROVISIONAL_PLAN_S: the module's memo, no polling
+            model(x)
+        assert len(polls) == before
         generation[0] += 1  # a build finished
         monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: False)
         model(x)
+        assert sum(timed.values()) == count  # (until the provisional memo expires)
+        now[0] += dnn.PROVISIONAL_PLAN_S + 0.01
+        model(x)
         assert sum(timed.values()) > count  # measured again, now final
-        assert "_choice_memo" in model.__dict__
+        assert dnn.choice_final(model) == "original"  # (the fake timer: original faster)
     [entry] = module_choice.details().values()
     assert entry["provisional"] is False
     autotune.clear_memory()  # a new process: the final choice is in the file
