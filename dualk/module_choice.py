@@ -74,12 +74,17 @@ class Shape:
     names it: "silu", "relu", "gelu_tanh", "gelu_erf"), which layers have a bias (linear_glu:
     gate and up), dtype name, device text."""
 
-    __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device", "strided")
+    __slots__ = ("kind", "widths", "activation", "biases", "dtype", "device", "strided", "batched")
 
     def __init__(self, kind, widths, activation, biases, dtype, device, layout=""):
         self.kind, self.widths, self.activation = kind, tuple(widths), activation
         self.biases, self.dtype, self.device = tuple(biases), dtype, device
         self.strided = layout == "strided"  # x's rows not contiguous (a transposed input)
+        # x contiguous with batch dims (..., rows, in), as transformers call their MLPs: dualk's
+        # path then reshapes in and out (10 us of host time per linear_gelu call on an H100
+        # host), which a 2-dim measurement missed: BERT's LinearGELUs chose dualk's path on
+        # that host and the model ran 0.89x
+        self.batched = layout == "batched"
 
 
 def rows_bucket(rows: int | None) -> int:
@@ -97,7 +102,7 @@ def key_text(key: tuple) -> str:
     bias = "".join("b" if b else "-" for b in biases)
     return (
         f"{kind} widths={'-'.join(map(str, widths))} act={act} bias={bias} {dtype} {device} "
-        f"{'strided ' if layout else ''}"
+        f"{layout[0] + ' ' if layout else ''}"
         f"rows<={rows or '?'}{' grad' if x_grad else ''}{' tf32' if tf32 else ''}"
     )
 
@@ -294,6 +299,8 @@ def _measure(mode: str, shape: Shape, rows: int, x_grad: bool, device) -> dict:
         weights, biases = _random_parameters(shape, device, train)
         if shape.strided:
             x = torch.randn(shape.widths[0], rows, device=device, dtype=dtype).t()
+        elif shape.batched:
+            x = torch.randn(1, rows, shape.widths[0], device=device, dtype=dtype)
         else:
             x = torch.randn(rows, shape.widths[0], device=device, dtype=dtype)
         x.requires_grad_(train and x_grad)

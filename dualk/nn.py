@@ -427,6 +427,8 @@ def _choose_path(module, op_name: str, x, weights, biases) -> str:
     mode, shape = "train" if grad else "infer", module._choice_shape(weights, biases)
     if not x.is_contiguous():  # measured on a strided input of its own
         shape = (*shape, "strided")
+    elif x.dim() > 2:  # and on a batched one (dualk's path reshapes it: module_choice.Shape)
+        shape = (*shape, "batched")
     rows = x.numel() // x.shape[-1]
     path = module_choice.choose(mode, shape, rows, grad and x_grad)
     if module_choice.decided(mode, shape, rows, grad and x_grad) is not None:

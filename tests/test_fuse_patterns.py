@@ -419,6 +419,30 @@ def measured(monkeypatch):
     autotune.clear_memory()
 
 
+def test_batched_input_is_measured_as_called(measured, monkeypatch):
+    # A call with batch dims (..., rows, in), as transformers call their MLPs, is a class of its
+    # own, measured on a batched input: dualk's path reshapes it in and out, host time that a
+    # 2-dim measurement missed (BERT on an H100 chose dualk's path and ran 0.89x).
+    seen = []
+    real = module_choice._paths
+
+    def paths(shape, x, *args, **kwargs):
+        seen.append(tuple(x.shape))
+        return real(shape, x, *args, **kwargs)
+
+    monkeypatch.setattr(module_choice, "_paths", paths)
+    torch.manual_seed(6)
+    m = LinearGELU(8, 16)
+    with torch.no_grad():
+        out = m(torch.randn(2, 3, 8))
+        m(torch.randn(6, 8))
+        m(torch.randn(3, 2, 8))  # (the class of the first call: 6 rows, batched)
+    assert out.shape == (2, 3, 16)
+    assert seen == [(1, 6, 8), (6, 8)]
+    keys = list(module_choice.details())
+    assert len(keys) == 2 and sum("batched" in k for k in keys) == 1
+
+
 def test_choice_runs_the_faster_path_per_mode(measured):
     costs, timed = measured
     torch.manual_seed(5)
