@@ -1292,10 +1292,11 @@ class _FusedForward:
 
 def _fused_graph_call(self, *args, **kwargs):
     """__call__ of fuse's whole-model GraphModule: where its graph is `return self.<FusedMLP>(x)`
-    (the seed's MLP) and the GraphModule has no hooks, the forward object's one-MLP branch
-    (serve_single) before nn.Module's call, which was ~2 of a fuse'd small-batch model's ~17 us
-    of host time per call on an H200 host. Else nn.Module's call (looked up now: torch.fx
-    patches it while tracing)."""
+    (the seed's MLP), the FusedMLP's planned call through the copy of its plan that also
+    checks, in C++, the GraphModule's own hooks and children and its forward (graph_run), before
+    nn.Module's call: nn.Module's call was ~2 of a fuse'd small-batch model's ~17 us of host time
+    per call on an H200 host, and these checks in Python ~2.3 us on a CPU-only host. Else (the
+    plan declines) nn.Module's call (looked up now: torch.fx patches it while tracing)."""
     # (compiling first: a trace reads nothing here, so it guards on nothing more)
     if (
         not _is_compiling()
