@@ -1238,8 +1238,10 @@ class _FusedForward:
         """The owner's call by `fast`, its one FusedMLP's fast path (_fused_graph_call): a copy of
         the plan that also checks, in C++, what the owner's call would do besides this forward
         (its hooks; its forward still this object; its children as fused). Made once per fast
-        path of the module."""
+        path of the module; None (nothing made) where the children changed since fusing."""
         if self.graph_fast is not fast:
+            if self._children_changed():  # (the guards below take the children as fused)
+                return None
             owner = self.owner
             guards = call_guards(owner)
             guards.identities.append((owner.__dict__, "forward", self))
@@ -1306,11 +1308,12 @@ def _fused_graph_call(self, *args, **kwargs):
         and forward.single_mlp
         and (fast := forward.single.__dict__.get("_fast")) is not None
         and (
-            out := (
+            run := (
                 forward.graph_plan_run if forward.graph_fast is fast else forward.graph_run(fast)
-            )(args[0])
+            )
         )
         is not None
+        and (out := run(args[0])) is not None
     ):
         return out
     return nn.Module.__call__(self, *args, **kwargs)

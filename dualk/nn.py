@@ -130,6 +130,14 @@ def hooks_of(m: nn.Module) -> str:
     return ", ".join(k for k, attr in kinds.items() if getattr(m, attr, None))
 
 
+def _without_memo(module: nn.Module) -> dict:
+    """A module's state for deepcopy and pickle without its choice memo (a provisional one holds
+    a time.monotonic() deadline, meaningless in another process: asked again on the first call)."""
+    state = dict(nn.Module.__getstate__(module))  # (a copy: the default is the live __dict__)
+    state.pop("_choice_memo", None)
+    return state
+
+
 class LinearGELU(nn.Module):
     """`gelu(x @ weight.T + bias)` in one kernel. x (..., in_features) -> (..., out_features),
     float32, float16 or bfloat16 (the parameters' dtype). `approximate` as nn.GELU ("tanh" or
@@ -186,6 +194,9 @@ class LinearGELU(nn.Module):
 
     def _choice_shape(self, weights, biases) -> tuple:
         return module_choice.shape_of_linear_gelu(weights[0], biases[0], self.approximate)
+
+    def __getstate__(self):
+        return _without_memo(self)
 
     def extra_repr(self) -> str:
         return (
@@ -253,6 +264,9 @@ class GatedBase(nn.Module):
         return ops.linear_glu(
             x, w[n:], w[:n], bg, bu, activation=act, approximate=approximate, backend=self.backend
         )
+
+    def __getstate__(self):
+        return _without_memo(self)
 
     def _choice_shape(self, weights, biases) -> tuple:
         if len(weights) == 1:  # one Linear computing both halves: each half's shape
@@ -519,29 +533,21 @@ class _FastPath:
         fast = module.__dict__.get("_fast")
         buckets = 1 << bucket
         poison = alloc.poisoning()
-        if fast is not None and fast.owner is owner and fast.tf32 == tf32 and fast.poison is poison:
+        if (
+            fast is not None
+            and fast.owner is owner
+            and fast.tf32 == tf32
+            and fast.poison is poison
+            and fast.plan.guards_hold()  # (else made afresh: a guard broken by an equal value)
+        ):
             if fast.buckets & buckets:
                 return
             buckets |= fast.buckets
-        layers = module._modules.get("layers")
-        if isinstance(layers, nn.ModuleList):  # FusedMLP's own layers
-            identities = [(module._modules, "layers", layers)]
-            identities += [(layers._modules, key, lin) for key, lin in layers._modules.items()]
-        elif type(shared := module.__dict__.get("_shared")) is tuple:  # dualk.fuse's, shared
-            layers, identities = shared, [(module.__dict__, "_shared", shared)]
-        else:
+        state = _layer_guards(module, weights, biases)
+        more = _fast_guards(module, owner, tf32)
+        if state is None or more is None:
             return
-        if len(layers) != len(weights):
-            return
-        for lin, w, b in zip(layers, weights, biases):
-            params = lin._parameters
-            if params.get("weight") is not w or params.get("bias") is not b:
-                return
-            identities += [(params, "weight", w), (params, "bias", b)]
-        state = _fast_guards(module, owner, tf32)
-        if state is None:
-            return
-        state.identities[:0] = identities
+        state.extend(more)
         try:
             plan = cuda.fused_mlp_plan(
                 list(weights), list(biases), activation, buckets, poison, state,
@@ -550,6 +556,31 @@ class _FastPath:
         except Exception:  # an extension without MlpPlan (an older prebuilt): the Python plan
             return
         module.__dict__["_fast"] = cls(plan, owner, tf32, buckets, poison)
+
+
+def _layer_guards(module, weights, biases) -> Guards | None:
+    """The module's layers and parameters as guards (their _modules and _parameters entries: a
+    parameter or layer replaced, or a layer appended, through any route breaks one), or None
+    where they are not `weights` and `biases` now."""
+    guards = Guards()
+    layers = module._modules.get("layers")
+    if isinstance(layers, nn.ModuleList):  # FusedMLP's own layers
+        guards.identities.append((module._modules, "layers", layers))
+        guards.identities += [(layers._modules, key, lin) for key, lin in layers._modules.items()]
+        guards.sizes.append((layers._modules, len(layers._modules)))
+    elif type(shared := module.__dict__.get("_shared")) is tuple:  # dualk.fuse's, shared
+        layers = shared
+        guards.identities.append((module.__dict__, "_shared", shared))
+    else:
+        return None
+    if len(layers) != len(weights):
+        return None
+    for lin, w, b in zip(layers, weights, biases):
+        params = lin._parameters
+        if params.get("weight") is not w or params.get("bias") is not b:
+            return None
+        guards.identities += [(params, "weight", w), (params, "bias", b)]
+    return guards
 
 
 def _fast_guards(module, owner, tf32) -> Guards | None:

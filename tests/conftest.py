@@ -152,6 +152,9 @@ class StandInPlan:
         call = Guards().extend(self.call).extend(extra)
         return StandInPlan(self.state, call, self.x, self.planned, self.served)
 
+    def guards_hold(self):
+        return self.state.hold() and self.call.hold()
+
     def _launch(self, arg, whole_call):
         if type(arg) is not torch.Tensor or torch.is_grad_enabled():
             return None
@@ -184,9 +187,14 @@ def stand_in_fast_path(
     owner = StandInOwner(module.backend)
     module.__dict__["_plan"] = owner
     module.__dict__.pop("_fast", None)
-    state = dualk.nn._fast_guards(module, owner, tf32)
-    if state is None:
+    layers = module.layers
+    state = dualk.nn._layer_guards(
+        module, [lin.weight for lin in layers], [lin.bias for lin in layers]
+    )
+    more = dualk.nn._fast_guards(module, owner, tf32)
+    if state is None or more is None:
         return False
+    state.extend(more)
     plan = StandInPlan(state, dualk.nn.call_guards(module), x, planned, served)
     module.__dict__["_fast"] = dualk.nn._FastPath(plan, owner, tf32, 1, alloc.poisoning())
     return True

@@ -1070,6 +1070,24 @@ def test_one_mlp_graph_runs_the_modules_plan_directly(monkeypatch):
         assert len(forwards) == 2 and len(served) == 4
 
 
+def test_one_mlp_graph_with_a_child_replaced_before_its_first_call():
+    # The GraphModule's guarded copy of the plan takes its children as fused: a child swapped
+    # before the copy is made (here: before the first call) makes the call decline, not serve
+    # the old MLP (the graph calls the new child).
+    torch.manual_seed(25)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    fused = fuse(model)
+    (inner,) = _fused_modules(fused)
+    name = next(k for k, v in fused._modules.items() if v is inner)
+    x = torch.randn(3, 8)
+    served: list = []
+    stand_in_fast_path(inner, x, torch.full((3, 4), 7.0), served)
+    setattr(fused, name, nn.Identity())
+    with torch.no_grad():
+        out = fused(x)
+    assert served == [] and torch.equal(out, x)
+
+
 class _Intermediate(nn.Module):
     """BERT's intermediate: dense + GELU (fused alone: a LinearGELU)."""
 

@@ -598,6 +598,9 @@ class _CountingPlan:
     def with_call_guards(self, guards):
         return _CountingPlan(self.real.with_call_guards(guards), self.served)
 
+    def guards_hold(self):
+        return self.real.guards_hold()
+
     def _count(self, out):
         if out is not None:
             self.served.append(True)
@@ -812,6 +815,16 @@ def test_module_call_plan_steps_aside_for_every_change(monkeypatch):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert install(tf32=tf32) and served()
+    # a layer appended or replaced after planning: the plan declines (the full call then
+    # explains or runs the new stack)
+    assert install() and served()
+    m.layers.append(nn.Linear(4, 4))
+    assert not served()
+    del m.layers[2]
+    assert install() and served()
+    m.layers[1] = nn.Linear(16, 4)
+    assert not served()
+    assert install() and served()
     # hooks: nn.Module's call runs them, then forward takes the plan
     hooked: list = []
     handle = m.register_forward_hook(lambda *a: hooked.append(1))
