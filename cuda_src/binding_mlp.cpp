@@ -2,6 +2,7 @@
 // planner and its kernel variants.
 // Torch-side helpers: binding.h.
 #include "binding.h"
+#include "plan_guards.h"
 
 #include <ATen/autocast_mode.h>
 
@@ -15,6 +16,7 @@
 
 namespace {
 
+using dualk::Guards;
 using dualk_binding::check_launch;
 using dualk_binding::check_operand;
 using dualk_binding::dtype_code;
@@ -103,96 +105,6 @@ py::object fused_mlp_kernel(const at::Tensor& x, const std::vector<at::Tensor>& 
   return py::str(name);
 }
 
-// The Python-side state a plan was made under (dualk/core/guards.py Guards, whose hold() is the
-// same test in Python), read afresh on every call: identities: (dict, key, value), dict[key] is
-// value with the key present; absent: (dict, key), the key missing or None; empty: dicts that
-// must stay empty (hooks); sizes: (dict, length); calls: (callable, result), callable() is
-// result (a switch, a context variable's value).
-struct Guards {
-  struct Identity {
-    py::dict dict;
-    py::object key;
-    py::object value;
-  };
-  struct Absent {
-    py::dict dict;
-    py::object key;
-  };
-  struct Size {
-    py::dict dict;
-    Py_ssize_t size;
-  };
-  struct Call {
-    py::object fn;
-    py::object result;
-  };
-
-  std::vector<py::dict> empty;
-  std::vector<Identity> identities;
-  std::vector<Absent> absent;
-  std::vector<Size> sizes;
-  std::vector<Call> calls;
-
-  // guards: Guards.args()'s tuple (identities, absent, empty, sizes, calls)
-  void extend(const py::tuple& guards) {
-    TORCH_CHECK(guards.size() == 5, "dualk MlpPlan: guards are 5 lists");
-    for (const auto& item : guards[0].cast<py::list>()) {
-      const auto triple = item.cast<py::tuple>();
-      identities.push_back({triple[0].cast<py::dict>(),
-                            py::reinterpret_borrow<py::object>(triple[1]),
-                            py::reinterpret_borrow<py::object>(triple[2])});
-    }
-    for (const auto& item : guards[1].cast<py::list>()) {
-      const auto pair = item.cast<py::tuple>();
-      absent.push_back({pair[0].cast<py::dict>(), py::reinterpret_borrow<py::object>(pair[1])});
-    }
-    for (const auto& item : guards[2].cast<py::list>()) empty.push_back(item.cast<py::dict>());
-    for (const auto& item : guards[3].cast<py::list>()) {
-      const auto pair = item.cast<py::tuple>();
-      sizes.push_back({pair[0].cast<py::dict>(), pair[1].cast<Py_ssize_t>()});
-    }
-    for (const auto& item : guards[4].cast<py::list>()) {
-      const auto pair = item.cast<py::tuple>();
-      calls.push_back({py::reinterpret_borrow<py::object>(pair[0]),
-                       py::reinterpret_borrow<py::object>(pair[1])});
-    }
-  }
-
-  // Leaves no Python error set: a lookup or a call that raises counts as changed.
-  bool hold() const {
-    for (const auto& d : empty)
-      if (PyDict_GET_SIZE(d.ptr()) != 0) return false;
-    for (const auto& id : identities) {
-      PyObject* now = PyDict_GetItemWithError(id.dict.ptr(), id.key.ptr());
-      if (now != id.value.ptr()) {
-        if (now == nullptr) PyErr_Clear();
-        return false;
-      }
-    }
-    for (const auto& a : absent) {
-      PyObject* now = PyDict_GetItemWithError(a.dict.ptr(), a.key.ptr());
-      if (now == nullptr && PyErr_Occurred()) {
-        PyErr_Clear();
-        return false;
-      }
-      if (now != nullptr && now != Py_None) return false;
-    }
-    for (const auto& sz : sizes)
-      if (PyDict_GET_SIZE(sz.dict.ptr()) != sz.size) return false;
-    for (const auto& c : calls) {
-      PyObject* now = PyObject_CallNoArgs(c.fn.ptr());
-      if (now == nullptr) {
-        PyErr_Clear();
-        return false;
-      }
-      const bool same = now == c.result.ptr();
-      Py_DECREF(now);
-      if (!same) return false;
-    }
-    return true;
-  }
-};
-
 // FusedMLP's planned inference call (dualk/nn.py _FastPath): the module's parameters and the
 // launch's fixed arguments live here, so a call is one crossing from Python, an allocation and
 // a launch. run() returns None wherever the call does not fit the plan any more (another input,
@@ -248,12 +160,29 @@ class MlpPlan {
 
   py::object run(py::handle x) { return launch(x, true); }
   py::object run_in_forward(py::handle x) { return launch(x, false); }
-  bool guards_hold() const { return state_.hold() && call_.hold(); }
+  bool guards_hold() const { return !weights_.empty() && state_.hold() && call_.hold(); }
+
+  // The collector's view (dualk::plan_gc_type_setup): the guards' objects and the parameters.
+  int traverse(visitproc visit, void* arg) const {
+    for (const auto& w : weights_) Py_VISIT(w.ptr());
+    for (const auto& b : biases_) Py_VISIT(b.ptr());
+    if (const int r = state_.traverse(visit, arg)) return r;
+    return call_.traverse(visit, arg);
+  }
+
+  // Drops every Python object (the collector breaking a cycle): the plan then declines every
+  // call (no weights).
+  void clear() {
+    weights_.clear();
+    biases_.clear();
+    state_.clear();
+    call_.clear();
+  }
 
  private:
   py::object launch(py::handle x, bool whole_call) {
     PyObject* obj = x.ptr();
-    if (!THPVariable_CheckExact(obj) || at::GradMode::is_enabled() ||
+    if (weights_.empty() || !THPVariable_CheckExact(obj) || at::GradMode::is_enabled() ||
         torch::jit::tracer::isTracing())
       return py::none();
     const at::Tensor& t = THPVariable_Unpack(obj);
@@ -665,7 +594,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "None if the fused kernel holds these widths on chip, else why not");
   m.def("fused_mlp_kernel", &fused_mlp_kernel,
         "which kernel fused_mlp launches for these tensors (None: it would refuse them)");
-  py::class_<MlpPlan>(m, "MlpPlan", "FusedMLP's planned inference call (dualk/nn.py _FastPath)")
+  py::class_<MlpPlan>(m, "MlpPlan", "FusedMLP's planned inference call (dualk/nn.py _FastPath)",
+                      dualk::plan_gc_type_setup<MlpPlan>())
       .def(py::init<const py::list&, const py::list&, int64_t, int64_t, bool, const py::tuple&,
                     const py::tuple&>())
       .def("run", &MlpPlan::run,

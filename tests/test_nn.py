@@ -619,6 +619,27 @@ def _fast_calls(m) -> list:
     return served
 
 
+def test_fast_path_module_and_fused_model_are_collected():
+    # The C++ plan holds its module's __dict__ (guards) and sits in it: a cycle the garbage
+    # collector breaks only because MlpPlan takes part in collection (cuda_src/plan_guards.h
+    # plan_gc_type_setup); the fuse'd one-MLP model's guarded copy too.
+    import gc
+    import weakref
+
+    m, x, _ = _fast_module()
+    model = nn.Sequential(nn.Linear(100, 128), nn.ReLU(), nn.Linear(128, 10)).to(DEVICE).half()
+    fused = dualk.fuse(model, backend="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            fused(x)
+    (inner,) = [q for q in fused.modules() if isinstance(q, FusedMLP)]
+    assert "_fast" in inner.__dict__ and fused.forward.graph_fast is not None
+    alive = [weakref.ref(m), weakref.ref(fused), weakref.ref(inner)]
+    del m, fused, inner, model
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None, None]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_fast_path_gives_the_full_calls_answer(dtype, monkeypatch):
     m, x, full = _fast_module(dtype)
