@@ -67,7 +67,7 @@ struct Guards {
     }
   }
 
-  // Leaves no Python error set: a lookup or a call that raises counts as changed.
+  // Leaves no Python error set: a lookup or a call that raises an Exception counts as changed.
   bool hold() const {
     for (const auto& d : empty)
       if (PyDict_GET_SIZE(d.ptr()) != 0) return false;
@@ -91,6 +91,9 @@ struct Guards {
     for (const auto& c : calls) {
       PyObject* now = PyObject_CallNoArgs(c.fn.ptr());
       if (now == nullptr) {
+        // an Exception counts as changed; KeyboardInterrupt and the like reach the caller
+        // (as Guards.hold lets them)
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) throw py::error_already_set();
         PyErr_Clear();
         return false;
       }

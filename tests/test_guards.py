@@ -132,6 +132,16 @@ def test_cpp_hold_agrees_with_python(probe):
     raising = Guards()
     raising.calls.append((lambda: 1 / 0, None))
     assert probe.GuardedHolder(raising.args(), [1]).hold() is False  # (no error left set)
+    assert raising.hold() is False
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    stop = Guards()
+    stop.calls.append((interrupted, None))
+    for hold in (stop.hold, probe.GuardedHolder(stop.args(), [1]).hold):
+        with pytest.raises(KeyboardInterrupt):
+            hold()
 
 
 def test_a_cycle_through_the_plan_is_collected(probe):
