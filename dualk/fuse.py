@@ -69,7 +69,6 @@ from .nn import (
     kernel_activation,
     linear_problem,
     module_activation,
-    runs_forward_alone,
     traced_rows_bucket,
 )
 
@@ -1261,7 +1260,7 @@ class _FusedForward:
         (a provisional or missing decision) or has hooks. From then on the owner is its
         original module: `dualk.fuse` the model again to measure other shapes."""
         for m in self.fused:
-            if choice_final(m) != "original" or not runs_forward_alone(m):
+            if choice_final(m) != "original" or not call_guards(m).hold():
                 return
         owner = self.owner
         if owner.__dict__.get("forward") is not self:

@@ -387,20 +387,6 @@ _global_hook_dicts = tuple(
 )
 
 
-def runs_forward_alone(module: nn.Module) -> bool:
-    """module(x) would be module.forward(x) and nothing else: no hooks of its own or global ones
-    (nn.Module._call_impl's test), not compiled in place by module.compile()."""
-    d = module.__dict__
-    return not (
-        d.get("_compiled_call_impl") is not None
-        or module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or any(_global_hook_dicts)
-    )
-
-
 def _choose_path(module, op_name: str, x, weights, biases) -> str:
     """ "fused" (dualk's operator) or "original" (PyTorch's ops) for this call of a fused module:
     measured per shape class, device and mode by dualk.module_choice where the module's backend
@@ -523,6 +509,7 @@ class _FastPath:
         self.plan, self.owner, self.tf32, self.buckets, self.poison = (
             plan, owner, tf32, buckets, poison
         )  # fmt: skip
+        # (bound once: FusedMLP.__call__ reads fast.run on every call)
         self.run, self.run_in_forward = plan.run, plan.run_in_forward
 
     @classmethod
@@ -543,19 +530,27 @@ class _FastPath:
             if fast.buckets & buckets:
                 return
             buckets |= fast.buckets
-        state = _layer_guards(module, weights, biases)
-        more = _fast_guards(module, owner, tf32)
-        if state is None or more is None:
+        guards = plan_guards(module, owner, tf32, weights, biases)
+        if guards is None:
             return
-        state.extend(more)
         try:
             plan = cuda.fused_mlp_plan(
-                list(weights), list(biases), activation, buckets, poison, state,
-                call_guards(module),
+                list(weights), list(biases), activation, buckets, poison, *guards
             )  # fmt: skip
         except Exception:  # an extension without MlpPlan (an older prebuilt): the Python plan
             return
         module.__dict__["_fast"] = cls(plan, owner, tf32, buckets, poison)
+
+
+def plan_guards(module, owner, tf32, weights, biases) -> tuple[Guards, Guards] | None:
+    """(state, call) guards of a fast path planned now for `module` with these parameters (what
+    MlpPlan checks on every call, and what only its run checks: call_guards), or None where no
+    fast path would serve now. The CPU tests' stand-in plan takes the same."""
+    state = _layer_guards(module, weights, biases)
+    more = _fast_guards(module, owner, tf32)
+    if state is None or more is None:
+        return None
+    return state.extend(more), call_guards(module)
 
 
 def _layer_guards(module, weights, biases) -> Guards | None:
@@ -614,8 +609,8 @@ def _fast_guards(module, owner, tf32) -> Guards | None:
 
 
 def call_guards(module: nn.Module) -> Guards:
-    """runs_forward_alone(module) as guards: module(x) would be module.forward(x) and nothing
-    else (no hooks of its own or global ones, not compiled in place)."""
+    """module(x) would be module.forward(x) and nothing else (no hooks of its own or global ones,
+    not compiled in place), as guards: `call_guards(m).hold()` asks it now."""
     guards = Guards()
     guards.empty += [
         module._forward_hooks,
@@ -940,10 +935,9 @@ class FusedMLP(nn.Module):
         return x
 
     def __getstate__(self):
-        state = dict(super().__getstate__())  # a copy: the default returns the live __dict__
+        state = _without_memo(self)
         state.pop("_plan", None)  # launch closures: rebuilt on the first call of the copy
         state.pop("_fast", None)
-        state.pop("_choice_memo", None)
         return state
 
     @classmethod

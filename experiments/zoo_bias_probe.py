@@ -175,21 +175,8 @@ def part_b(device, name="mlp256x4_train", floor=False):
                 res[f"profile_{forced}_{which}"] = table
         module_choice.choose = real_choose
     if floor:  # where the fused model's own host time goes: Python's profile of 50 steps
-        import cProfile
-        import io
-        import pstats
-
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(50):
-            step(fused, opt_f)
-        torch.cuda.synchronize()
-        prof.disable()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(35)
-        res["cprofile_fused"] = text.getvalue()
-        print(text.getvalue())
+        res["cprofile_fused"] = _cprofile(lambda: step(fused, opt_f), 50, 35)[1]
+        print(res["cprofile_fused"])
     res["decisions"] = module_choice.details()
     return res
 
@@ -216,6 +203,27 @@ def _paths(model) -> list[str]:
     return sorted(
         {str(q.__dict__.get("_last_path")) for q in model.modules() if "_last_path" in q.__dict__}
     )
+
+
+def _cprofile(fn, calls: int, lines: int) -> tuple[float, str]:
+    """(host us per call under the profiler, pstats' top `lines` by own time) of `calls` calls
+    of fn, the GPU synchronised after."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(lines)
+    return host, text.getvalue()
 
 
 def part_e(device):
@@ -254,10 +262,6 @@ def part_e(device):
 
 
 def part_f(device):
-    import cProfile
-    import io
-    import pstats
-
     from dualk.fuse import _FusedForward
 
     res = {}
@@ -270,22 +274,11 @@ def part_f(device):
             _warm(runs)
             for _ in range(5):
                 runs["fused"]()
-            torch.cuda.synchronize()
             for which, fn in runs.items():
-                prof = cProfile.Profile()
-                t0 = time.perf_counter()
-                prof.enable()
-                for _ in range(20):
-                    fn()
-                prof.disable()
-                host = (time.perf_counter() - t0) / 20 * 1e6
-                torch.cuda.synchronize()
-                text = io.StringIO()
-                stats = pstats.Stats(prof, stream=text)
-                stats.sort_stats("tottime").print_stats(18)
-                out[which] = {"host_us_profiled": host, "top": text.getvalue()[-4000:]}
+                host, top = _cprofile(fn, 20, 18)
+                out[which] = {"host_us_profiled": host, "top": top[-4000:]}
                 print(f"== {name} {which}: {host:.0f} us per forward under cProfile")
-                print(text.getvalue()[-3500:])
+                print(top[-3500:])
         forwards = [
             q.__dict__["forward"]
             for q in fused.modules()
@@ -311,10 +304,6 @@ def part_g(device):
     """BERT with its LinearGELUs forced onto dualk's path (module_choice answers "fused"): host
     per forward against the original, alternating, then a cProfile of each, the op's auto
     decision for the intermediate's input and what module_choice and autotune hold."""
-    import cProfile
-    import io
-    import pstats
-
     m, args, kwargs = _built("bert", device)
     fused = dualk.fuse(_copy_sharing_tensors(m))
     real_choose = module_choice.choose
@@ -328,17 +317,10 @@ def part_g(device):
             res["paths"] = _paths(fused)
             print("bert forced fused:", json.dumps(res["alternate"]), res["paths"])
             for which, fn in runs.items():
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(20):
-                    fn()
-                prof.disable()
-                torch.cuda.synchronize()
-                text = io.StringIO()
-                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-                res[f"cprofile_{which}"] = text.getvalue()[-5000:]
+                top = _cprofile(fn, 20, 25)[1]
+                res[f"cprofile_{which}"] = top[-5000:]
                 print(f"== bert {which} (LinearGELU forced fused)")
-                print(text.getvalue()[-4500:])
+                print(top[-4500:])
             inter = next(q for q in fused.modules() if isinstance(q, dualk.nn.LinearGELU))
             x = torch.randn(8, 512, 768, device=device, dtype=torch.bfloat16)
             ex = dualk.ops.explain("linear_gelu", x, inter.weight, inter.bias, approximate="none")

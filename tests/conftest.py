@@ -188,13 +188,11 @@ def stand_in_fast_path(
     module.__dict__["_plan"] = owner
     module.__dict__.pop("_fast", None)
     layers = module.layers
-    state = dualk.nn._layer_guards(
-        module, [lin.weight for lin in layers], [lin.bias for lin in layers]
+    guards = dualk.nn.plan_guards(
+        module, owner, tf32, [lin.weight for lin in layers], [lin.bias for lin in layers]
     )
-    more = dualk.nn._fast_guards(module, owner, tf32)
-    if state is None or more is None:
+    if guards is None:
         return False
-    state.extend(more)
-    plan = StandInPlan(state, dualk.nn.call_guards(module), x, planned, served)
+    plan = StandInPlan(*guards, x, planned, served)
     module.__dict__["_fast"] = dualk.nn._FastPath(plan, owner, tf32, 1, alloc.poisoning())
     return True

@@ -137,9 +137,7 @@ def unforced_guards(spec: OpSpec) -> Guards | None:
     the config's [backend] table the one read and empty."""
     if not auto_unforced(spec):
         return None
-    table = config.loaded
-    if table is None:
-        table = config.backend_defaults()
+    table = config.backend_defaults()  # (the loaded table: auto_unforced has read it)
     guards = Guards()
     guards.identities += [(globals(), "_process_default", None), (vars(config), "loaded", table)]
     guards.absent += [(_ENV_BYTES, spec.env_key), (_ENV_BYTES, b"DUALK_BACKEND")]
