@@ -5,6 +5,7 @@ a wrong fused model fails the check, missing packages give skipped rows with the
 JSON carries the environment and every field, and the command line runs."""
 
 import json
+import statistics
 import sys
 
 import pytest
@@ -245,3 +246,16 @@ def test_ratio_interval_tells_a_difference_from_noise():
     lo, hi = zoo.ratio_interval(a, b)
     assert lo < 1.0 < hi
     assert zoo.ratio_interval([1.0] * 3, [1.0] * 3) is None
+
+
+def test_paired_ratio_keeps_a_difference_through_a_host_drift():
+    """A host that slows down mid-run moves both bursts of a pair: the paired ratio keeps the
+    fused model's 5% gain, where median / median of unevenly split slow periods does not."""
+    fast, slow = [1.0] * 9, [1.7] * 7  # the original saw 9 fast and 7 slow bursts
+    orig = fast + slow
+    fused = [t / 1.05 for t in orig]
+    assert zoo.paired_ratio(orig, fused) == pytest.approx(1.05)
+    skewed = fused[:7] + [1.7 / 1.05] * 2 + fused[9:]  # the fused one: 2 more slow bursts
+    assert statistics.median(orig) / statistics.median(skewed) < 0.7
+    assert zoo.paired_ratio(orig, skewed) == pytest.approx(1.05)
+    assert zoo.paired_ratio([], []) is None

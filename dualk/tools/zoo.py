@@ -7,8 +7,8 @@ Modes (per model: `ModelSpec.modes`; `run(modes=...)` picks among them):
 - "compiled": torch.compile(fused) vs torch.compile(original), both eval + no_grad; compilation
   happens in the warm-up, outside the timings (`Result.fullgraph` says how each was compiled).
 - "train": one step, forward, loss = output.float().square().mean(), backward, SGD(lr=1e-6),
-  on two copies with the same initial weights (the fused one is `dualk.fuse(copy.deepcopy(m))`),
-  so one's optimizer steps never touch the other's weights.
+  on two deep copies of the model with the same initial weights (the fused one is
+  `dualk.fuse(copy.deepcopy(m))`), so one's optimizer steps never touch the other's weights.
 
 Method (GPU). The two are timed in alternating rounds (`rounds`, the order swapped each round),
 so a clock or host drifting during the run weighs on both alike. In each round, per model:
@@ -26,6 +26,9 @@ Each round runs SPLIT bursts per model, alternating, of N calls each: about `tar
 and at least MIN_BURST calls per burst; every figure is the median over the bursts (the JSON keeps
 every sample). Compiled models are compiled through a function of their own (`_own_frame`). On a CPU the same loop runs (device time none, host = wall) with one round: the CPU
 sizes are for correctness and the fuse report, and their times say nothing about a GPU.
+The ratio is paired: the median over the bursts of original / fused, each burst against the other
+model's burst next to it (paired_ratio; the JSON keeps median / median too). The garbage collector
+stays on, with what existed before the rounds frozen (gc.freeze: out of its scans).
 
 Error: the fused output against the original's (max abs, relative norm ||f - o|| / ||o||), and
 the verdict by dualk's GEMM-family rule (dualk/testing.py): against a copy of the original in a
@@ -120,7 +123,11 @@ class Result:
     fused_device_ms: float | None = None
     orig_host_us: float | None = None
     fused_host_us: float | None = None
+    # the median over the rounds' burst pairs of original wall / fused wall (paired_ratio)
     ratio: float | None = None
+    # median(original wall) / median(fused wall): the unpaired figure (the zoo's headline before
+    # session 30), kept beside the paired one
+    ratio_of_medians: float | None = None
     # 95% interval of the ratio (resampling the rounds' paired bursts): where it holds 1.0, the
     # run cannot tell the two models apart on this host
     ratio_ci: list[float] | None = None
@@ -285,6 +292,10 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
             original, twin, fused, reference, (args, kwargs), ref_inputs, spec.dtype, result
         )
         del reference
+        # The step timed against fused's is a deep copy too, made the same way as twin: the
+        # original module itself against a copy compared placement as well (session 25, CPU: a
+        # ViT-like model's deep copy ran 9% slower than the model it was copied from)
+        original = copy.deepcopy(original)
         opt_o = torch.optim.SGD(original.parameters(), lr=LR)
         opt_f = torch.optim.SGD(fused.parameters(), lr=LR)
         run_o = lambda: _step(original, opt_o, args, kwargs)
@@ -527,6 +538,36 @@ def _time(
     # for a while (another tenant, a GC pause) then falls on both models, not on one (two
     # copies of one GPT-2, nothing fused, read 5.0 and 2.8 ms per forward in 5 rounds).
     burst_calls = max(MIN_BURST, calls // SPLIT) if on_gpu else calls
+    # Earlier rows leave a large heap (compiled graphs, Dynamo's caches): a full collection that
+    # scans it falls on one burst of one model now and then (mlp256x4's training step, H100: the
+    # fused copy's bursts 1.67-2.21 ms, the original's 1.65-2.05, equal device time). Frozen,
+    # those objects are out of the scans; the collector still runs on what the calls allocate.
+    gc.collect()
+    gc.freeze()
+    try:
+        _rounds(run_o, run_f, device, rounds, calls, burst_calls, flush, samples)
+    finally:
+        gc.unfreeze()
+    med = lambda xs: statistics.median(xs) if xs else None
+    result.timed_on, result.rounds, result.calls = device.type, rounds, burst_calls
+    result.samples = {
+        w: {k: [round(v, 4) for v in vs] for k, vs in d.items()} for w, d in samples.items()
+    }
+    o, f = samples["original"], samples["fused"]
+    result.orig_ms, result.fused_ms = med(o["wall"]), med(f["wall"])
+    result.orig_host_us, result.fused_host_us = med(o["host"]) * 1e3, med(f["host"]) * 1e3
+    result.orig_device_ms, result.fused_device_ms = med(o["device"]), med(f["device"])
+    result.ratio = paired_ratio(o["wall"], f["wall"])
+    result.ratio_of_medians = result.orig_ms / result.fused_ms if result.fused_ms else None
+    result.ratio_ci = ratio_interval(o["wall"], f["wall"])
+    if result.orig_device_ms and result.fused_device_ms:
+        result.device_ratio = result.orig_device_ms / result.fused_device_ms
+
+
+def _rounds(run_o, run_f, device, rounds, calls, burst_calls, flush, samples) -> None:
+    """The timed rounds (module docstring): SPLIT bursts per model per round, alternating, the
+    order swapped each burst pair; device samples once per round."""
+    on_gpu = device.type == "cuda"
     for r in range(rounds * SPLIT if on_gpu else rounds):
         order = (("original", run_o), ("fused", run_f))
         for which, fn in order if r % 2 == 0 else order[::-1]:
@@ -538,36 +579,29 @@ def _time(
                 cycles = timing.sleep_cycles(host * 1e3)
                 ms = timing.timed_calls(fn, min(calls, DEVICE_CALLS), None, cycles)
                 samples[which]["device"].append(statistics.mean(ms))
-    med = lambda xs: statistics.median(xs) if xs else None
-    result.timed_on, result.rounds, result.calls = device.type, rounds, burst_calls
-    result.samples = {
-        w: {k: [round(v, 4) for v in vs] for k, vs in d.items()} for w, d in samples.items()
-    }
-    o, f = samples["original"], samples["fused"]
-    result.orig_ms, result.fused_ms = med(o["wall"]), med(f["wall"])
-    result.orig_host_us, result.fused_host_us = med(o["host"]) * 1e3, med(f["host"]) * 1e3
-    result.orig_device_ms, result.fused_device_ms = med(o["device"]), med(f["device"])
-    result.ratio = result.orig_ms / result.fused_ms if result.fused_ms else None
-    result.ratio_ci = ratio_interval(o["wall"], f["wall"])
-    if result.orig_device_ms and result.fused_device_ms:
-        result.device_ratio = result.orig_device_ms / result.fused_device_ms
+
+
+def paired_ratio(orig: list[float], fused: list[float]) -> float | None:
+    """The median over the burst pairs (the i-th burst of each model, run next to each other in one
+    round) of orig / fused. A host that slows down for a while (H100 hosts: BERT's forward 1.9 ->
+    3.3 ms within one run, session 29) moves both bursts of a pair, so their ratio keeps what the
+    models differ by, where median / median mixes fast and slow periods unevenly."""
+    ratios = [o / f for o, f in zip(orig, fused) if f > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def ratio_interval(orig: list[float], fused: list[float], draws: int = 2000) -> list[float] | None:
-    """[low, high]: the 2.5th and 97.5th percentiles of median(orig) / median(fused) over `draws`
-    resamples of the burst pairs (a pair: the i-th burst of each, which ran next to each other in
-    one round, so a host slowing down for a while moves both). Seeded: a run's interval is
-    reproducible from its samples. None for fewer than 4 pairs."""
-    pairs = [(o, f) for o, f in zip(orig, fused) if f > 0]
-    if len(pairs) < 4:
+    """[low, high]: the 2.5th and 97.5th percentiles of the paired ratio (paired_ratio) over `draws`
+    resamples of the burst pairs. Seeded: a run's interval is reproducible from its samples. None
+    for fewer than 4 pairs."""
+    ratios_of_pairs = [o / f for o, f in zip(orig, fused) if f > 0]
+    if len(ratios_of_pairs) < 4:
         return None
     rng = random.Random(0)
-    n = len(pairs)
+    n = len(ratios_of_pairs)
     ratios = []
     for _ in range(draws):
-        pick = [pairs[rng.randrange(n)] for _ in range(n)]
-        fused_med = statistics.median(f for _, f in pick)
-        ratios.append(statistics.median(o for o, _ in pick) / fused_med)
+        ratios.append(statistics.median(ratios_of_pairs[rng.randrange(n)] for _ in range(n)))
     ratios.sort()
     return [ratios[int(0.025 * (draws - 1))], ratios[int(0.975 * (draws - 1))]]
 
@@ -647,9 +681,12 @@ def environment(device: str | torch.device | None = None) -> dict:
 
 
 METHOD = {
-    "ratio": "original wall ms / fused wall ms per call (> 1: fused is faster)",
-    "ratio_ci": "95% bootstrap interval of the ratio: 2000 resamples of the rounds' burst pairs "
-    "(the i-th burst of each model, run next to each other), median / median",
+    "ratio": "median over the rounds' burst pairs (the i-th burst of each model, run next to each "
+    "other) of original wall ms / fused wall ms per call (> 1: fused is faster)",
+    "ratio_of_medians": "median original wall / median fused wall (unpaired)",
+    "ratio_ci": "95% bootstrap interval of the ratio: 2000 resamples of the burst pairs",
+    "gc": "gc.collect() then gc.freeze() before the timed rounds (the objects of earlier rows out "
+    "of the collector's scans), gc.unfreeze() after; the collector stays on",
     "wall": "N calls in a row after an L2 flush, then a synchronise; elapsed / N; median of rounds",
     "host": "the same loop up to the last call's return (enqueue time), before the synchronise, / N",
     "device": "CUDA events around each of min(N, 20) calls, each after a GPU sleep longer than its "
