@@ -62,8 +62,11 @@ from .. import module_choice
 from ..core import timing
 from ..dispatch import triton_tune
 from ..fuse import forward_restored, fuse
+from ..nn import FusedMLP, GatedBase, LinearGELU, choice_final
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
+
+_FUSED_MODULES = (FusedMLP, LinearGELU, GatedBase)  # each decides its path (module_choice)
 
 MODES = ("eager", "compiled", "train")
 SPLIT = 4  # bursts per round on the GPU (_time)
@@ -256,7 +259,12 @@ def _run_one(
     try:
         _measure(spec, mode, device, size, rounds, target_ms, result)
         result.choices = {
-            k: {"path": v["path"], "times_us": v.get("times_us", {})}
+            k: {
+                "path": v["path"],
+                "times_us": v.get("times_us", {}),
+                "provisional": bool(v.get("provisional")),
+                "source": v.get("source"),
+            }
             for k, v in module_choice.details().items()
             if k not in before
         }
@@ -328,6 +336,15 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
     restored = sum(1 for m in fused.modules() if forward_restored(m))
     if restored:  # (dualk.fuse gave them their own forward back: original-path calls, no dualk)
         result.note = _join(result.note, f"{restored} fused owner(s) back on their own forward")
+    if mode == "eager":  # what kept an owner on its fused forward (read from the JSON)
+        finals = Counter(
+            str(choice_final(m)) for m in fused.modules() if isinstance(m, _FUSED_MODULES)
+        )
+        if finals:
+            result.note = _join(
+                result.note,
+                "final choices: " + ", ".join(f"{k} {n}" for k, n in sorted(finals.items())),
+            )
 
 
 def _cast(obj, dtype):
