@@ -238,6 +238,9 @@ fresh)
   ;;
 steps)
   mkdir -p /tmp/pre && tar xf build/prebuilt.tar.xz -C /tmp/pre || { say "no build/prebuilt.tar.xz"; exit 1; }
+  # the carried families serve every step (without this, a call with no build step built them
+  # in the background during its zoo: session 30, call 7)
+  prebuilt_from /tmp/pre/prebuilt
   for step in ${STEPS:-build tests host small zoo glu}; do
     t0=$(date +%s)
     case $step in
