@@ -586,6 +586,42 @@ def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch
     assert entry["source"] == "cache"
 
 
+def test_provisional_choice_is_measured_again_on_a_clock(measured, monkeypatch):
+    # No build generation moves (the operator's missing backend arrived without one, or its
+    # decision became final on a later call): the provisional choice is still measured again,
+    # after RECHECK_S, then after twice that, and turns final once the operator's decision is.
+    costs, timed = measured
+    from dualk import nn as dnn
+
+    monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: True)
+    monkeypatch.setattr(autotune, "build_generation", lambda poll=False: 7)
+    clock = [500.0]
+    monkeypatch.setattr(module_choice, "_clock", lambda: clock[0])
+    monkeypatch.setattr(dnn, "_monotonic", lambda: clock[0])
+    model = FusedMLP((8, 13, 7))  # (a class no other test's cache file holds)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        model(x)
+        count = sum(timed.values())
+        clock[0] += module_choice.RECHECK_S / 2  # (past the module's own memo, not the recheck)
+        model(x)
+        assert sum(timed.values()) == count
+        clock[0] += module_choice.RECHECK_S / 2 + 0.01
+        model(x)
+        assert sum(timed.values()) > count  # measured again: still provisional
+        count = sum(timed.values())
+        clock[0] += module_choice.RECHECK_S + 0.01  # (the next look waits twice as long)
+        model(x)
+        assert sum(timed.values()) == count and dnn.choice_final(model) is None
+        monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: False)
+        clock[0] += module_choice.RECHECK_S
+        model(x)
+        assert sum(timed.values()) > count
+        assert dnn.choice_final(model) is not None
+    [entry] = module_choice.details().values()
+    assert entry["provisional"] is False
+
+
 class _Blocks(nn.Module):
     """Chains inside submodules (a transformer's MLPs): fused in place, the model keeps its
     class, forward and attributes."""

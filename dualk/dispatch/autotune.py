@@ -221,6 +221,21 @@ def provisional(spec: OpSpec, args: tuple) -> bool:
     return spec.key(args) in _provisional
 
 
+def provisional_now() -> dict[str, dict]:
+    """Every decision of this process that is still provisional: {key text: {"backend",
+    "pending": {backend: why, as recorded}, "triton_now": Triton's state of the class now}}
+    (benchmarks report it: a decision that stays provisional keeps the modules above it asking)."""
+    with _lock:
+        return {
+            str(key): {
+                "backend": _memory.get(key),
+                "pending": dict(entry["pending"]),
+                "triton_now": triton_tune.state_of(key),
+            }
+            for key, entry in _provisional.items()
+        }
+
+
 def provisional_winner(spec: OpSpec, args: tuple) -> str | None:
     """The winner of this call's class while its decision is provisional (a candidate still
     building or tuning), else None."""

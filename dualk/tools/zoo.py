@@ -60,7 +60,7 @@ import dualk
 
 from .. import module_choice
 from ..core import timing
-from ..dispatch import triton_tune
+from ..dispatch import autotune, triton_tune
 from ..fuse import forward_restored, fuse
 from ..nn import FusedMLP, GatedBase, LinearGELU, choice_final
 from ..testing import gemm_error_budget
@@ -154,6 +154,9 @@ class Result:
     # the fused modules' measured choices made during this row (dualk.module_choice): key ->
     # {"path", "times_us": {path: [score, device, host]}}
     choices: dict[str, dict] = field(default_factory=dict)
+    # autotune.provisional_now() at the row's end where not empty (operators' decisions still
+    # waiting for a backend: the fused modules above them stay provisional too)
+    provisional_ops: dict[str, dict] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- selection
@@ -258,6 +261,8 @@ def _run_one(
     before = set(module_choice.details())
     try:
         _measure(spec, mode, device, size, rounds, target_ms, result)
+        # operator decisions still waiting for a backend at the row's end
+        result.provisional_ops = autotune.provisional_now()
         result.choices = {
             k: {
                 "path": v["path"],
