@@ -1257,10 +1257,23 @@ class _FusedForward:
         original path and every fused module's choice is final and "original": such a call
         then runs no dualk code at all (on an H200 host, ViT-S's 12 Mlp forward objects cost
         3-4% of its host-bound eager forward). Not where a fused module may still be measured
-        (a provisional or missing decision) or has hooks. From then on the owner is its
+        (a provisional or missing decision: tried again RESTORE_AFTER like calls later) or has
+        hooks. From then on the owner is its
         original module: `dualk.fuse` the model again to measure other shapes."""
         for m in self.fused:
-            if choice_final(m) != "original" or not call_guards(m).hold():
+            final = choice_final(m)
+            if final is None:
+                # A provisional choice (an operator's backend was still tuning when it was
+                # measured): the like calls above never reach the fused module again, so it
+                # would stay provisional and the owner on this object for good (H200 zoo,
+                # session 30: BERT's four, the seed's at 65536 rows). The next like call runs
+                # the graph, whose modules ask module_choice again (measured again on its clock),
+                # and restoring is tried again RESTORE_AFTER calls later.
+                self.last_original = None
+                self.original_calls.clear()
+                self.original_streak = 0
+                return
+            if final != "original" or not call_guards(m).hold():
                 return
         owner = self.owner
         if owner.__dict__.get("forward") is not self:

@@ -725,6 +725,46 @@ def test_owner_gets_its_original_forward_back(measured, monkeypatch):
         torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
+def test_owner_is_restored_once_a_provisional_choice_turns_final(measured, monkeypatch):
+    # A choice measured while the operator's own decision was provisional (Triton still tuning):
+    # like calls run the original path without reaching the fused module, so restoring asks it
+    # again (its graph runs once) and succeeds once module_choice has measured it as final.
+    from dualk import nn as dnn
+
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+    monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: True)
+    monkeypatch.setattr(autotune, "build_generation", lambda poll=False: 3)
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())  # (no earlier test's)
+    clock = [100.0]
+    monkeypatch.setattr(module_choice, "_clock", lambda: clock[0])
+    monkeypatch.setattr(dnn, "_monotonic", lambda: clock[0])
+    torch.manual_seed(32)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    block = fused.mlps[0]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(8):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert not fuse_module.forward_restored(block)  # provisional: not restored
+        monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: False)
+        clock[0] += module_choice.RECHECK_S + 0.01  # (module_choice's clock for another look)
+        for _ in range(8):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert fuse_module.forward_restored(block) and "forward" not in block.__dict__
+
+
+class _NoFile:
+    """A cache file that holds nothing and keeps nothing (autotune.store_for's stand-in)."""
+
+    def get(self, section, key):
+        return None
+
+    def put(self, section, key, value):
+        pass
+
+
 def _fused_forward(module: nn.Module):
     """The _FusedForward dualk.fuse installed as `module`'s forward."""
     ff = module.forward
