@@ -307,7 +307,7 @@ class _Tracer(fx.Tracer):
         if self.all_leaves:
             return True
         return (
-            isinstance(m, _FUSED_TYPES)
+            isinstance(m, FUSED_TYPES)
             or module_activation(m) is not None
             or super().is_leaf_module(m, qualname)
         )
@@ -1040,7 +1040,7 @@ class _SharedHalvesGLU(GatedBase):
 
 
 # Modules fuse() keeps as leaves and counts as fused.
-_FUSED_TYPES = (FusedMLP, LinearGELU, GatedBase, GatedMLP)
+FUSED_TYPES = (FusedMLP, LinearGELU, GatedBase, GatedMLP)
 
 
 # ------------------------------------------------------------------------ untraceable models
@@ -1103,7 +1103,7 @@ class _FusedForward:
         # fuse's whole-model GraphModule result; a bool, so that a trace reads one of the two
         self.graph_is_owner = graph is owner
         self.children = tuple(owner._modules.values())
-        self.fused = tuple(m for m in graph.modules() if isinstance(m, _FUSED_TYPES))
+        self.fused = tuple(m for m in graph.modules() if isinstance(m, FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
         self.input_mlp = _input_mlp(graph) if self.traced is not None else None
@@ -1258,8 +1258,8 @@ class _FusedForward:
         then runs no dualk code at all (on an H200 host, ViT-S's 12 Mlp forward objects cost
         3-4% of its host-bound eager forward). Not where a fused module may still be measured
         (a provisional or missing decision: tried again RESTORE_AFTER like calls later) or has
-        hooks. From then on the owner is its
-        original module: `dualk.fuse` the model again to measure other shapes."""
+        hooks. From then on the owner is its original module: `dualk.fuse` the model again to
+        measure other shapes."""
         for m in self.fused:
             final = choice_final(m)
             if final is None:
@@ -1343,7 +1343,7 @@ def _input_mlp(graph: fx.GraphModule) -> nn.Module | None:
         if node.op != "call_module":
             continue
         module = graph.get_submodule(str(node.target))
-        if not isinstance(module, _FUSED_TYPES):
+        if not isinstance(module, FUSED_TYPES):
             continue
         if found is not None or not isinstance(module, (FusedMLP, LinearGELU)):
             return None
@@ -1478,7 +1478,7 @@ def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:
         # A Sequential's data flow is its order: trace it with every child as a leaf.
         _fuse_in_place(module, _trace(module, all_leaves=True), ctx, path)
     for name, child in module.named_children():
-        if isinstance(child, (nn.Linear, *_FUSED_TYPES)) or module_activation(child):
+        if isinstance(child, (nn.Linear, *FUSED_TYPES)) or module_activation(child):
             continue
         _fuse_child(child, ctx, f"{path}{name}")
 

@@ -57,13 +57,12 @@ SECTION = "module."  # + mode, in autotune's cache file
 _lock = threading.RLock()
 _memory: dict[tuple, str] = {}
 _details: dict[tuple, dict] = {}
-_provisional: dict[tuple, int] = {}  # key -> the CUDA build generation it was measured in
-# key -> (monotonic time of the next look, the interval it waited): a provisional decision is
-# also measured again on a clock, RECHECK_S doubling up to RECHECK_MAX_S, not only when a build
-# generation moves. On an H200 zoo run (session 30) BERT's and the seed's decisions stayed
-# provisional through whole rows with no generation left to move, and their owners never got
-# their own forward back.
-_recheck: dict[tuple, tuple[float, float]] = {}
+# key -> (the build generation it was measured in, monotonic time of the next look, the interval
+# it waited) for a provisional decision: measured again when a build generation moves or on a
+# clock, RECHECK_S doubling up to RECHECK_MAX_S. On an H200 zoo run (session 30) BERT's and the
+# seed's decisions stayed provisional through whole rows with no generation left to move, and
+# their owners never got their own forward back.
+_provisional: dict[tuple, tuple[int, float, float]] = {}
 RECHECK_S, RECHECK_MAX_S = 1.0, 30.0
 _clock = time.monotonic
 _generation = [autotune.clears()]
@@ -122,7 +121,6 @@ def _forget_if_stale() -> None:
         _memory.clear()
         _details.clear()
         _provisional.clear()
-        _recheck.clear()
         _generation[0] = gen
         _changes[0] += 1
 
@@ -173,26 +171,23 @@ def choose(mode: str, shape: tuple, rows: int | None, x_grad: bool = False) -> s
         _changes[0] += 1
         if details["provisional"]:
             # dualk's operator ran without a backend that is still building: measured again
-            # once a build finishes or its clock runs out (_recheck), and not written to the file
-            _provisional[key] = autotune.build_generation()
-            waited = _recheck.get(key, (0.0, RECHECK_S / 2))[1]
-            interval = min(RECHECK_MAX_S, waited * 2)
-            _recheck[key] = (_clock() + interval, interval)
+            # once a build finishes or its clock runs out, and not written to the file
+            interval = min(RECHECK_MAX_S, _provisional.get(key, (0, 0.0, RECHECK_S / 2))[2] * 2)
+            _provisional[key] = (autotune.build_generation(), _clock() + interval, interval)
         else:
             _provisional.pop(key, None)
-            _recheck.pop(key, None)
             store.put(SECTION + mode, key_text(key), details)
         return details["path"]
 
 
 def _stale(key: tuple) -> bool:
     """A provisional decision whose missing backend may have arrived since (a build ended), or
-    whose clock for another look has run out (_recheck)."""
-    if key not in _provisional:
+    whose clock for another look has run out."""
+    entry = _provisional.get(key)
+    if entry is None:
         return False
-    if key in _recheck and _clock() >= _recheck[key][0]:
-        return True
-    return autotune.build_generation(poll=True) != _provisional[key]
+    generation, next_look, _ = entry
+    return _clock() >= next_look or autotune.build_generation(poll=True) != generation
 
 
 def compiled_path(shape: tuple, rows: int | None, grad: bool) -> str:
@@ -225,7 +220,6 @@ def clear() -> None:
         _memory.clear()
         _details.clear()
         _provisional.clear()
-        _recheck.clear()
 
 
 # ------------------------------------------------------------------------------ measuring

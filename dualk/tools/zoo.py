@@ -61,12 +61,10 @@ import dualk
 from .. import module_choice
 from ..core import timing
 from ..dispatch import autotune, triton_tune
-from ..fuse import forward_restored, fuse
-from ..nn import FusedMLP, GatedBase, LinearGELU, choice_final
+from ..fuse import FUSED_TYPES, forward_restored, fuse
+from ..nn import choice_final
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
-
-_FUSED_MODULES = (FusedMLP, LinearGELU, GatedBase)  # each decides its path (module_choice)
 
 MODES = ("eager", "compiled", "train")
 SPLIT = 4  # bursts per round on the GPU (_time)
@@ -343,7 +341,7 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
         result.note = _join(result.note, f"{restored} fused owner(s) back on their own forward")
     if mode == "eager":  # what kept an owner on its fused forward (read from the JSON)
         finals = Counter(
-            str(choice_final(m)) for m in fused.modules() if isinstance(m, _FUSED_MODULES)
+            str(choice_final(m)) for m in fused.modules() if isinstance(m, FUSED_TYPES)
         )
         if finals:
             result.note = _join(
@@ -608,15 +606,19 @@ def paired_ratio(orig: list[float], fused: list[float]) -> float | None:
     round) of orig / fused. A host that slows down for a while (H100 hosts: BERT's forward 1.9 ->
     3.3 ms within one run, session 29) moves both bursts of a pair, so their ratio keeps what the
     models differ by, where median / median mixes fast and slow periods unevenly."""
-    ratios = [o / f for o, f in zip(orig, fused) if f > 0]
+    ratios = _pair_ratios(orig, fused)
     return statistics.median(ratios) if ratios else None
+
+
+def _pair_ratios(orig: list[float], fused: list[float]) -> list[float]:
+    return [o / f for o, f in zip(orig, fused) if f > 0]
 
 
 def ratio_interval(orig: list[float], fused: list[float], draws: int = 2000) -> list[float] | None:
     """[low, high]: the 2.5th and 97.5th percentiles of the paired ratio (paired_ratio) over `draws`
     resamples of the burst pairs. Seeded: a run's interval is reproducible from its samples. None
     for fewer than 4 pairs."""
-    ratios_of_pairs = [o / f for o, f in zip(orig, fused) if f > 0]
+    ratios_of_pairs = _pair_ratios(orig, fused)
     if len(ratios_of_pairs) < 4:
         return None
     rng = random.Random(0)
