@@ -181,6 +181,166 @@ def part_b(device, name="mlp256x4_train", floor=False):
     return res
 
 
+def part_t(device, name="mlp256x4_train"):
+    """The zoo's training row exactly as the zoo builds it (deep copy vs fuse(deep copy), zoo's
+    _step and _settle), then: the state of the process (threads, the Triton tuner), alternating
+    bursts, the same after the tuner has finished, cProfile and torch.profiler of both steps, and
+    two variants of the fused model: its owner forward replaced by the unfused graph's, and the
+    unfused graph (the fuse result's `original`) stepped as a model of its own."""
+    import threading
+
+    from dualk.fuse import FUSED_TYPES
+    from dualk.nn import choice_final
+    from dualk.tools import zoo
+
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    built = spec.build(device, spec.dtype, "gpu")
+    original = built.model.train()
+    args, kwargs = built.make_inputs()
+    twin = copy.deepcopy(original)
+    fused = dualk.fuse(twin).train()
+    orig = copy.deepcopy(original)
+    opt_o = torch.optim.SGD(orig.parameters(), lr=1e-6)
+    opt_f = torch.optim.SGD(fused.parameters(), lr=1e-6)
+    run_o = lambda: zoo._step(orig, opt_o, args, kwargs)
+    run_f = lambda: zoo._step(fused, opt_f, args, kwargs)
+    for fn in (run_o, run_f):
+        fn()
+        torch.cuda.synchronize()
+    zoo._settle(run_f, device)
+    for fn in (run_o, run_f):
+        fn()
+        fn()
+
+    def state(tag):
+        st = {
+            "threads": sorted(t.name for t in threading.enumerate()),
+            "tuner_running": len(triton_tune.running()),
+            "background_pending": triton_tune.background_pending(),
+            "paths": _paths(fused),
+            "finals": [str(choice_final(m)) for m in fused.modules()
+                       if isinstance(m, FUSED_TYPES)],
+            "params": [len(list(orig.parameters())), len(list(fused.parameters()))],
+            "opt_params": [len(opt_o.param_groups[0]["params"]),
+                           len(opt_f.param_groups[0]["params"])],
+        }  # fmt: skip
+        ff = fused.__dict__.get("forward")
+        if ff is not None:
+            st["ff"] = {k: str(getattr(ff, k, None))[:120] for k in
+                        ("last_original", "last_graph", "single_mlp", "original_streak")}  # fmt: skip
+        print(tag, json.dumps(st))
+        return st
+
+    res = {"state_0": state("after settle")}
+    gc_was = __import__("gc")
+    gc_was.collect()
+    gc_was.freeze()
+    res["alt_1"] = alternate({"original": run_o, "fused": run_f}, rounds=16, calls=8)
+    print("alt_1", json.dumps(res["alt_1"]))
+    res["state_1"] = state("after alt_1")
+    t0 = time.perf_counter()
+    while triton_tune.background_pending() and time.perf_counter() - t0 < 90:
+        triton_tune.poll()
+        time.sleep(0.5)
+    res["tuner_wait_s"] = round(time.perf_counter() - t0, 1)
+    for _ in range(3):
+        run_f()
+    res["alt_2"] = alternate({"original": run_o, "fused": run_f}, rounds=16, calls=8)
+    print("alt_2 (tuner done)", res["tuner_wait_s"], json.dumps(res["alt_2"]))
+    res["state_2"] = state("after alt_2")
+    for which, fn in (("original", run_o), ("fused", run_f)):
+        host, text = _cprofile(fn, 40, 30)
+        res[f"cprofile_{which}"] = {"host_us": host, "top": text}
+        print(f"--- cProfile {which}: {host:.0f} us per step under the profiler\n{text}")
+    from torch.profiler import ProfilerActivity, profile
+
+    for which, fn in (("original", run_o), ("fused", run_f)):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        ka = prof.key_averages()
+        res[f"ops_{which}"] = sum(e.count for e in ka)
+        table = ka.table(sort_by="self_cpu_time_total", row_limit=20)
+        print(f"--- torch.profiler {which}: {res[f'ops_{which}']} ops in 5 steps\n{table}")
+    ff = fused.__dict__.get("forward")
+    if ff is not None and getattr(ff, "original", None) is not None:
+        unfused = ff.original
+        run_u = lambda: zoo._step(unfused, opt_f, args, kwargs)
+        object.__setattr__(fused, "forward", unfused.forward)
+        res["alt_3_owner_forward_unfused"] = alternate(
+            {"original": run_o, "fused": run_f, "unfused_graph": run_u}, rounds=16, calls=8
+        )
+        print("alt_3", json.dumps(res["alt_3_owner_forward_unfused"]))
+        object.__setattr__(fused, "forward", ff)
+    twin2 = copy.deepcopy(orig)
+    opt_2 = torch.optim.SGD(twin2.parameters(), lr=1e-6)
+    run_2 = lambda: zoo._step(twin2, opt_2, args, kwargs)
+    for _ in range(3):
+        run_2()
+    res["alt_4_aa"] = alternate({"original": run_o, "copy": run_2, "fused": run_f}, rounds=16,
+                                calls=8)  # fmt: skip
+    print("alt_4 (A/A copy)", json.dumps(res["alt_4_aa"]))
+    gc_was.unfreeze()
+    res["decisions"] = module_choice.details()
+    return res
+
+
+def part_z(device, name="mlp256x4_train"):
+    """The zoo's own measurement of `name` (dualk.tools.zoo, where its 0.89-0.94x shows), with
+    diagnostics run inside it just before its timed rounds: one step of each model under
+    torch.cuda.set_sync_debug_mode("error") (the traceback of any synchronising op), cProfile
+    of 30 steps of each, and the plain alternating bursts of part t beside the zoo's own rounds."""
+    import traceback
+
+    from dualk.tools import zoo
+
+    res = {}
+    real_rounds = zoo._rounds
+
+    def rounds(run_o, run_f, dev, n_rounds, calls, burst_calls, flush, samples):
+        zoo.gc.unfreeze()
+        for which, fn in (("original", run_o), ("fused", run_f)):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn()
+                res[f"sync_{which}"] = None
+            except RuntimeError:
+                res[f"sync_{which}"] = traceback.format_exc()[-3000:]
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+            print(f"--- sync check, {which}:", res[f"sync_{which}"] or "no synchronising op")
+            fn()
+        for which, fn in (("original", run_o), ("fused", run_f)):
+            host, text = _cprofile(fn, 30, 25)
+            res[f"cprofile_{which}"] = {"host_us": host, "top": text}
+            print(f"--- cProfile {which}: {host:.0f} us per step\n{text}")
+        res["alternate_before"] = alternate({"original": run_o, "fused": run_f}, 16, burst_calls)
+        print("alternate before the zoo's rounds", json.dumps(res["alternate_before"]))
+        zoo.gc.collect()
+        zoo.gc.freeze()
+        real_rounds(run_o, run_f, dev, n_rounds, calls, burst_calls, flush, samples)
+        zoo.gc.unfreeze()
+        res["alternate_after"] = alternate({"original": run_o, "fused": run_f}, 16, burst_calls)
+        print("alternate after the zoo's rounds", json.dumps(res["alternate_after"]))
+        zoo.gc.freeze()
+
+    zoo._rounds = rounds
+    try:
+        results = zoo.run(models=[name], modes=["train"])
+    finally:
+        zoo._rounds = real_rounds
+    r = results[0]
+    res["zoo"] = {k: getattr(r, k) for k in ("ratio", "ratio_ci", "orig_host_us", "fused_host_us",
+                                             "orig_device_ms", "fused_device_ms", "background")}  # fmt: skip
+    print("zoo row", json.dumps(res["zoo"], default=str))
+    return res
+
+
 def _built(name, device):
     """The zoo's `name` at its GPU size, eval: (model, args, kwargs)."""
     spec = MODELS[name]
@@ -355,7 +515,7 @@ def main():
         "--parts",
         default="a,b",
         help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
-        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused), g (BERT with its LinearGELUs forced fused)",
+        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused), g (BERT with its LinearGELUs forced fused), t (the zoo's 256x4 training row as the zoo builds it, cProfile, tuner state), z (the zoo's own 256x4 row with sync check, cProfile and plain bursts inside it)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -376,6 +536,10 @@ def main():
         out["vision_original_path"] = part_e(device)
     if "f" in a.parts.split(","):
         out["profile"] = part_f(device)
+    if "t" in a.parts.split(","):
+        out["train_256x4_zoo_setup"] = part_t(device)
+    if "z" in a.parts.split(","):
+        out["train_256x4_in_zoo"] = part_z(device)
     if "g" in a.parts.split(","):
         out["bert_forced_fused"] = part_g(device)
     if a.json:

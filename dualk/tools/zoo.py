@@ -155,6 +155,9 @@ class Result:
     # autotune.provisional_now() at the row's end where not empty (operators' decisions still
     # waiting for a backend: the fused modules above them stay provisional too)
     provisional_ops: dict[str, dict] = field(default_factory=dict)
+    # dualk's background work (Triton's tuner processes running, anything pending) just before
+    # and after the timed rounds: work left at "before" is settled first (settle_s)
+    background: dict[str, dict] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- selection
@@ -562,12 +565,21 @@ def _time(
     # scans it falls on one burst of one model now and then (mlp256x4's training step, H100: the
     # fused copy's bursts 1.67-2.21 ms, the original's 1.65-2.05, equal device time). Frozen,
     # those objects are out of the scans; the collector still runs on what the calls allocate.
+    result.background["before"] = _background()
+    if result.background["before"]["pending"]:
+        # work queued after the warm-up's settle (the one-call timings above; a decision asked
+        # again on its clock): a tuner compiling and timing on this GPU during the rounds would
+        # fall on some bursts and not others
+        t0 = time.perf_counter()
+        _settle(run_f, device)
+        result.background["before"]["settle_s"] = round(time.perf_counter() - t0, 3)
     gc.collect()
     gc.freeze()
     try:
         _rounds(run_o, run_f, device, rounds, calls, burst_calls, flush, samples)
     finally:
         gc.unfreeze()
+    result.background["after"] = _background()
     med = lambda xs: statistics.median(xs) if xs else None
     result.timed_on, result.rounds, result.calls = device.type, rounds, burst_calls
     result.samples = {
@@ -643,6 +655,11 @@ def _settle(fn, device) -> None:
         for _ in range(3):
             fn()
         _sync(device)
+
+
+def _background() -> dict:
+    """Triton tuner processes running now, and whether anything auto waits for is pending."""
+    return {"tuners": len(triton_tune.running()), "pending": triton_tune.background_pending()}
 
 
 def _wall_once(fn, device) -> float:
