@@ -248,6 +248,51 @@ def test_ratio_interval_tells_a_difference_from_noise():
     assert zoo.ratio_interval([1.0] * 3, [1.0] * 3) is None
 
 
+def test_no_timed_burst_follows_a_device_sample(monkeypatch):
+    """The GPU rounds (a stand-in device and clocks): every timed burst of each model is kept, the
+    two models alternate which one goes first, each model gets one device sample per round, and
+    the burst right after a device sample is never a timed one (on the H200 such bursts ran
+    slower, and they all fell on the fused model: its 256x4 training step read 0.89x)."""
+    log, counter = [], iter(range(10**6))
+
+    def burst(fn, calls, device, flush):
+        value = float(next(counter))
+        log.append(("burst", fn.__name__, value))
+        return value, value
+
+    def timed_calls(fn, reps, flush, cycles):
+        log.append(("device", fn.__name__, None))
+        return [1.0] * reps
+
+    def original():
+        pass
+
+    def fused():
+        pass
+
+    class Flush:
+        def zero_(self):
+            pass
+
+    monkeypatch.setattr(zoo, "_burst", burst)
+    monkeypatch.setattr(zoo.timing, "timed_calls", timed_calls)
+    samples = {w: {"wall": [], "host": [], "device": []} for w in ("original", "fused")}
+    rounds = 3
+    cuda = torch.device("cuda")  # (only its type is read)
+    zoo._rounds(original, fused, cuda, rounds, 8, 8, Flush(), samples)
+    n = rounds * zoo.SPLIT
+    timed = {w: samples[w]["wall"] for w in samples}
+    assert all(len(v) == n for v in timed.values())
+    assert all(len(samples[w]["device"]) == rounds for w in samples)
+    kept = set(timed["original"]) | set(timed["fused"])
+    firsts = [name for kind, name, v in log if kind == "burst" and v in kept][::2]
+    assert firsts.count("original") == firsts.count("fused") == n // 2
+    for before, after in zip(log, log[1:]):
+        if before[0] == "device" and after[0] == "burst":
+            assert after[2] not in kept, "a timed burst right after a device sample"
+    assert sum(1 for kind, *_ in log if kind == "burst") == 2 * n + 2 * rounds
+
+
 def test_paired_ratio_keeps_a_difference_through_a_host_drift():
     """A host that slows down mid-run moves both bursts of a pair: the paired ratio keeps the
     fused model's 5% gain, where median / median of unevenly split slow periods does not."""

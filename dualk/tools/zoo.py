@@ -24,7 +24,8 @@ so a clock or host drifting during the run weighs on both alike. In each round, 
   host-bound model would time the host instead).
 Each round runs SPLIT bursts per model, alternating, of N calls each: about `target_ms` per round
 and at least MIN_BURST calls per burst; every figure is the median over the bursts (the JSON keeps
-every sample). Compiled models are compiled through a function of their own (`_own_frame`). On a CPU the same loop runs (device time none, host = wall) with one round: the CPU
+every sample). Device samples are taken once per round, after its first pair of bursts and
+followed by an untimed burst of each model: no timed burst follows one (_rounds). Compiled models are compiled through a function of their own (`_own_frame`). On a CPU the same loop runs (device time none, host = wall) with one round: the CPU
 sizes are for correctness and the fuse report, and their times say nothing about a GPU.
 The ratio is paired: the median over the bursts of original / fused, each burst against the other
 model's burst next to it (paired_ratio; the JSON keeps median / median too). The garbage collector
@@ -598,19 +599,33 @@ def _time(
 
 def _rounds(run_o, run_f, device, rounds, calls, burst_calls, flush, samples) -> None:
     """The timed rounds (module docstring): SPLIT bursts per model per round, alternating, the
-    order swapped each burst pair; device samples once per round."""
+    order swapped each burst pair; device samples once per round, after that round's first pair
+    of bursts, followed by one untimed burst of each model.
+
+    No timed burst follows a device sample directly: the burst right after one ran slower. With
+    each model's device sample taken right after its own burst, the fused model's bursts were the
+    ones after a sample (the original's sample precedes the fused burst of the pair, the fused
+    one precedes the next pair, which the fused model starts), and the H200's mlp256x4 training
+    row read 0.87-0.92x in those two pairs of every four and 0.95-1.03x in the other two
+    (session 31; back-to-back bursts without samples, in the same process: 1.00x)."""
     on_gpu = device.type == "cuda"
+    order = (("original", run_o), ("fused", run_f))
     for r in range(rounds * SPLIT if on_gpu else rounds):
-        order = (("original", run_o), ("fused", run_f))
-        for which, fn in order if r % 2 == 0 else order[::-1]:
+        pair = order if r % 2 == 0 else order[::-1]
+        host_ms = {}
+        for which, fn in pair:
             wall, host = _burst(fn, burst_calls, device, flush)
             samples[which]["wall"].append(wall)
             samples[which]["host"].append(host)
-            if on_gpu and r % SPLIT == 0:
+            host_ms[which] = host
+        if on_gpu and r % SPLIT == 0:
+            for which, fn in pair:
                 flush.zero_()
-                cycles = timing.sleep_cycles(host * 1e3)
+                cycles = timing.sleep_cycles(host_ms[which] * 1e3)
                 ms = timing.timed_calls(fn, min(calls, DEVICE_CALLS), None, cycles)
                 samples[which]["device"].append(statistics.mean(ms))
+            for _, fn in pair[::-1]:  # (the next pair's order)
+                _burst(fn, burst_calls, device, flush)
 
 
 def paired_ratio(orig: list[float], fused: list[float]) -> float | None:
