@@ -44,6 +44,8 @@ import inspect
 import math
 import operator
 import re
+import statistics
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -1090,6 +1092,12 @@ class _FusedForward:
     # (neither pickled nor copied: made again on the first call)
     graph_fast = None
     graph_plan_run = None
+    # The in-model check of an inference signature that runs the graph with some fused module on
+    # dualk's path (_Audit; None when none is under way), and its verdicts: signature ->
+    # (path, fused ms, original ms) per call. A class attribute, so an instance pickled without
+    # them loads; __init__ gives each object its own dict.
+    audit: _Audit | None = None
+    audits: dict = {}
 
     def __init__(
         self,
@@ -1111,12 +1119,14 @@ class _FusedForward:
         # Call signatures whose fused modules all ran original; changed only by __call__, which
         # keeps last_original one of them.
         self.original_calls: set = set()
+        self.audits = {}
         _FUSED_FORWARDS[id(self)] = self
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("graph_fast", None)
         state.pop("graph_plan_run", None)
+        state.pop("audit", None)  # (CUDA events: checked again in the copy)
         return state
 
     def __setstate__(self, state: dict) -> None:  # (deepcopy and pickle)
@@ -1181,6 +1191,8 @@ class _FusedForward:
                 and sig[1] == clears
                 and not self._children_changed()
             ):
+                if self.audit is not None and not grad:
+                    return self._audited(a)
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
                 return single(a) if single is not None else self._run_graph(a)
@@ -1188,7 +1200,7 @@ class _FusedForward:
             return self._run_original(*args)
         sig = _call_signature(args, kwargs)
         original_calls = self.original_calls
-        if sig in original_calls:
+        if sig in original_calls or self.audits.get(sig, ("",))[0] == "original":
             if not kwargs:
                 self.last_original = sig
             return self._run_original(*args, **kwargs)
@@ -1207,6 +1219,8 @@ class _FusedForward:
             if m.__dict__.get("_last_path") != "original":
                 if len(args) == 1 and not kwargs:
                     self.last_graph = (sig, _choice_changes())
+                    if not sig[0] and sig not in self.audits and self.audit is None:
+                        self._start_audit(sig, args[0])
                 return out
         if len(original_calls) >= self.MAX_SIGNATURES:
             original_calls.clear()
@@ -1250,6 +1264,50 @@ class _FusedForward:
             self.graph_fast = fast
             self.graph_plan_run = fast.plan.with_call_guards(guards.args()).run
         return self.graph_plan_run
+
+    def _start_audit(self, sig: tuple, x) -> None:
+        """Starts the in-model check of an inference signature whose graph runs some fused module
+        on dualk's path, once every fused module's choice is final (_audited)."""
+        if not isinstance(x, _Tensor) or any(choice_final(m) is None for m in self.fused):
+            return
+        self.audit = _Audit(sig, x.device)
+
+    def _audited(self, a):
+        """A like call during the in-model check: after AUDIT_WARM calls on the graph, the next
+        2 * AUDIT_PAIRS alternate between the graph and the original path, each timed in place
+        (CUDA events on a GPU: an event's time is when the GPU reaches it, so a call's span is
+        its own kernels' time where the GPU has work queued, and its host time where the GPU
+        waits for the host). module_choice measures each module alone, in a loop; inside a model
+        its Python runs with the model's code between calls, and on a host-bound model that cost
+        more than the device saved: BERT's four LinearGELUs chose dualk's path (44.6 vs 56.0 us
+        per call, measured alone) and the model ran 0.91x, +355 us of host per forward (H200,
+        session 31). Where the graph is not faster by AUDIT_MARGIN, this signature runs the
+        original path from then on. The outputs of the calls in between come from either path
+        (both within the dtype's tolerance of each other)."""
+        audit = self.audit
+        if audit.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return self._graph_path(a)  # (no timed events in a CUDA graph capture)
+        if audit.warm:
+            audit.warm -= 1
+            return self._graph_path(a)
+        original = len(audit.fused) > len(audit.original)  # (the graph first in each pair)
+        start = _audit_mark(audit.device)
+        out = self._run_original(a) if original else self._graph_path(a)
+        (audit.original if original else audit.fused).append((start, _audit_mark(audit.device)))
+        if len(audit.original) == AUDIT_PAIRS:
+            self.audit = None
+            fused_ms = statistics.median(_audit_ms(s, e) for s, e in audit.fused)
+            original_ms = statistics.median(_audit_ms(s, e) for s, e in audit.original)
+            path = "fused" if fused_ms < original_ms * (1 - AUDIT_MARGIN) else "original"
+            self.audits[audit.sig] = (path, fused_ms, original_ms)
+            if path == "original":
+                self.last_graph = None
+                self.last_original = audit.sig
+        return out
+
+    def _graph_path(self, a):
+        single = self.single
+        return single(a) if single is not None else self._run_graph(a)
 
     def _restore(self) -> None:
         """Gives the owner back its original forward (the class's, or for fuse's whole-model
@@ -1362,6 +1420,54 @@ def _single_module(graph: fx.GraphModule) -> nn.Module | None:
     if call.args != (x,) or call.kwargs or out.args != (call,) or x.kwargs or x.args:
         return None
     return graph.get_submodule(str(call.target))
+
+
+class _Audit:
+    """One in-model check under way (_FusedForward._audited): the call signature, the device, the
+    calls left before timing, and the (start, end) marks of the timed calls per path."""
+
+    def __init__(self, sig: tuple, device: torch.device):
+        self.sig, self.device, self.warm = sig, device, AUDIT_WARM
+        self.fused: list = []
+        self.original: list = []
+
+
+# The in-model check (_FusedForward._audited): like calls on the graph before it, timed pairs, and
+# how much faster per call the graph must be to keep dualk's path (module constants: tests lower
+# them)
+AUDIT_WARM = 4
+AUDIT_PAIRS = 12
+AUDIT_MARGIN = 0.01
+
+
+def _audit_mark(device: torch.device):
+    """A point in the call sequence: a recorded CUDA event on a GPU (when the GPU reaches it),
+    the host clock elsewhere."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+    return time.perf_counter()
+
+
+def _audit_ms(start, end) -> float:
+    """Milliseconds between two _audit_mark marks (waits for the GPU to reach `end`)."""
+    if isinstance(start, float):
+        return (end - start) * 1e3
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def audit_verdicts(model: nn.Module) -> dict[str, int]:
+    """How many in-model checks (_FusedForward._audited) in `model` kept dualk's path ("fused")
+    and how many sent their signature back to the original path ("original")."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        forward = m.__dict__.get("forward")
+        if type(forward) is _FusedForward:
+            for path, *_ in forward.audits.values():
+                counts[path] = counts.get(path, 0) + 1
+    return counts
 
 
 # Every _FusedForward by id(): _children_unchanged finds one while Dynamo traces.

@@ -1221,3 +1221,53 @@ def test_compiled_submodule_graphs_on_the_original_path_trace_their_unfused_grap
                 got = torch.compile(fused, backend="eager")(x)
                 torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fused_cost, kept", [(5.0, "original"), (1.0, "fused")])
+def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost, kept):
+    # module_choice measures each module alone; inside a model its Python runs between the
+    # model's own code, and a host-bound model paid more than the device saved (BERT on an H200:
+    # 0.91x with dualk's path chosen). Like inference calls on dualk's path are timed in place
+    # against the original path, alternating, and the slower one is dropped for that signature.
+    # A fake clock: the fused module's call costs `fused_cost`, the owner's original forward 2.
+    costs, _ = measured
+    costs["fused"], costs["original"] = 5.0, 10.0  # module_choice alone: dualk's path
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    now = [0.0]
+    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
+    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    fused_calls = _count_calls(monkeypatch, FusedMLP, "forward")
+    real_fused, real_original = FusedMLP.forward, TimmMlp.forward
+
+    def fused_forward(self, x):
+        now[0] += fused_cost
+        return real_fused(self, x)
+
+    def original_forward(self, x):
+        now[0] += 2.0
+        return real_original(self, x)
+
+    monkeypatch.setattr(FusedMLP, "forward", fused_forward)
+    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    torch.manual_seed(33)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    x = torch.randn(4, 8)
+    calls = 2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
+    with torch.no_grad():
+        for _ in range(calls):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        verdicts = [_fused_forward(block).audits for block in fused.mlps]
+        assert [[v[0] for v in audits.values()] for audits in verdicts] == [[kept], [kept]]
+        assert fuse_module.audit_verdicts(fused) == {kept: 2}
+        fused_calls.clear()
+        for _ in range(5):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert len(fused_calls) == (0 if kept == "original" else 10)
+    # training calls are not checked (module_choice times forward + backward there)
+    x_grad = torch.randn(4, 8, requires_grad=True)
+    fused.train()
+    for _ in range(calls):
+        fused(x_grad).sum().backward()
+    assert all(len(_fused_forward(b).audits) == 1 for b in fused.mlps)

@@ -62,7 +62,7 @@ import dualk
 from .. import module_choice
 from ..core import timing
 from ..dispatch import autotune, triton_tune
-from ..fuse import FUSED_TYPES, forward_restored, fuse
+from ..fuse import FUSED_TYPES, audit_verdicts, forward_restored, fuse
 from ..nn import choice_final
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
@@ -343,6 +343,12 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
     restored = sum(1 for m in fused.modules() if forward_restored(m))
     if restored:  # (dualk.fuse gave them their own forward back: original-path calls, no dualk)
         result.note = _join(result.note, f"{restored} fused owner(s) back on their own forward")
+    checks = audit_verdicts(fused)
+    if checks:  # fused owners' in-model checks: which path each kept
+        result.note = _join(
+            result.note,
+            "in-model check kept: " + ", ".join(f"{k} {n}" for k, n in sorted(checks.items())),
+        )
     if mode == "eager":  # what kept an owner on its fused forward (read from the JSON)
         finals = Counter(
             str(choice_final(m)) for m in fused.modules() if isinstance(m, FUSED_TYPES)
@@ -543,7 +549,7 @@ def _time(
         if which == "fused":
             _settle(fn, device)
         result.warmup_s[which] = round(time.perf_counter() - t0, 3)
-        for _ in range(2):
+        for _ in range(2 if grad else INFER_WARM_CALLS):
             out = fn()
         outs[which] = out
     if not grad:
@@ -657,6 +663,10 @@ def ratio_interval(orig: list[float], fused: list[float], draws: int = 2000) -> 
     return [ratios[int(0.025 * (draws - 1))], ratios[int(0.975 * (draws - 1))]]
 
 
+# Inference calls of each model before timing: a fused owner's in-model check (fuse's
+# AUDIT_WARM + 2 * AUDIT_PAIRS like calls) and its restore (RESTORE_AFTER more) happen in them, as
+# in a user's first calls, not in the timed rounds.
+INFER_WARM_CALLS = 64
 SETTLE_S = 120.0  # at most this long waiting for background builds / Triton tuning
 
 
