@@ -1133,6 +1133,8 @@ class _FusedForward:
         self.__dict__.update(state)
         if "graph_is_owner" not in state:  # pickled before the field
             self.graph_is_owner = self.graph is self.owner
+        if "audits" not in state:  # (pickled before the field: not the class's shared dict)
+            self.audits = {}
         _FUSED_FORWARDS[id(self)] = self
 
     def __call__(self, *args, **kwargs):
@@ -1208,6 +1210,10 @@ class _FusedForward:
         # call served above runs the class's forward either way).
         if self._children_changed():
             return type(owner).forward(owner, *args, **kwargs)
+        if (audit := self.audit) is not None and audit.sig == sig:
+            # (the checked signature between calls of another one: the check goes on)
+            self.last_graph = (sig, _choice_changes())
+            return self._audited(args[0])
         fused = self.fused
         for m in fused:
             m.__dict__["_last_path"] = None

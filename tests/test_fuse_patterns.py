@@ -1271,3 +1271,35 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     for _ in range(calls):
         fused(x_grad).sum().backward()
     assert all(len(_fused_forward(b).audits) == 1 for b in fused.mlps)
+
+
+def test_in_model_check_goes_on_between_calls_of_another_shape(measured, monkeypatch):
+    # A model called with two shapes in turn: the check of the first signature still concludes
+    # (its calls reach it through the general path too), and then the second one is checked.
+    costs, _ = measured
+    costs["fused"], costs["original"] = 5.0, 10.0
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    now = [0.0]
+    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
+    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    real_original = TimmMlp.forward
+
+    def original_forward(self, x):
+        now[0] -= 1.0  # (the original path: faster)
+        return real_original(self, x)
+
+    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    torch.manual_seed(34)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    a, b = torch.randn(4, 8), torch.randn(6, 8)
+    calls = 2 * (2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)
+    with torch.no_grad():
+        for _ in range(calls):
+            for x in (a, b):
+                torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    for block in fused.mlps:
+        audits = _fused_forward(block).audits
+        assert sorted(sig[2][0][0][0] for sig in audits) == [4, 6]
+        assert {v[0] for v in audits.values()} == {"original"}
