@@ -1273,8 +1273,13 @@ class _FusedForward:
 
     def _start_audit(self, sig: tuple, x) -> None:
         """Starts the in-model check of an inference signature whose graph runs some fused module
-        on dualk's path, once every fused module's choice is final (_audited)."""
-        if not isinstance(x, _Tensor) or any(choice_final(m) is None for m in self.fused):
+        on dualk's path, once every fused module's choice is final (_audited); only where
+        module_choice may measure (a GPU, auto's timing not switched off, no torch.jit trace)."""
+        if (
+            not isinstance(x, _Tensor)
+            or module_choice.measurable(x.device) is not None
+            or any(choice_final(m) is None for m in self.fused)
+        ):
             return
         self.audit = _Audit(sig, x.device)
 
