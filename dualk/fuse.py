@@ -1126,7 +1126,8 @@ class _FusedForward:
         state = dict(self.__dict__)
         state.pop("graph_fast", None)
         state.pop("graph_plan_run", None)
-        state.pop("audit", None)  # (CUDA events: checked again in the copy)
+        if state.pop("audit", None) is not None:  # (CUDA events: checked again in the copy,
+            state["last_graph"] = None  # whose next call takes the general path to start it)
         return state
 
     def __setstate__(self, state: dict) -> None:  # (deepcopy and pickle)
@@ -1193,8 +1194,10 @@ class _FusedForward:
                 and sig[1] == clears
                 and not self._children_changed()
             ):
-                if self.audit is not None and not grad:
-                    return self._audited(a)
+                if (audit := self.audit) is not None and not grad:
+                    if audit.sig == sig:
+                        return self._audited(a)
+                    self._other_call(audit)
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
                 return single(a) if single is not None else self._run_graph(a)
@@ -1210,10 +1213,12 @@ class _FusedForward:
         # call served above runs the class's forward either way).
         if self._children_changed():
             return type(owner).forward(owner, *args, **kwargs)
-        if (audit := self.audit) is not None and audit.sig == sig:
-            # (the checked signature between calls of another one: the check goes on)
-            self.last_graph = (sig, _choice_changes())
-            return self._audited(args[0])
+        if (audit := self.audit) is not None:
+            if audit.sig == sig:
+                # (the checked signature between calls of another one: the check goes on)
+                self.last_graph = (sig, _choice_changes())
+                return self._audited(args[0])
+            self._other_call(audit)
         fused = self.fused
         for m in fused:
             m.__dict__["_last_path"] = None
@@ -1277,6 +1282,8 @@ class _FusedForward:
         module_choice may measure (a GPU, auto's timing not switched off, no torch.jit trace)."""
         if (
             not isinstance(x, _Tensor)
+            # (a lone FusedMLP's planned call serves its like calls before any check could run)
+            or self.single_mlp
             or module_choice.measurable(x.device) is not None
             or any(choice_final(m) is None for m in self.fused)
         ):
@@ -1296,6 +1303,8 @@ class _FusedForward:
         original path from then on. The outputs of the calls in between come from either path
         (both within the dtype's tolerance of each other)."""
         audit = self.audit
+        if audit is None:  # (another thread concluded it)
+            return self._graph_path(a)
         if audit.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return self._graph_path(a)  # (no timed events in a CUDA graph capture)
         if audit.warm:
@@ -1315,6 +1324,15 @@ class _FusedForward:
                 self.last_graph = None
                 self.last_original = audit.sig
         return out
+
+    def _other_call(self, audit: _Audit) -> None:
+        """A call of another signature while `audit` is under way: after AUDIT_OTHERS of them the
+        check is dropped unjudged (its signature is no longer called, and one check runs at a
+        time), and the next call takes the general path, where a check of its own starts."""
+        audit.others += 1
+        if audit.others > AUDIT_OTHERS:
+            self.audit = None
+            self.last_graph = None
 
     def _graph_path(self, a):
         single = self.single
@@ -1439,6 +1457,7 @@ class _Audit:
 
     def __init__(self, sig: tuple, device: torch.device):
         self.sig, self.device, self.warm = sig, device, AUDIT_WARM
+        self.others = 0  # calls of other signatures meanwhile
         self.fused: list = []
         self.original: list = []
 
@@ -1449,6 +1468,8 @@ class _Audit:
 AUDIT_WARM = 4
 AUDIT_PAIRS = 12
 AUDIT_MARGIN = 0.01
+# Calls of other signatures after which a check whose own signature is no longer called is dropped
+AUDIT_OTHERS = 256
 
 
 def _audit_mark(device: torch.device):
@@ -1470,14 +1491,17 @@ def _audit_ms(start, end) -> float:
 
 
 def audit_verdicts(model: nn.Module) -> dict[str, int]:
-    """How many in-model checks (_FusedForward._audited) in `model` kept dualk's path ("fused")
-    and how many sent their signature back to the original path ("original")."""
+    """How many in-model checks (_FusedForward._audited) in `model` kept dualk's path ("fused"),
+    how many sent their signature back to the original path ("original") and how many are under
+    way ("pending")."""
     counts: dict[str, int] = {}
     for m in model.modules():
         forward = m.__dict__.get("forward")
         if type(forward) is _FusedForward:
             for path, *_ in forward.audits.values():
                 counts[path] = counts.get(path, 0) + 1
+            if forward.audit is not None:
+                counts["pending"] = counts.get("pending", 0) + 1
     return counts
 
 

@@ -1303,3 +1303,60 @@ def test_in_model_check_goes_on_between_calls_of_another_shape(measured, monkeyp
         audits = _fused_forward(block).audits
         assert sorted(sig[2][0][0][0] for sig in audits) == [4, 6]
         assert {v[0] for v in audits.values()} == {"original"}
+
+
+def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
+    # One call of shape a starts a check, then shape b is called many times in a row: b's calls
+    # are not timed into a's check (the graph is faster for a, slower for b). a's check, no longer
+    # called, is dropped unjudged after AUDIT_OTHERS calls; b is then checked, and a again later.
+    costs, _ = measured
+    costs["fused"], costs["original"] = 5.0, 10.0
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    monkeypatch.setattr(fuse_module, "AUDIT_OTHERS", 6)
+    now = [0.0]
+    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
+    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    real_fused, real_original = FusedMLP.forward, TimmMlp.forward
+
+    def fused_forward(self, x):
+        now[0] += 1.0 if x.shape[0] == 4 else 5.0
+        return real_fused(self, x)
+
+    def original_forward(self, x):
+        now[0] += 2.0
+        return real_original(self, x)
+
+    monkeypatch.setattr(FusedMLP, "forward", fused_forward)
+    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    torch.manual_seed(35)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    a, b = torch.randn(4, 8), torch.randn(6, 8)
+    calls = 2 + fuse_module.AUDIT_OTHERS + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
+    with torch.no_grad():
+        for x in [a] + [b] * (calls + 4) + [a] * (calls + 4):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    for block in fused.mlps:
+        verdicts = {sig[2][0][0][0]: v[0] for sig, v in _fused_forward(block).audits.items()}
+        assert verdicts == {4: "fused", 6: "original"}
+    assert fuse_module.audit_verdicts(fused) == {"fused": 2, "original": 2}
+
+
+def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch):
+    costs, _ = measured
+    costs["fused"], costs["original"] = 5.0, 10.0
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    torch.manual_seed(36)
+    fused = fuse(_Blocks().eval())
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            fused(x)
+        assert all(_fused_forward(b).audit is not None for b in fused.mlps)
+        twin = copy.deepcopy(fused)
+        assert all(_fused_forward(b).audit is None for b in twin.mlps)
+        for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+            twin(x)
+    assert all(len(_fused_forward(b).audits) == 1 for b in twin.mlps)

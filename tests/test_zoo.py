@@ -287,9 +287,16 @@ def test_no_timed_burst_follows_a_device_sample(monkeypatch):
     kept = set(timed["original"]) | set(timed["fused"])
     firsts = [name for kind, name, v in log if kind == "burst" and v in kept][::2]
     assert firsts.count("original") == firsts.count("fused") == n // 2
-    for before, after in zip(log, log[1:]):
+    after_samples = []
+    for i, (before, after) in enumerate(zip(log, log[1:])):
         if before[0] == "device" and after[0] == "burst":
             assert after[2] not in kept, "a timed burst right after a device sample"
+            first_timed = next((e for e in log[i + 1 :] if e[0] == "burst" and e[2] in kept), None)
+            if first_timed is not None:
+                after_samples.append(first_timed[1])
+    # the first timed burst after each sample block: each model in turn
+    assert after_samples == ["fused", "original", "fused"][: len(after_samples)]
+    assert len(after_samples) == rounds
     assert sum(1 for kind, *_ in log if kind == "burst") == 2 * n + 2 * rounds
 
 

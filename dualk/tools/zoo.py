@@ -580,6 +580,10 @@ def _time(
         t0 = time.perf_counter()
         _settle(run_f, device)
         result.background["before"]["settle_s"] = round(time.perf_counter() - t0, 3)
+        if not grad:  # (choices final only now: fuse's in-model checks run here, not timed)
+            for _ in range(INFER_WARM_CALLS):
+                run_o()
+                run_f()
     gc.collect()
     gc.freeze()
     try:
@@ -615,8 +619,12 @@ def _rounds(run_o, run_f, device, rounds, calls, burst_calls, flush, samples) ->
     row read 0.87-0.92x in those two pairs of every four and 0.95-1.03x in the other two
     (session 31; back-to-back bursts without samples, in the same process: 1.00x)."""
     on_gpu = device.type == "cuda"
-    order = (("original", run_o), ("fused", run_f))
+    models = (("original", run_o), ("fused", run_f))
     for r in range(rounds * SPLIT if on_gpu else rounds):
+        # each round of SPLIT bursts starts with the other model than the round before (SPLIT is
+        # even: with one order for all, the first timed burst after the samples, the next pair's,
+        # would always be the same model's)
+        order = models if (r // SPLIT) % 2 == 0 else models[::-1]
         pair = order if r % 2 == 0 else order[::-1]
         host_ms = {}
         for which, fn in pair:
