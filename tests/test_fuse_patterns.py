@@ -1360,3 +1360,54 @@ def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch
         for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
             twin(x)
     assert all(len(_fused_forward(b).audits) == 1 for b in twin.mlps)
+
+
+class _WideBlock(nn.Module):
+    """A residual MLP block whose fused graph (norm, FusedMLP, add) is not a lone FusedMLP: its
+    owner's calls go through the in-model check."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(
+            nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)
+        )  # fmt: skip
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events: needs a GPU")
+def test_in_model_check_on_a_gpu_keeps_a_large_win_and_allows_capture():
+    # Real CUDA events: a block whose fused MLP saves most of its device time (2^18 rows, three
+    # 64-wide layers: memory-bound GEMMs in PyTorch) keeps dualk's path; a CUDA-graph capture
+    # in the middle of a check neither raises nor counts.
+    from dualk.dispatch import triton_tune
+
+    fuse_module = sys.modules["dualk.fuse"]
+    torch.manual_seed(37)
+    model = _WideBlock().cuda().half().eval()
+    fused = fuse(model)
+    x = torch.randn(2**18, 64, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        triton_tune.settle(lambda: (fused(x), torch.cuda.synchronize()), 90.0)
+        for _ in range(fuse_module.AUDIT_WARM + 3):
+            fused(x)
+        forward = _fused_forward(fused)
+        if forward.audit is not None:  # (a capture while the check is under way)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+                captured = fused(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(captured.float(), model(x).float(), rtol=2e-2, atol=2e-2)
+        for _ in range(2 * fuse_module.AUDIT_PAIRS + 2):
+            out = fused(x)
+        torch.testing.assert_close(out.float(), model(x).float(), rtol=2e-2, atol=2e-2)
+    verdicts = list(forward.audits.values())
+    assert [v[0] for v in verdicts] == ["fused"], (verdicts, module_choice.details())
+    path, fused_ms, original_ms = verdicts[0]
+    assert 0 < fused_ms < original_ms
