@@ -1345,8 +1345,16 @@ class _FusedForward:
         then runs no dualk code at all (on an H200 host, ViT-S's 12 Mlp forward objects cost
         3-4% of its host-bound eager forward). Not where a fused module may still be measured
         (a provisional or missing decision: tried again RESTORE_AFTER like calls later) or has
-        hooks. From then on the owner is its original module: `dualk.fuse` the model again to
+        hooks. Likewise where fused modules chose dualk's path but every in-model check of this
+        owner sent its signature back to the original path (_audited; BERT's four owners on an
+        H200). From then on the owner is its original module: `dualk.fuse` the model again to
         measure other shapes."""
+        audits = self.audits
+        checked_original = (
+            self.audit is None
+            and self.last_original in audits
+            and all(verdict[0] == "original" for verdict in audits.values())
+        )
         for m in self.fused:
             final = choice_final(m)
             if final is None:
@@ -1360,7 +1368,7 @@ class _FusedForward:
                 self.original_calls.clear()
                 self.original_streak = 0
                 return
-            if final != "original" or not call_guards(m).hold():
+            if (final != "original" and not checked_original) or not call_guards(m).hold():
                 return
         owner = self.owner
         if owner.__dict__.get("forward") is not self:
@@ -1369,7 +1377,7 @@ class _FusedForward:
             object.__setattr__(owner, "forward", self.original.forward)
         else:
             del owner.__dict__["forward"]
-        _RESTORED.add(owner)
+        _RESTORED[owner] = self.audits
 
     def _run_graph(self, *args, **kwargs):
         if self.graph_is_owner:  # the fused GraphModule itself: its forward is this object
@@ -1498,10 +1506,13 @@ def audit_verdicts(model: nn.Module) -> dict[str, int]:
     for m in model.modules():
         forward = m.__dict__.get("forward")
         if type(forward) is _FusedForward:
-            for path, *_ in forward.audits.values():
-                counts[path] = counts.get(path, 0) + 1
+            audits = forward.audits
             if forward.audit is not None:
                 counts["pending"] = counts.get("pending", 0) + 1
+        else:  # (an owner given its own forward back keeps its verdicts here)
+            audits = _RESTORED.get(m, {})
+        for path, *_ in audits.values():
+            counts[path] = counts.get(path, 0) + 1
     return counts
 
 
@@ -1510,7 +1521,8 @@ def audit_verdicts(model: nn.Module) -> dict[str, int]:
 # that tests lower.
 RESTORE_AFTER = 32
 # The owners whose forward was restored, for tests and the report (weak: models come and go)
-_RESTORED: weakref.WeakSet = weakref.WeakSet()
+# (each with its in-model checks' verdicts, for audit_verdicts: the dict holds no module)
+_RESTORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def forward_restored(module: nn.Module) -> bool:

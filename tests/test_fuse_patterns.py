@@ -1237,6 +1237,7 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     now = [0.0]
     monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
     monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
     fused_calls = _count_calls(monkeypatch, FusedMLP, "forward")
     real_fused, real_original = FusedMLP.forward, TimmMlp.forward
 
@@ -1253,24 +1254,29 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     torch.manual_seed(33)
     model = _Blocks().eval()
     fused = fuse(model)
+    forwards = [_fused_forward(block) for block in fused.mlps]
     x = torch.randn(4, 8)
     calls = 2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
     with torch.no_grad():
         for _ in range(calls):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
-        verdicts = [_fused_forward(block).audits for block in fused.mlps]
+        verdicts = [forward.audits for forward in forwards]
         assert [[v[0] for v in audits.values()] for audits in verdicts] == [[kept], [kept]]
         assert fuse_module.audit_verdicts(fused) == {kept: 2}
         fused_calls.clear()
         for _ in range(5):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
     assert len(fused_calls) == (0 if kept == "original" else 10)
+    # an owner whose every check said original gets its own forward back, as one whose modules
+    # all chose the original path
+    assert [fuse_module.forward_restored(b) for b in fused.mlps] == [kept == "original"] * 2
+    assert fuse_module.audit_verdicts(fused) == {kept: 2}  # (restored owners' verdicts too)
     # training calls are not checked (module_choice times forward + backward there)
     x_grad = torch.randn(4, 8, requires_grad=True)
     fused.train()
     for _ in range(calls):
         fused(x_grad).sum().backward()
-    assert all(len(_fused_forward(b).audits) == 1 for b in fused.mlps)
+    assert all(len(forward.audits) == 1 for forward in forwards)
 
 
 def test_in_model_check_goes_on_between_calls_of_another_shape(measured, monkeypatch):
