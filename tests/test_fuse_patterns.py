@@ -1223,6 +1223,23 @@ def test_compiled_submodule_graphs_on_the_original_path_trace_their_unfused_grap
     torch._dynamo.reset()
 
 
+def _choices_on_dualks_path(measured, monkeypatch):
+    """module_choice (timing each module alone, with the fixture's fake timer) picks dualk's
+    path, nothing from an earlier test's cache file; returns dualk.fuse's module."""
+    costs, _ = measured
+    costs["fused"], costs["original"] = 5.0, 10.0
+    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    return sys.modules["dualk.fuse"]
+
+
+def _fake_audit_clock(monkeypatch, fuse_module) -> list:
+    """The in-model check's marks read `now[0]`, which the test's stand-in forwards advance."""
+    now = [0.0]
+    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
+    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    return now
+
+
 @pytest.mark.parametrize("fused_cost, kept", [(5.0, "original"), (1.0, "fused")])
 def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost, kept):
     # module_choice measures each module alone; inside a model its Python runs between the
@@ -1230,13 +1247,8 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     # 0.91x with dualk's path chosen). Like inference calls on dualk's path are timed in place
     # against the original path, alternating, and the slower one is dropped for that signature.
     # A fake clock: the fused module's call costs `fused_cost`, the owner's original forward 2.
-    costs, _ = measured
-    costs["fused"], costs["original"] = 5.0, 10.0  # module_choice alone: dualk's path
-    fuse_module = sys.modules["dualk.fuse"]
-    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
-    now = [0.0]
-    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
-    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    now = _fake_audit_clock(monkeypatch, fuse_module)
     monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
     fused_calls = _count_calls(monkeypatch, FusedMLP, "forward")
     real_fused, real_original = FusedMLP.forward, TimmMlp.forward
@@ -1282,13 +1294,8 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
 def test_in_model_check_goes_on_between_calls_of_another_shape(measured, monkeypatch):
     # A model called with two shapes in turn: the check of the first signature still concludes
     # (its calls reach it through the general path too), and then the second one is checked.
-    costs, _ = measured
-    costs["fused"], costs["original"] = 5.0, 10.0
-    fuse_module = sys.modules["dualk.fuse"]
-    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
-    now = [0.0]
-    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
-    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    now = _fake_audit_clock(monkeypatch, fuse_module)
     real_original = TimmMlp.forward
 
     def original_forward(self, x):
@@ -1315,14 +1322,9 @@ def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
     # One call of shape a starts a check, then shape b is called many times in a row: b's calls
     # are not timed into a's check (the graph is faster for a, slower for b). a's check, no longer
     # called, is dropped unjudged after AUDIT_OTHERS calls; b is then checked, and a again later.
-    costs, _ = measured
-    costs["fused"], costs["original"] = 5.0, 10.0
-    fuse_module = sys.modules["dualk.fuse"]
-    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
     monkeypatch.setattr(fuse_module, "AUDIT_OTHERS", 6)
-    now = [0.0]
-    monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
-    monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+    now = _fake_audit_clock(monkeypatch, fuse_module)
     real_fused, real_original = FusedMLP.forward, TimmMlp.forward
 
     def fused_forward(self, x):
@@ -1350,10 +1352,7 @@ def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
 
 
 def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch):
-    costs, _ = measured
-    costs["fused"], costs["original"] = 5.0, 10.0
-    fuse_module = sys.modules["dualk.fuse"]
-    monkeypatch.setattr(autotune, "store_for", lambda device: _NoFile())
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
     torch.manual_seed(36)
     fused = fuse(_Blocks().eval())
     x = torch.randn(4, 8)
