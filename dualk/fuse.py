@@ -1307,6 +1307,9 @@ class _FusedForward:
             return self._graph_path(a)
         if audit.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return self._graph_path(a)  # (no timed events in a CUDA graph capture)
+        if module_choice.measurable(audit.device) is not None:
+            self.audit = None  # (auto's timing switched off, a torch.jit trace: dropped unjudged)
+            return self._graph_path(a)
         if audit.warm:
             audit.warm -= 1
             return self._graph_path(a)
@@ -1319,6 +1322,8 @@ class _FusedForward:
             fused_ms = statistics.median(_audit_ms(s, e) for s, e in audit.fused)
             original_ms = statistics.median(_audit_ms(s, e) for s, e in audit.original)
             path = "fused" if fused_ms < original_ms * (1 - AUDIT_MARGIN) else "original"
+            if len(self.audits) >= self.MAX_SIGNATURES:  # (as original_calls)
+                self.audits.clear()
             self.audits[audit.sig] = (path, fused_ms, original_ms)
             if path == "original":
                 self.last_graph = None

@@ -1416,3 +1416,19 @@ def test_in_model_check_on_a_gpu_keeps_a_large_win_and_allows_capture():
     assert [v[0] for v in verdicts] == ["fused"], (verdicts, module_choice.details())
     path, fused_ms, original_ms = verdicts[0]
     assert 0 < fused_ms < original_ms
+
+
+def test_in_model_check_is_dropped_when_timing_is_switched_off(measured, monkeypatch):
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    torch.manual_seed(38)
+    fused = fuse(_Blocks().eval())
+    forwards = [_fused_forward(b) for b in fused.mlps]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            fused(x)
+        assert all(f.audit is not None for f in forwards)
+        monkeypatch.setattr(module_choice, "measurable", lambda device: "DUALK_AUTOTUNE=0")
+        for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+            fused(x)
+    assert all(f.audit is None and not f.audits for f in forwards)
