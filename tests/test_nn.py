@@ -302,6 +302,24 @@ def test_linear_gelu_without_bias(backend):
     )
 
 
+def test_linear_gelu_reads_weight_and_bias_wherever_they_live():
+    # forward reads its parameter dict first (host time); a plain-tensor weight or bias, or a
+    # bias set to None after construction, lives in the module's __dict__ instead and is used
+    torch.manual_seed(9)
+    mod = LinearGELU(10, 7, device=DEVICE)
+    x = torch.randn(3, 10, device=DEVICE)
+    weight, bias = torch.randn(7, 10, device=DEVICE), torch.randn(7, device=DEVICE)
+    del mod._parameters["weight"], mod._parameters["bias"]
+    mod.weight, mod.bias = weight, bias  # (plain tensors: attributes, not parameters)
+    assert "bias" in mod.__dict__ and "bias" not in mod._parameters
+    gelu = nn.functional.gelu
+    torch.testing.assert_close(
+        mod(x), gelu(nn.functional.linear(x, weight, bias), approximate="tanh")
+    )
+    mod.bias = None
+    torch.testing.assert_close(mod(x), gelu(nn.functional.linear(x, weight), approximate="tanh"))
+
+
 def test_linear_gelu_is_nn_linear_compatible():
     torch.manual_seed(8)
     mod = LinearGELU(10, 7)
