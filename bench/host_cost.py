@@ -17,6 +17,11 @@ Rows (CUDA tensors, no_grad):
                          fused_mlp_infer (its C++ CUDA kernel) and the autograd op fused_mlp
                          (custom_op's Python wrappers), a FusedMLP over the model's Linears, the
                          fuse'd DNNModel, the original
+  gated / gelu bf16:     a LinearGELU (BERT's 768 -> 3072) and a GatedMLP's gated part (1024 ->
+                         2816, silu) on a batched (2, 8, in) input: PyTorch's ops, the operator
+                         on the cuda backend, the module on the cuda backend (dualk's path
+                         forced: the module's cost over the operator, issue 32's 2 us bound)
+                         and on auto (whichever path it chose)
   --profile-compiled:    NeRF 32-64-64-64-16 fp16 at 2^20 rows, torch.compile of the fuse'd
                          model, of dualk.fused_mlp (a function: fused_mlp_infer in its graph),
                          of the autograd op called directly (the graph before fused_mlp_infer)
@@ -164,6 +169,41 @@ def mlp_rows() -> tuple[dict, dict]:
     return rows, device_rows
 
 
+def module_rows() -> dict:
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    kw = {"device": "cuda", "dtype": torch.bfloat16}
+    x = torch.randn(2, 8, 768, **kw)
+    lin = nn.Linear(768, 3072, **kw)
+    gelu_cuda = dualk.nn.LinearGELU.from_linear(lin, approximate="tanh", backend="cuda")
+    gelu_auto = dualk.nn.LinearGELU.from_linear(lin, approximate="tanh")
+    w, b = lin.weight, lin.bias
+    xg = torch.randn(2, 8, 1024, **kw)
+    glu_cuda = dualk.nn.GatedMLP(1024, 2816, backend="cuda", **kw).eval()
+    glu_auto = dualk.nn.GatedMLP(1024, 2816, **kw).eval()
+    glu_auto.load_state_dict(glu_cuda.state_dict())
+    wg, wu = glu_cuda.gate_proj.weight, glu_cuda.up_proj.weight
+    ref_gelu = F.gelu(F.linear(x, w, b), approximate="tanh").float()
+    ref_glu = (F.silu(F.linear(xg, wg)) * F.linear(xg, wu)).float()
+    for name, got, ref in (("gelu op", dualk.linear_gelu(x, w, b, backend="cuda"), ref_gelu),
+                           ("gelu module", gelu_cuda(x), ref_gelu),
+                           ("glu op", dualk.linear_glu(xg, wg, wu, backend="cuda"), ref_glu),
+                           ("glu module", glu_cuda._glu(xg), ref_glu)):  # fmt: skip
+        err = (got.float() - ref).norm() / ref.norm()
+        assert err < 2e-2, f"{name} differs from PyTorch's by {err:.3g} (relative norm)"
+    return {
+        "gelu F.gelu(F.linear)": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+        "gelu dualk.linear_gelu cuda": lambda: dualk.linear_gelu(x, w, b, backend="cuda"),
+        "gelu LinearGELU module cuda": lambda: gelu_cuda(x),
+        "gelu LinearGELU module auto": lambda: gelu_auto(x),
+        "glu silu(linear) * linear": lambda: F.silu(F.linear(xg, wg)) * F.linear(xg, wu),
+        "glu dualk.linear_glu cuda": lambda: dualk.linear_glu(xg, wg, wu, backend="cuda"),
+        "glu GatedMLP gated part cuda": lambda: glu_cuda._glu(xg),
+        "glu GatedMLP gated part auto": lambda: glu_auto._glu(xg),
+    }
+
+
 def profile_compiled(report: dict) -> None:
     torch.manual_seed(0)
     widths = [32, 64, 64, 64, 16]
@@ -273,6 +313,7 @@ def main() -> int:
         rows = add_rows()
         more, device_rows = mlp_rows()
         rows.update(more)
+        rows.update(module_rows())
         report["host_us"] = interleaved(rows, args.calls, args.repeats)
         report["device_us"] = interleaved(device_rows, args.calls, args.repeats, device_us)
         if args.profile_compiled:
