@@ -1232,11 +1232,24 @@ def _choices_on_dualks_path(measured, monkeypatch):
     return sys.modules["dualk.fuse"]
 
 
-def _fake_audit_clock(monkeypatch, fuse_module) -> list:
-    """The in-model check's marks read `now[0]`, which the test's stand-in forwards advance."""
+def _fake_audit_clock(monkeypatch, fuse_module, fused_cost=None, original_cost=None) -> list:
+    """The in-model check's marks read `now[0]`, which the fused module's forward (FusedMLP) and
+    the owner's original forward (TimmMlp) advance by their cost: a number, or a function of the
+    input; None leaves that forward as it is."""
     now = [0.0]
     monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
     monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
+
+    def costing(real, cost):  # (forward(self, x) exactly: fx traces the owner's signature)
+        def forward(self, x):
+            now[0] += cost(x) if callable(cost) else cost
+            return real(self, x)
+
+        return forward
+
+    for cls, cost in ((FusedMLP, fused_cost), (TimmMlp, original_cost)):
+        if cost is not None:
+            monkeypatch.setattr(cls, "forward", costing(cls.forward, cost))
     return now
 
 
@@ -1248,21 +1261,9 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     # against the original path, alternating, and the slower one is dropped for that signature.
     # A fake clock: the fused module's call costs `fused_cost`, the owner's original forward 2.
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
-    now = _fake_audit_clock(monkeypatch, fuse_module)
     monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
     fused_calls = _count_calls(monkeypatch, FusedMLP, "forward")
-    real_fused, real_original = FusedMLP.forward, TimmMlp.forward
-
-    def fused_forward(self, x):
-        now[0] += fused_cost
-        return real_fused(self, x)
-
-    def original_forward(self, x):
-        now[0] += 2.0
-        return real_original(self, x)
-
-    monkeypatch.setattr(FusedMLP, "forward", fused_forward)
-    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    _fake_audit_clock(monkeypatch, fuse_module, fused_cost=fused_cost, original_cost=2.0)
     torch.manual_seed(33)
     model = _Blocks().eval()
     fused = fuse(model)
@@ -1295,14 +1296,7 @@ def test_in_model_check_goes_on_between_calls_of_another_shape(measured, monkeyp
     # A model called with two shapes in turn: the check of the first signature still concludes
     # (its calls reach it through the general path too), and then the second one is checked.
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
-    now = _fake_audit_clock(monkeypatch, fuse_module)
-    real_original = TimmMlp.forward
-
-    def original_forward(self, x):
-        now[0] -= 1.0  # (the original path: faster)
-        return real_original(self, x)
-
-    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    _fake_audit_clock(monkeypatch, fuse_module, original_cost=-1.0)  # (the original: faster)
     torch.manual_seed(34)
     model = _Blocks().eval()
     fused = fuse(model)
@@ -1324,19 +1318,12 @@ def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
     # called, is dropped unjudged after AUDIT_OTHERS calls; b is then checked, and a again later.
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
     monkeypatch.setattr(fuse_module, "AUDIT_OTHERS", 6)
-    now = _fake_audit_clock(monkeypatch, fuse_module)
-    real_fused, real_original = FusedMLP.forward, TimmMlp.forward
-
-    def fused_forward(self, x):
-        now[0] += 1.0 if x.shape[0] == 4 else 5.0
-        return real_fused(self, x)
-
-    def original_forward(self, x):
-        now[0] += 2.0
-        return real_original(self, x)
-
-    monkeypatch.setattr(FusedMLP, "forward", fused_forward)
-    monkeypatch.setattr(TimmMlp, "forward", original_forward)
+    _fake_audit_clock(
+        monkeypatch,
+        fuse_module,
+        fused_cost=lambda x: 1.0 if x.shape[0] == 4 else 5.0,
+        original_cost=2.0,
+    )
     torch.manual_seed(35)
     model = _Blocks().eval()
     fused = fuse(model)
