@@ -114,22 +114,28 @@ class _Floor(torch.nn.Module):
         return _Stored.apply(x, self.store, *self.inner.parameters())
 
 
-def part_b(device, name="mlp256x4_train", floor=False):
+def _train_pair(name, device, copy_original: bool):
+    """The zoo's training model `name` at its GPU size and fuse(deep copy of it), both in train
+    mode, each with its SGD: (original, fused, opt_o, opt_f, args, kwargs). copy_original: the
+    original side a deep copy as well, made after the fused one (as the zoo does)."""
     spec = MODELS[name]
     torch.manual_seed(0)
     built = spec.build(device, spec.dtype, "gpu")
-    orig = built.model.train()
+    original = built.model.train()
     args, kwargs = built.make_inputs()
-    twin = copy.deepcopy(orig)
-    fused = dualk.fuse(twin).train()
-    opt_o = torch.optim.SGD(orig.parameters(), lr=1e-6)
+    fused = dualk.fuse(copy.deepcopy(original)).train()
+    if copy_original:
+        original = copy.deepcopy(original)
+    opt_o = torch.optim.SGD(original.parameters(), lr=1e-6)
     opt_f = torch.optim.SGD(fused.parameters(), lr=1e-6)
+    return original, fused, opt_o, opt_f, args, kwargs
 
-    def step(model, opt):
-        opt.zero_grad(set_to_none=True)
-        loss = model(*args, **kwargs).float().square().mean()
-        loss.backward()
-        opt.step()
+
+def part_b(device, name="mlp256x4_train", floor=False):
+    from dualk.tools.zoo import _step
+
+    orig, fused, opt_o, opt_f, args, kwargs = _train_pair(name, device, copy_original=False)
+    step = lambda model, opt: _step(model, opt, args, kwargs)
 
     # As the zoo: the fused model's decisions final (Triton's background tuner done), not the
     # provisional ones of a fresh process, which are asked again on every call.
@@ -193,16 +199,7 @@ def part_t(device, name="mlp256x4_train"):
     from dualk.nn import choice_final
     from dualk.tools import zoo
 
-    spec = MODELS[name]
-    torch.manual_seed(0)
-    built = spec.build(device, spec.dtype, "gpu")
-    original = built.model.train()
-    args, kwargs = built.make_inputs()
-    twin = copy.deepcopy(original)
-    fused = dualk.fuse(twin).train()
-    orig = copy.deepcopy(original)
-    opt_o = torch.optim.SGD(orig.parameters(), lr=1e-6)
-    opt_f = torch.optim.SGD(fused.parameters(), lr=1e-6)
+    orig, fused, opt_o, opt_f, args, kwargs = _train_pair(name, device, copy_original=True)
     run_o = lambda: zoo._step(orig, opt_o, args, kwargs)
     run_f = lambda: zoo._step(fused, opt_f, args, kwargs)
     for fn in (run_o, run_f):
