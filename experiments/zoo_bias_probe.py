@@ -35,7 +35,7 @@ import torch
 import dualk
 from dualk import module_choice
 from dualk.dispatch import triton_tune
-from dualk.fuse import _copy_sharing_tensors
+from dualk.fuse import _copy_sharing_tensors, audit_verdicts
 from dualk.tools.zoo import _burst as zoo_burst
 from dualk.tools.zoo_models import MODELS
 
@@ -457,11 +457,14 @@ def part_f(device):
     return res
 
 
-def part_g(device):
-    """BERT with its LinearGELUs forced onto dualk's path (module_choice answers "fused"): host
-    per forward against the original, alternating, then a cProfile of each, the op's auto
-    decision for the intermediate's input and what module_choice and autotune hold."""
-    m, args, kwargs = _built("bert", device)
+def part_g(device, name="bert", module_cls=None):
+    """A model with its fused modules forced onto dualk's path (module_choice answers "fused"):
+    host per forward against the original, alternating, then a cProfile of each, and what
+    module_choice holds; then the zoo's own way (module_choice decides, the in-model check
+    runs) alternating again. Part g: BERT's LinearGELUs; part l: the LLaMA-style decoder's
+    GatedMLPs."""
+    module_cls = module_cls or dualk.nn.LinearGELU
+    m, args, kwargs = _built(name, device)
     fused = dualk.fuse(_copy_sharing_tensors(m))
     real_choose = module_choice.choose
     module_choice.choose = lambda *a, **k: "fused"
@@ -472,21 +475,15 @@ def part_g(device):
             _warm(runs)
             res["alternate"] = alternate(runs)
             res["paths"] = _paths(fused)
-            print("bert forced fused:", json.dumps(res["alternate"]), res["paths"])
+            print(f"{name} forced fused:", json.dumps(res["alternate"]), res["paths"])
             for which, fn in runs.items():
                 top = _cprofile(fn, 20, 25)[1]
                 res[f"cprofile_{which}"] = top[-5000:]
-                print(f"== bert {which} (LinearGELU forced fused)")
+                print(f"== {name} {which} ({module_cls.__name__} forced fused)")
                 print(top[-4500:])
-            inter = next(q for q in fused.modules() if isinstance(q, dualk.nn.LinearGELU))
-            x = torch.randn(8, 512, 768, device=device, dtype=torch.bfloat16)
-            ex = dualk.ops.explain("linear_gelu", x, inter.weight, inter.bias, approximate="none")
-            res["explain"] = str(ex)
-            print(ex)
     finally:
         module_choice.choose = real_choose
-    # the zoo's own way: module_choice decides; which decisions are still provisional after
-    # the warm-up and settle, and what a forward costs then
+    # the zoo's own way: module_choice decides, then the in-model check; what a forward costs
     fused2 = dualk.fuse(_copy_sharing_tensors(m))
     runs = {"original": lambda: m(*args, **kwargs), "fused": lambda: fused2(*args, **kwargs)}
     with torch.no_grad():
@@ -496,11 +493,12 @@ def part_g(device):
         res["decided_alternate"] = alternate(runs)
     res["decided_paths"] = _paths(fused2)
     res["choice_final"] = [
-        dualk.nn.choice_final(q) for q in fused2.modules() if isinstance(q, dualk.nn.LinearGELU)
+        dualk.nn.choice_final(q) for q in fused2.modules() if isinstance(q, module_cls)
     ]
+    res["audit_verdicts"] = str(audit_verdicts(fused2))
     res["module_choice"] = {k: str(v)[:600] for k, v in module_choice.details().items()}
-    print("bert decided:", json.dumps(res["decided_alternate"]), res["decided_paths"])
-    print("choice_final:", res["choice_final"])
+    print(f"{name} decided:", json.dumps(res["decided_alternate"]), res["decided_paths"])
+    print("choice_final:", res["choice_final"], "audit:", res["audit_verdicts"])
     print(json.dumps(res["module_choice"], indent=1)[:3000])
     return res
 
@@ -512,7 +510,7 @@ def main():
         "--parts",
         default="a,b",
         help="a (A/A copies), b (mlp256x4 training step), c (the wide bf16 one), d (NeRF's), "
-        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused), g (BERT with its LinearGELUs forced fused), t (the zoo's 256x4 training row as the zoo builds it, cProfile, tuner state), z (the zoo's own 256x4 row with sync check, cProfile and plain bursts inside it)",
+        "e (ViT, Mixer and BERT on the original path, after the restore), f (cProfile of BERT and ViT, original vs fused), g (BERT with its LinearGELUs forced fused), l (the LLaMA-style decoder with its GatedMLPs forced fused), t (the zoo's 256x4 training row as the zoo builds it, cProfile, tuner state), z (the zoo's own 256x4 row with sync check, cProfile and plain bursts inside it)",
     )
     a = p.parse_args()
     device = torch.device("cuda")
@@ -539,6 +537,8 @@ def main():
         out["train_256x4_in_zoo"] = part_z(device)
     if "g" in a.parts.split(","):
         out["bert_forced_fused"] = part_g(device)
+    if "l" in a.parts.split(","):
+        out["llama_forced_fused"] = part_g(device, "llama", dualk.nn.GatedMLP)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
