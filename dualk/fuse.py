@@ -202,7 +202,9 @@ def fuse(
             # us more host time per call than the nn.Sequential it replaced, H200).
             unfused = _unfused_copy(gm)
             if _fuse_graph(gm, ctx, "") and unfused is not None:
-                object.__setattr__(gm, "forward", _FusedForward(gm, gm, original=unfused))
+                object.__setattr__(
+                    gm, "forward", _FusedForward(gm, gm, original=unfused, pool=ctx.pool)
+                )
                 # nn.Module's call without fx's wrapper around it (which only words errors of
                 # the generated code: 0.9 us a call on a CPU-only host), and where the graph is
                 # one FusedMLP with a C++ plan, that plan without nn.Module's call at all. The
@@ -463,6 +465,7 @@ class _Context:
     min_layers: int
     report: FuseReport
     lone: dict[str, str] = field(default_factory=dict)  # a Linear left alone: why
+    pool: _CheckPool = field(default_factory=lambda: _CheckPool())  # the owners' shared checks
 
     def skip(self, where: str, reason: str) -> None:
         entry = Skipped(where, reason)
@@ -1098,6 +1101,13 @@ class _FusedForward:
     # them loads; __init__ gives each object its own dict.
     audit: _Audit | None = None
     audits: dict = {}
+    # The checks and verdicts this object shares with the other owners one dualk.fuse call made
+    # (_CheckPool), or None (pickled before the field: checked alone)
+    pool: _CheckPool | None = None
+    # This owner's part in the check under way: like calls left before timing, and its timed
+    # calls so far (odd: the original path)
+    audit_warm = 0
+    audit_turn = 0
 
     def __init__(
         self,
@@ -1105,8 +1115,9 @@ class _FusedForward:
         graph: fx.GraphModule,
         original: fx.GraphModule | None = None,
         traced: fx.GraphModule | None = None,
+        pool: _CheckPool | None = None,
     ):
-        self.owner, self.graph, self.original = owner, graph, original
+        self.owner, self.graph, self.original, self.pool = owner, graph, original, pool
         self.traced = original if original is not None else traced
         # fuse's whole-model GraphModule result; a bool, so that a trace reads one of the two
         self.graph_is_owner = graph is owner
@@ -1288,7 +1299,43 @@ class _FusedForward:
             or any(choice_final(m) is None for m in self.fused)
         ):
             return
-        self.audit = _Audit(sig, x.device)
+        pool = self.pool
+        self.audit_turn, self.audit_warm = 0, AUDIT_WARM
+        if pool is None:
+            self.audit = _Audit(sig, x.device, None)
+            return
+        key = self._pool_key(sig)
+        verdict = pool.verdicts.get(key)
+        if verdict is not None:  # (an identical owner's check has concluded: no new one)
+            self._take_verdict(sig, verdict)
+            return
+        audit = pool.under_way.get(key)
+        if audit is None or audit.verdict is not None or audit.dropped:
+            audit = pool.under_way[key] = _Audit(sig, x.device, key)
+        else:
+            audit.members += 1
+            self.audit_turn = (audit.members - 1) % 2
+        self.audit = audit
+
+    def _pool_key(self, sig: tuple) -> tuple:
+        """What makes owners identical for one shared check: the owner's class, its parameters'
+        shapes and dtypes, its fused modules' classes and activations, and the call signature
+        (LLaMA's four decoder MLPs, BERT's four intermediates, ViT's twelve Mlps)."""
+        owner = self.owner
+        params = tuple((tuple(p.shape), p.dtype) for p in owner.parameters())
+        fused = tuple((type(m).__name__, getattr(m, "activation", None)) for m in self.fused)
+        return (type(owner), params, fused, sig)
+
+    def _take_verdict(self, sig: tuple, verdict: tuple) -> None:
+        """This owner's verdict for `sig` (its own check's, or its pool's): "original" sends the
+        signature's like calls to the original path from now on."""
+        self.audit = None
+        if len(self.audits) >= self.MAX_SIGNATURES:  # (as original_calls)
+            self.audits.clear()
+        self.audits[sig] = verdict
+        if verdict[0] == "original":
+            self.last_graph = None
+            self.last_original = sig
 
     def _audited(self, a):
         """A like call during the in-model check: after AUDIT_WARM calls on the graph, the next
@@ -1301,43 +1348,72 @@ class _FusedForward:
         per call, measured alone) and the model ran 0.91x, +355 us of host per forward (H200,
         session 31). Where the graph is not faster by AUDIT_MARGIN, this signature runs the
         original path from then on. The outputs of the calls in between come from either path
-        (both within the dtype's tolerance of each other)."""
+        (both within the dtype's tolerance of each other).
+
+        Identical owners of one dualk.fuse call (_pool_key) share one check: their timed calls
+        pool into one verdict for all of them, AUDIT_PAIRS pairs per owner up to AUDIT_POOL
+        owners. Checked alone, LLaMA's four identical decoder MLPs got different verdicts (1
+        fused, 3 original; H200, session 31): 12 pairs each are noisy when the true difference
+        is a few percent."""
         audit = self.audit
         if audit is None:  # (another thread concluded it)
+            return self._graph_path(a)
+        if audit.verdict is not None:  # (an identical owner concluded the pooled check)
+            self._take_verdict(audit.sig, audit.verdict)
+            return self._run_original(a) if audit.verdict[0] == "original" else self._graph_path(a)
+        if audit.dropped:
+            self.audit = None
             return self._graph_path(a)
         if audit.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return self._graph_path(a)  # (no timed events in a CUDA graph capture)
         if module_choice.measurable(audit.device) is not None:
-            self.audit = None  # (auto's timing switched off, a torch.jit trace: dropped unjudged)
+            # (auto's timing switched off, a torch.jit trace: dropped unjudged, pool and all)
+            self.audit, audit.dropped = None, True
             return self._graph_path(a)
-        if audit.warm:
-            audit.warm -= 1
+        if self.audit_warm:
+            self.audit_warm -= 1
             return self._graph_path(a)
-        original = len(audit.fused) > len(audit.original)  # (the graph first in each pair)
+        # (each owner alternates its own calls, the graph first in each pair; every second
+        # owner of a pool starts with the original, so that neither path is always the
+        # first layer's, say)
+        original = self.audit_turn % 2 == 1
+        self.audit_turn += 1
         start = _audit_mark(audit.device)
         out = self._run_original(a) if original else self._graph_path(a)
         (audit.original if original else audit.fused).append((start, _audit_mark(audit.device)))
-        if len(audit.original) == AUDIT_PAIRS:
-            self.audit = None
+        needed = AUDIT_PAIRS * min(audit.members, AUDIT_POOL)
+        if len(audit.original) >= needed and len(audit.fused) >= needed:
             fused_ms = statistics.median(_audit_ms(s, e) for s, e in audit.fused)
             original_ms = statistics.median(_audit_ms(s, e) for s, e in audit.original)
             path = "fused" if fused_ms < original_ms * (1 - AUDIT_MARGIN) else "original"
-            if len(self.audits) >= self.MAX_SIGNATURES:  # (as original_calls)
-                self.audits.clear()
-            self.audits[audit.sig] = (path, fused_ms, original_ms)
-            if path == "original":
-                self.last_graph = None
-                self.last_original = audit.sig
+            audit.verdict = (path, fused_ms, original_ms)
+            pool = self.pool
+            if pool is not None and audit.key is not None:
+                if pool.under_way.get(audit.key) is audit:
+                    del pool.under_way[audit.key]
+                if len(pool.verdicts) >= self.MAX_SIGNATURES:
+                    pool.verdicts.clear()
+                pool.verdicts[audit.key] = audit.verdict
+            self._take_verdict(audit.sig, audit.verdict)
         return out
 
     def _other_call(self, audit: _Audit) -> None:
         """A call of another signature while `audit` is under way: after AUDIT_OTHERS of them the
         check is dropped unjudged (its signature is no longer called, and one check runs at a
         time), and the next call takes the general path, where a check of its own starts."""
+        if audit.verdict is not None:  # (concluded by an identical owner meanwhile)
+            self._take_verdict(audit.sig, audit.verdict)
+            return
+        if audit.dropped:
+            self.audit = None
+            return
         audit.others += 1
-        if audit.others > AUDIT_OTHERS:
+        if audit.others > AUDIT_OTHERS * audit.members:
             self.audit = None
             self.last_graph = None
+            audit.members -= 1
+            if audit.members <= 0:  # (nobody left to conclude it)
+                audit.dropped = True
 
     def _graph_path(self, a):
         single = self.single
@@ -1465,14 +1541,35 @@ def _single_module(graph: fx.GraphModule) -> nn.Module | None:
 
 
 class _Audit:
-    """One in-model check under way (_FusedForward._audited): the call signature, the device, the
-    calls left before timing, and the (start, end) marks of the timed calls per path."""
+    """One in-model check under way (_FusedForward._audited): the call signature, the device and
+    the (start, end) marks of the timed calls per path; shared by
+    the identical owners that joined it (`members`; `key` their _CheckPool key, None for a check
+    of one owner alone) until `verdict` is set or it is `dropped` unjudged."""
 
-    def __init__(self, sig: tuple, device: torch.device):
-        self.sig, self.device, self.warm = sig, device, AUDIT_WARM
+    def __init__(self, sig: tuple, device: torch.device, key: tuple | None):
+        self.sig, self.device, self.key = sig, device, key
         self.others = 0  # calls of other signatures meanwhile
+        self.members = 1
         self.fused: list = []
         self.original: list = []
+        self.verdict: tuple | None = None  # (path, fused ms, original ms)
+        self.dropped = False
+
+
+class _CheckPool:
+    """The in-model checks that one dualk.fuse call's owners share: those under way and the
+    verdicts reached, by _FusedForward._pool_key. A copy of the model (deepcopy, pickle) starts
+    with an empty pool, shared by the copy's owners: it checks again."""
+
+    def __init__(self):
+        self.under_way: dict[tuple, _Audit] = {}
+        self.verdicts: dict[tuple, tuple] = {}
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 # The in-model check (_FusedForward._audited): like calls on the graph before it, timed pairs, and
@@ -1481,6 +1578,8 @@ class _Audit:
 AUDIT_WARM = 4
 AUDIT_PAIRS = 12
 AUDIT_MARGIN = 0.01
+# Identical owners whose calls one shared check pools (AUDIT_PAIRS pairs each)
+AUDIT_POOL = 4
 # Calls of other signatures after which a check whose own signature is no longer called is dropped
 AUDIT_OTHERS = 256
 
@@ -1511,8 +1610,10 @@ def audit_verdicts(model: nn.Module) -> dict[str, int]:
     for m in model.modules():
         forward = m.__dict__.get("forward")
         if type(forward) is _FusedForward:
-            audits = forward.audits
-            if forward.audit is not None:
+            audits, audit = forward.audits, forward.audit
+            if audit is not None and audit.verdict is not None:  # (its pool's, not yet taken)
+                audits = {**audits, audit.sig: audit.verdict}
+            elif audit is not None and not audit.dropped:
                 counts["pending"] = counts.get("pending", 0) + 1
         else:  # (an owner given its own forward back keeps its verdicts here)
             audits = _RESTORED.get(m, {})
@@ -1669,7 +1770,9 @@ def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: s
             if local not in module._modules and not hasattr(module, local):
                 module.add_module(local, gm.get_submodule(local))
         # An instance attribute: nn.Module.__call__ (hooks included) runs it as the forward.
-        object.__setattr__(module, "forward", _FusedForward(module, gm, traced=unfused))
+        object.__setattr__(
+            module, "forward", _FusedForward(module, gm, traced=unfused, pool=ctx.pool)
+        )
         ctx.report.notes.append(
             f"{prefix.rstrip('.') or type(module).__name__} ({type(module).__name__}) keeps its "
             "modules and state_dict; its forward runs the fused graph"
