@@ -1104,10 +1104,6 @@ class _FusedForward:
     # The checks and verdicts this object shares with the other owners one dualk.fuse call made
     # (_CheckPool), or None (pickled before the field: checked alone)
     pool: _CheckPool | None = None
-    # This owner's part in the check under way: like calls left before timing, and its timed
-    # calls so far (odd: the original path)
-    audit_warm = 0
-    audit_turn = 0
 
     def __init__(
         self,
@@ -1300,9 +1296,8 @@ class _FusedForward:
         ):
             return
         pool = self.pool
-        self.audit_turn, self.audit_warm = 0, AUDIT_WARM
         if pool is None:
-            self.audit = _Audit(sig, x.device, None)
+            self.audit = _Audit(sig, x.device, None, self)
             return
         key = self._pool_key(sig)
         verdict = pool.verdicts.get(key)
@@ -1310,11 +1305,19 @@ class _FusedForward:
             self._take_verdict(sig, verdict)
             return
         audit = pool.under_way.get(key)
-        if audit is None or audit.verdict is not None or audit.dropped:
-            audit = pool.under_way[key] = _Audit(sig, x.device, key)
-        else:
+        if audit is not None and audit.verdict is None and not audit.dropped:
+            # a follower: the periods timed so far did not include its path: start again
             audit.members += 1
-            self.audit_turn = (audit.members - 1) % 2
+            audit.marks.clear()
+            audit.warm = max(audit.warm, 1)
+        elif pool.busy():
+            # One check at a time per fuse call: a period holds every owner's calls, and two
+            # checks alternating together would time each other's paths too. This owner's
+            # next call after that check ends takes the general path again (_CheckPool.end).
+            pool.waiting.add(self)
+            return
+        else:
+            audit = pool.under_way[key] = _Audit(sig, x.device, key, self)
         self.audit = audit
 
     def _pool_key(self, sig: tuple) -> tuple:
@@ -1338,27 +1341,31 @@ class _FusedForward:
             self.last_original = sig
 
     def _audited(self, a):
-        """A like call during the in-model check: after AUDIT_WARM calls on the graph, the next
-        2 * AUDIT_PAIRS alternate between the graph and the original path, each timed in place
-        (CUDA events on a GPU: an event's time is when the GPU reaches it, so a call's span is
-        its own kernels' time where the GPU has work queued, and its host time where the GPU
-        waits for the host). module_choice measures each module alone, in a loop; inside a model
-        its Python runs with the model's code between calls, and on a host-bound model that cost
-        more than the device saved: BERT's four LinearGELUs chose dualk's path (44.6 vs 56.0 us
-        per call, measured alone) and the model ran 0.91x, +355 us of host per forward (H200,
-        session 31). Where the graph is not faster by AUDIT_MARGIN, this signature runs the
-        original path from then on. The outputs of the calls in between come from either path
-        (both within the dtype's tolerance of each other).
+        """A like call during the in-model check. The check times whole periods of the model's
+        calls, not this call alone: a mark (a CUDA event on a GPU: its time is when the GPU
+        reaches it) at each call of the check's lead owner, so that one period holds everything
+        the model does between two of its calls, all of it on one path. After AUDIT_WARM periods
+        on the graph, the next 2 * AUDIT_PAIRS periods alternate between the graph and the
+        original path; the medians decide, and where the graph is not faster by AUDIT_MARGIN the
+        signature runs the original path from then on. Where the GPU has work queued a period
+        is the GPU's time for it, where the GPU waits for the host the host's.
 
-        Identical owners of one dualk.fuse call (_pool_key) share one check: their timed calls
-        pool into one verdict for all of them, AUDIT_PAIRS pairs per owner up to AUDIT_POOL
-        owners. Checked alone, LLaMA's four identical decoder MLPs got different verdicts (1
-        fused, 3 original; H200, session 31): 12 pairs each are noisy when the true difference
-        is a few percent."""
+        Why periods: module_choice measures each module alone, in a loop, and a host-bound model
+        paid more than the device saved (BERT's four LinearGELUs chose dualk's path, 44.6 vs
+        56.0 us per call measured alone, and the model ran 0.91x, +355 us of host per forward;
+        H200, session 31). Timing the owner's call alone (session 31's check) still missed what
+        the fused path costs outside it: LLaMA's four MLPs all kept dualk's path and the model
+        ran 0.96x (device -224 us, host +305 us per forward; H200, session 32).
+
+        Identical owners of one dualk.fuse call (_pool_key) share one check and its verdict:
+        the first to start it leads (its calls mark the periods), the others follow the path
+        the lead chose for the period. Checked apart, LLaMA's four identical MLPs got different
+        verdicts (1 fused, 3 original; session 31). The outputs of the calls in between come
+        from either path (both within the dtype's tolerance of each other)."""
         audit = self.audit
         if audit is None:  # (another thread concluded it)
             return self._graph_path(a)
-        if audit.verdict is not None:  # (an identical owner concluded the pooled check)
+        if audit.verdict is not None:  # (the lead concluded the check)
             self._take_verdict(audit.sig, audit.verdict)
             return self._run_original(a) if audit.verdict[0] == "original" else self._graph_path(a)
         if audit.dropped:
@@ -1369,33 +1376,41 @@ class _FusedForward:
         if module_choice.measurable(audit.device) is not None:
             # (auto's timing switched off, a torch.jit trace: dropped unjudged, pool and all)
             self.audit, audit.dropped = None, True
+            if self.pool is not None:
+                self.pool.end(audit)
             return self._graph_path(a)
-        if self.audit_warm:
-            self.audit_warm -= 1
-            return self._graph_path(a)
-        # (each owner alternates its own calls, the graph first in each pair; every second
-        # owner of a pool starts with the original, so that neither path is always the
-        # first layer's, say)
-        original = self.audit_turn % 2 == 1
-        self.audit_turn += 1
-        start = _audit_mark(audit.device)
-        out = self._run_original(a) if original else self._graph_path(a)
-        (audit.original if original else audit.fused).append((start, _audit_mark(audit.device)))
-        needed = AUDIT_PAIRS * min(audit.members, AUDIT_POOL)
-        if len(audit.original) >= needed and len(audit.fused) >= needed:
-            fused_ms = statistics.median(_audit_ms(s, e) for s, e in audit.fused)
-            original_ms = statistics.median(_audit_ms(s, e) for s, e in audit.original)
-            path = "fused" if fused_ms < original_ms * (1 - AUDIT_MARGIN) else "original"
-            audit.verdict = (path, fused_ms, original_ms)
-            pool = self.pool
-            if pool is not None and audit.key is not None:
-                if pool.under_way.get(audit.key) is audit:
-                    del pool.under_way[audit.key]
-                if len(pool.verdicts) >= self.MAX_SIGNATURES:
-                    pool.verdicts.clear()
-                pool.verdicts[audit.key] = audit.verdict
-            self._take_verdict(audit.sig, audit.verdict)
-        return out
+        if audit.lead is self:
+            marks = audit.marks
+            if audit.warm:
+                audit.warm -= 1
+                audit.original_turn = False
+            elif len(marks) == 2 * AUDIT_PAIRS:  # (this mark closes the last period)
+                marks.append((_audit_mark(audit.device), False))
+                self._conclude(audit)
+                verdict = audit.verdict[0]
+                return self._run_original(a) if verdict == "original" else self._graph_path(a)
+            else:
+                audit.original_turn = len(marks) % 2 == 1  # (the graph first in each pair)
+                marks.append((_audit_mark(audit.device), audit.original_turn))
+        return self._run_original(a) if audit.original_turn else self._graph_path(a)
+
+    def _conclude(self, audit: _Audit) -> None:
+        """The check's verdict from its periods, for this owner, its pool and its followers."""
+        marks = audit.marks
+        periods: dict[bool, list] = {False: [], True: []}
+        for (start, original), (end, _) in zip(marks, marks[1:]):
+            periods[original].append(_audit_ms(start, end))
+        fused_ms = statistics.median(periods[False])
+        original_ms = statistics.median(periods[True])
+        path = "fused" if fused_ms < original_ms * (1 - AUDIT_MARGIN) else "original"
+        audit.verdict = (path, fused_ms, original_ms)
+        pool = self.pool
+        if pool is not None and audit.key is not None:
+            if len(pool.verdicts) >= self.MAX_SIGNATURES:
+                pool.verdicts.clear()
+            pool.verdicts[audit.key] = audit.verdict
+            pool.end(audit)
+        self._take_verdict(audit.sig, audit.verdict)
 
     def _other_call(self, audit: _Audit) -> None:
         """A call of another signature while `audit` is under way: after AUDIT_OTHERS of them the
@@ -1404,16 +1419,18 @@ class _FusedForward:
         if audit.verdict is not None:  # (concluded by an identical owner meanwhile)
             self._take_verdict(audit.sig, audit.verdict)
             return
-        if audit.dropped:
+        if audit.dropped:  # (by its lead: the next call takes the general path, as below)
             self.audit = None
+            self.last_graph = None
             return
         audit.others += 1
         if audit.others > AUDIT_OTHERS * audit.members:
             self.audit = None
             self.last_graph = None
-            audit.members -= 1
-            if audit.members <= 0:  # (nobody left to conclude it)
+            if audit.lead is self:  # (nobody left to mark the periods)
                 audit.dropped = True
+                if self.pool is not None:
+                    self.pool.end(audit)
 
     def _graph_path(self, a):
         single = self.single
@@ -1541,29 +1558,45 @@ def _single_module(graph: fx.GraphModule) -> nn.Module | None:
 
 
 class _Audit:
-    """One in-model check under way (_FusedForward._audited): the call signature, the device and
-    the (start, end) marks of the timed calls per path; shared by
-    the identical owners that joined it (`members`; `key` their _CheckPool key, None for a check
-    of one owner alone) until `verdict` is set or it is `dropped` unjudged."""
+    """One in-model check under way (_FusedForward._audited): the call signature, the device, the
+    lead owner (its calls mark the periods), the periods left before timing, the marks (mark,
+    whether its period runs the original path) and the current period's path; shared by the
+    identical owners that joined it (`members`; `key` their _CheckPool key, None for a check of
+    one owner alone) until `verdict` is set or it is `dropped` unjudged."""
 
-    def __init__(self, sig: tuple, device: torch.device, key: tuple | None):
-        self.sig, self.device, self.key = sig, device, key
+    def __init__(self, sig: tuple, device: torch.device, key: tuple | None, lead):
+        self.sig, self.device, self.key, self.lead = sig, device, key, lead
+        self.warm = AUDIT_WARM
         self.others = 0  # calls of other signatures meanwhile
         self.members = 1
-        self.fused: list = []
-        self.original: list = []
+        self.marks: list = []
+        self.original_turn = False
         self.verdict: tuple | None = None  # (path, fused ms, original ms)
         self.dropped = False
 
 
 class _CheckPool:
-    """The in-model checks that one dualk.fuse call's owners share: those under way and the
-    verdicts reached, by _FusedForward._pool_key. A copy of the model (deepcopy, pickle) starts
+    """The in-model checks that one dualk.fuse call's owners share: the one under way, the
+    verdicts reached (by _FusedForward._pool_key) and the owners waiting for their turn. A copy of the model (deepcopy, pickle) starts
     with an empty pool, shared by the copy's owners: it checks again."""
 
     def __init__(self):
         self.under_way: dict[tuple, _Audit] = {}
         self.verdicts: dict[tuple, tuple] = {}
+        self.waiting: set = set()  # owners' forwards whose check waits for the one under way
+
+    def busy(self) -> bool:
+        """Whether a check is under way (one at a time: _FusedForward._start_audit)."""
+        return any(a.verdict is None and not a.dropped for a in self.under_way.values())
+
+    def end(self, audit: _Audit) -> None:
+        """`audit` has concluded or was dropped: the waiting owners' next calls take the general
+        path, where their own checks start."""
+        if self.under_way.get(audit.key) is audit:
+            del self.under_way[audit.key]
+        for forward in self.waiting:
+            forward.last_graph = None
+        self.waiting.clear()
 
     def __getstate__(self) -> dict:
         return {}
@@ -1578,8 +1611,6 @@ class _CheckPool:
 AUDIT_WARM = 4
 AUDIT_PAIRS = 12
 AUDIT_MARGIN = 0.01
-# Identical owners whose calls one shared check pools (AUDIT_PAIRS pairs each)
-AUDIT_POOL = 4
 # Calls of other signatures after which a check whose own signature is no longer called is dropped
 AUDIT_OTHERS = 256
 
