@@ -716,7 +716,11 @@ def test_owner_gets_its_original_forward_back(measured, monkeypatch):
     with torch.no_grad():
         for _ in range(4):
             torch.testing.assert_close(gm(x), seq(x), rtol=1e-5, atol=1e-6)
-    assert fuse_module.forward_restored(gm) and gm.forward == ff.original.forward
+    # (the unfused graph is a chain of its modules: they are called in turn, as nn.Sequential
+    # does, without the generated code's lookups)
+    assert fuse_module.forward_restored(gm) and gm.forward is ff.original_run
+    assert type(gm.forward).__name__ == "_ModuleChain"
+    assert [type(m) for m in gm.forward.modules] == [nn.Linear, nn.ReLU, nn.Linear]
     (inner,) = [m for m in gm.modules() if isinstance(m, FusedMLP)]
     inner.__dict__["_last_path"] = None
     with torch.no_grad():
@@ -724,6 +728,41 @@ def test_owner_gets_its_original_forward_back(measured, monkeypatch):
         assert inner.__dict__["_last_path"] is None  # not called
         torch.testing.assert_close(copy.deepcopy(gm)(x), seq(x), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x), seq(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_original_path_of_a_fused_sequential_calls_its_modules_in_turn(measured, monkeypatch):
+    # The original path of fuse's whole-model result whose unfused graph is a chain of modules
+    # calls them in turn (as nn.Sequential), in training too, hooks and all; a graph with other
+    # nodes (a norm and a residual add) runs the unfused graph's forward.
+    costs, _ = measured
+    costs.update(fused=20.0, original=10.0)  # (the original path measured faster)
+    torch.manual_seed(41)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    gm = fuse(copy.deepcopy(seq))
+    ff = _fused_forward(gm)
+    assert type(ff.original_run).__name__ == "_ModuleChain"
+    seen = []
+    gm.get_submodule("2").register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    x = torch.randn(5, 8, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    for _ in range(3):
+        out = gm(x)
+        torch.testing.assert_close(out, seq(x_ref), rtol=1e-5, atol=1e-6)
+        out.square().sum().backward()
+        seq(x_ref).square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+    # (the first call ran the fused graph, whose FusedMLP chose PyTorch's ops; its like calls
+    # then ran the chain, which calls the hooked Linear)
+    assert seen == [(5, 16)] * 2
+    assert ff.original_calls  # (those calls ran the original path)
+    wide = _fused_forward(fuse(_WideBlock().eval()))
+    assert type(wide.original_run).__name__ == "method"
+    # not copied or pickled (a copy's chain must hold the copy's modules): made again
+    assert "original_run" not in ff.__getstate__()
+    twin = copy.deepcopy(ff)
+    first = twin._original_forward().modules[0]
+    assert first is twin.original.get_submodule("0")
+    assert first is not ff.original.get_submodule("0")
 
 
 def test_owner_is_restored_once_a_provisional_choice_turns_final(measured, monkeypatch):
