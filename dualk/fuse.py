@@ -210,6 +210,7 @@ def fuse(
                 # one FusedMLP with a C++ plan, that plan without nn.Module's call at all. The
                 # class is this GraphModule's own; recompile() and copies restore the wrapper.
                 type(gm).__call__ = _fused_graph_call
+                type(gm).__deepcopy__ = _fused_graph_deepcopy
             result = gm
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
     fused_nodes = {node for chain in rep.fused for node in chain.nodes}
@@ -1515,6 +1516,22 @@ class _FusedForward:
         return len(modules) != len(children) or not all(
             map(operator.is_, modules.values(), children)
         )
+
+
+def _fused_graph_deepcopy(self, memo: dict):
+    """__deepcopy__ of fuse's whole-model GraphModule: fx's own rebuilds the module from its graph
+    and drops instance attributes, so a copy lost its _FusedForward (no in-model check, no
+    restore: the fused graph as its class forward). The copy gets a copy of it (or of the
+    restored forward), bound to the copy through `memo`, and this class's call."""
+    forward = self.__dict__.get("forward")
+    res = fx.GraphModule.__deepcopy__(self, memo)
+    if forward is not None:
+        object.__setattr__(res, "forward", copy.deepcopy(forward, memo))
+        type(res).__call__ = _fused_graph_call
+        type(res).__deepcopy__ = _fused_graph_deepcopy
+        if self in _RESTORED:
+            _RESTORED[res] = copy.deepcopy(_RESTORED[self], memo)
+    return res
 
 
 def _fused_graph_call(self, *args, **kwargs):

@@ -765,6 +765,35 @@ def test_the_original_path_of_a_fused_sequential_calls_its_modules_in_turn(measu
     assert first is not ff.original.get_submodule("0")
 
 
+def test_a_deep_copy_of_a_fused_graph_module_keeps_its_fused_forward(measured, monkeypatch):
+    # fx's own __deepcopy__ rebuilds a GraphModule from its graph and drops instance attributes:
+    # a copy of fuse's whole-model result ran its fused graph as a plain GraphModule (no in-model
+    # check, no restore). It keeps a copy of its forward object, bound to the copy's modules, and
+    # a restored one its restored forward.
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+    costs, _ = measured
+    costs.update(fused=20.0, original=10.0)  # (the original path measured faster: restored)
+    torch.manual_seed(42)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    gm = fuse(copy.deepcopy(seq))
+    twin = copy.deepcopy(gm)
+    ff, tf = _fused_forward(gm), _fused_forward(twin)
+    assert tf is not ff and tf.owner is twin and tf.graph is twin
+    assert tf.original.get_submodule("0") is twin.get_submodule("0") is not gm.get_submodule("0")
+    assert isinstance(tf.fused[0], FusedMLP) and tf.fused[0] is not ff.fused[0]
+    assert tf.fused[0] is next(m for m in twin.modules() if isinstance(m, FusedMLP))
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        for _ in range(6):
+            torch.testing.assert_close(twin(x), seq(x), rtol=1e-5, atol=1e-6)
+        assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
+        again = copy.deepcopy(twin)
+        assert fuse_module.forward_restored(again)
+        assert again.forward.modules[0] is again.get_submodule("0") is not twin.get_submodule("0")
+        torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
+
+
 def test_owner_is_restored_once_a_provisional_choice_turns_final(measured, monkeypatch):
     # A choice measured while the operator's own decision was provisional (Triton still tuning):
     # like calls run the original path without reaching the fused module, so restoring asks it
