@@ -238,7 +238,13 @@ class GatedBase(nn.Module):
 
     def _glu(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self._gate_up()
-        wg, wu, bg, bu = gate.weight, up.weight, gate.bias, up.bias
+        # (from the parameter dicts, as LinearGELU.forward: 4 nn.Module.__getattr__ calls less;
+        # a plain-tensor weight or bias, or no bias, lives in __dict__ instead)
+        gp, upp = gate._parameters, up._parameters
+        wg = gp["weight"] if "weight" in gp else gate.weight  # noqa: SIM401
+        wu = upp["weight"] if "weight" in upp else up.weight  # noqa: SIM401
+        bg = gp["bias"] if "bias" in gp else gate.bias  # noqa: SIM401
+        bu = upp["bias"] if "bias" in upp else up.bias  # noqa: SIM401
         path = _choose_path(self, "linear_glu", x, [wg, wu], [bg, bu])
         self.__dict__["_last_path"] = path
         if path == "original":
@@ -347,6 +353,9 @@ class GatedMLP(GatedBase):
         return module
 
     def _gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        modules = self._modules  # (not nn.Module.__getattr__: host time)
+        if "gate_proj" in modules and "up_proj" in modules:
+            return modules["gate_proj"], modules["up_proj"]
         return self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

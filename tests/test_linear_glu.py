@@ -310,6 +310,33 @@ def test_export_keeps_the_inference_op():
     torch.testing.assert_close(ep.module()(x), mlp(x))
 
 
+def test_gated_mlp_reads_its_parameters_wherever_they_live():
+    """The gated part reads weights and biases from the Linears' parameter dicts (host time); a
+    plain-tensor weight or bias, a bias set to None, or a projection replaced by a plain
+    attribute still reach it."""
+    torch.manual_seed(4)
+    mlp = dualk.nn.GatedMLP(16, 24, 12, bias=True, backend="torch", device=DEVICE)
+    x = torch.randn(3, 16, device=DEVICE)
+    f = torch.nn.functional
+
+    def expected():
+        g, u = mlp.gate_proj, mlp.up_proj
+        return mlp.down_proj(f.silu(f.linear(x, g.weight, g.bias)) * f.linear(x, u.weight, u.bias))
+
+    torch.testing.assert_close(mlp(x), expected())
+    wg, bu = torch.randn(24, 16, device=DEVICE), torch.randn(24, device=DEVICE)
+    del mlp.gate_proj._parameters["weight"], mlp.up_proj._parameters["bias"]
+    mlp.gate_proj.weight, mlp.up_proj.bias = wg, bu  # (plain tensors: attributes)
+    assert "weight" in mlp.gate_proj.__dict__ and "bias" in mlp.up_proj.__dict__
+    torch.testing.assert_close(mlp(x), expected())
+    mlp.gate_proj.bias = None
+    torch.testing.assert_close(mlp(x), expected())
+    up = mlp.up_proj
+    del mlp._modules["up_proj"]
+    object.__setattr__(mlp, "up_proj", up)  # (not a registered child: found as an attribute)
+    torch.testing.assert_close(mlp(x), expected())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 def test_fused_elementwise_backward(dtype):
     """The backward's one Triton pass ([d_gate | d_up] from grad, gate, up; registered as
