@@ -5,6 +5,7 @@ a wrong fused model fails the check, missing packages give skipped rows with the
 JSON carries the environment and every field, and the command line runs."""
 
 import json
+import math
 import statistics
 import sys
 
@@ -311,3 +312,16 @@ def test_paired_ratio_keeps_a_difference_through_a_host_drift():
     assert statistics.median(orig) / statistics.median(skewed) < 0.7
     assert zoo.paired_ratio(orig, skewed) == pytest.approx(1.05)
     assert zoo.paired_ratio([], []) is None
+
+
+def test_short_rows_get_more_rounds_up_to_a_limit():
+    # A training step of 1.4 ms in 8-call bursts: 8 rounds time 0.72 s of bursts, whose paired
+    # ratios scattered too widely to tell 0.97 from 1.00 (H200); with the default rounds a row
+    # gets rounds enough for MIN_TIMED_S seconds, at most MAX_ROUNDS, never fewer than asked.
+    rounds_for, zoo_tools = zoo.rounds_for, zoo
+    assert rounds_for(8, 8, 1.4, 0.0) == 8  # (rounds given, --quick, or a CPU: as asked)
+    needed = math.ceil(zoo_tools.MIN_TIMED_S / (2 * zoo_tools.SPLIT * 8 * 1.4e-3))
+    assert 8 < needed <= zoo_tools.MAX_ROUNDS
+    assert rounds_for(8, 8, 1.4, zoo_tools.MIN_TIMED_S) == needed
+    assert rounds_for(8, 25, 0.1, zoo_tools.MIN_TIMED_S) == zoo_tools.MAX_ROUNDS  # (capped)
+    assert rounds_for(8, 8, 50.0, zoo_tools.MIN_TIMED_S) == 8  # (long calls: as asked)

@@ -10,8 +10,9 @@ Modes (per model: `ModelSpec.modes`; `run(modes=...)` picks among them):
   on two deep copies of the model with the same initial weights (the fused one is
   `dualk.fuse(copy.deepcopy(m))`), so one's optimizer steps never touch the other's weights.
 
-Method (GPU). The two are timed in alternating rounds (`rounds`, the order swapped each round),
-so a clock or host drifting during the run weighs on both alike. In each round, per model:
+Method (GPU). The two are timed in alternating rounds (`rounds`, the order swapped each round;
+with the default rounds, enough for MIN_TIMED_S seconds of bursts, up to MAX_ROUNDS), so a clock
+or host drifting during the run weighs on both alike. In each round, per model:
 - wall: N calls in a row after an L2 flush, then one synchronise; wall time / N is what a user
   calling the model in a loop sees per call. The ratio is original wall / fused wall (> 1: fused
   is faster).
@@ -74,6 +75,11 @@ Progress = Callable[[int, int, str], None]
 # GPU: rounds, and the target length of one burst of calls (ms); --quick halves the run.
 ROUNDS, TARGET_MS, MAX_CALLS, DEVICE_CALLS = 8, 25.0, 100, 20
 QUICK_ROUNDS, QUICK_TARGET_MS = 3, 12.0
+# With the default rounds, a row whose rounds would time less than MIN_TIMED_S seconds of bursts
+# gets more rounds, up to MAX_ROUNDS: the training steps (~1.2-1.5 ms, 8-call bursts) had 32
+# burst pairs in 0.7 s, whose paired ratios scattered 0.93-1.04 with equal medians, and the
+# 95% interval of their median spanned 0.95-1.01 (H200, session 32)
+MIN_TIMED_S, MAX_ROUNDS = 2.0, 32
 # Calls per burst at least: a burst's first call starts on an idle GPU and its last call's GPU
 # tail ends it, and both are part of its wall time; with 2-call bursts they were a third of it.
 MIN_BURST = 8
@@ -199,7 +205,9 @@ def run(
     """Run the zoo: each selected model in each of its selected modes (see `select`), fused
     against the original. `device`: default the GPU if there is one; `size`: "gpu", "cpu" or
     "auto" (the GPU sizes on a GPU). `rounds` and `target_ms` (one burst's length) default to
-    5 and 25 ms on a GPU (`quick`: 3 and 12 ms) and 1 round on a CPU. `progress(i, n, what)` is
+    8 and 25 ms on a GPU (`quick`: 3 and 12 ms) and 1 round on a CPU; with the default rounds on
+    a GPU, a row whose rounds would time less than MIN_TIMED_S seconds gets more, up to
+    MAX_ROUNDS. `progress(i, n, what)` is
     called before each row and once at the end, `on_result(result)` after each row (the command
     line saves the JSON there, so a run cut short keeps its rows). A model that fails is a row
     with status "error", and the run goes on."""
@@ -211,6 +219,7 @@ def run(
     if size not in ("gpu", "cpu"):
         raise ValueError(f"size must be 'gpu', 'cpu' or 'auto', got {size!r}")
     on_gpu = dev.type == "cuda"
+    min_timed_s = MIN_TIMED_S if rounds is None and on_gpu and not quick else 0.0
     if rounds is None:
         rounds = (QUICK_ROUNDS if quick else ROUNDS) if on_gpu else 1
     if target_ms is None:
@@ -222,7 +231,7 @@ def run(
     for i, (spec, mode) in enumerate(pairs):
         if progress is not None:
             progress(i, len(pairs), f"{spec.name} {mode}")
-        results.append(_run_one(spec, mode, dev, size, rounds, target_ms))
+        results.append(_run_one(spec, mode, dev, size, rounds, target_ms, min_timed_s))
         _release(dev, compiled=mode == "compiled")
         if on_result is not None:
             on_result(results[-1])
@@ -245,7 +254,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _run_one(
-    spec: ModelSpec, mode: str, device: torch.device, size: str, rounds: int, target_ms: float
+    spec: ModelSpec,
+    mode: str,
+    device: torch.device,
+    size: str,
+    rounds: int,
+    target_ms: float,
+    min_timed_s: float = 0.0,
 ) -> Result:
     result = Result(
         model=spec.name,
@@ -262,7 +277,7 @@ def _run_one(
         return result
     before = set(module_choice.details())
     try:
-        _measure(spec, mode, device, size, rounds, target_ms, result)
+        _measure(spec, mode, device, size, rounds, target_ms, result, min_timed_s)
         # operator decisions still waiting for a backend at the row's end
         result.provisional_ops = autotune.provisional_now()
         result.choices = {
@@ -286,7 +301,9 @@ def _run_one(
     return result
 
 
-def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> None:
+def _measure(
+    spec, mode, device, size, rounds, target_ms, result: Result, min_timed_s: float = 0.0
+) -> None:
     torch.manual_seed(0)
     built = spec.build(device, spec.dtype, size)
     result.note = built.note
@@ -315,7 +332,7 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
         opt_f = torch.optim.SGD(fused.parameters(), lr=LR)
         run_o = lambda: _step(original, opt_o, args, kwargs)
         run_f = lambda: _step(fused, opt_f, args, kwargs)
-        _time(run_o, run_f, device, rounds, target_ms, result, grad=True)
+        _time(run_o, run_f, device, rounds, target_ms, result, grad=True, min_timed_s=min_timed_s)
         return
     fused = fuse(original)  # shares original's parameters: no second copy of the weights
     result.fuse = summarize(original, fused)
@@ -339,6 +356,7 @@ def _measure(spec, mode, device, size, rounds, target_ms, result: Result) -> Non
             grad=False,
             ref=ref_out,
             dtype=spec.dtype,
+            min_timed_s=min_timed_s,
         )
     restored = sum(1 for m in fused.modules() if forward_restored(m))
     if restored:  # (dualk.fuse gave them their own forward back: original-path calls, no dualk)
@@ -536,7 +554,16 @@ def _sync(device: torch.device) -> None:
 
 
 def _time(
-    run_o, run_f, device, rounds, target_ms, result: Result, grad: bool, ref=None, dtype=None
+    run_o,
+    run_f,
+    device,
+    rounds,
+    target_ms,
+    result: Result,
+    grad: bool,
+    ref=None,
+    dtype=None,
+    min_timed_s: float = 0.0,
 ):
     """Warm up both (compilation, autotuning: result.warmup_s), judge the outputs (inference),
     then time both in alternating rounds (module docstring)."""
@@ -568,6 +595,8 @@ def _time(
     # for a while (another tenant, a GC pause) then falls on both models, not on one (two
     # copies of one GPT-2, nothing fused, read 5.0 and 2.8 ms per forward in 5 rounds).
     burst_calls = max(MIN_BURST, calls // SPLIT) if on_gpu else calls
+    if on_gpu:
+        rounds = rounds_for(rounds, burst_calls, one, min_timed_s)
     # Earlier rows leave a large heap (compiled graphs, Dynamo's caches): a full collection that
     # scans it falls on one burst of one model now and then (mlp256x4's training step, H100: the
     # fused copy's bursts 1.67-2.21 ms, the original's 1.65-2.05, equal device time). Frozen,
@@ -695,6 +724,16 @@ def _background() -> dict:
     return {"tuners": len(triton_tune.running()), "pending": triton_tune.background_pending()}
 
 
+def rounds_for(rounds: int, burst_calls: int, call_ms: float, min_timed_s: float) -> int:
+    """`rounds`, or more where they would time less than `min_timed_s` seconds of bursts (a
+    round: SPLIT bursts of `burst_calls` calls of each model, `call_ms` each), up to MAX_ROUNDS;
+    never fewer than asked."""
+    if min_timed_s <= 0:
+        return rounds
+    round_s = 2 * SPLIT * burst_calls * call_ms / 1e3
+    return max(rounds, min(MAX_ROUNDS, math.ceil(min_timed_s / max(round_s, 1e-9))))
+
+
 def _wall_once(fn, device) -> float:
     """Milliseconds of one synchronised call."""
     _sync(device)
@@ -765,7 +804,8 @@ METHOD = {
     "host": "the same loop up to the last call's return (enqueue time), before the synchronise, / N",
     "device": "CUDA events around each of min(N, 20) calls, each after a GPU sleep longer than its "
     "host time; L2 flushed before them; mean per call, median of rounds",
-    "rounds": "original and fused alternate, the order swapped each round, in one process",
+    "rounds": "original and fused alternate, the order swapped each round, in one process; with "
+    "the default rounds, at least MIN_TIMED_S (2) s of bursts per row, up to MAX_ROUNDS (32)",
     "error": "rel_err = ||fused - orig|| / ||orig||; ok: fused's relative-norm error against a "
     "float64 (fp32 models) or float32 (16-bit) copy within 2x the original's + eps(dtype) "
     "(4 eps in fp32); train: output, loss and gradients before the first step",
