@@ -45,6 +45,7 @@ import math
 import operator
 import re
 import statistics
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -1232,6 +1233,8 @@ class _FusedForward:
         # Changed children run the class's forward: checked only where the graph would run (a
         # call served above runs the class's forward either way).
         if self._children_changed():
+            if self.audit is not None:
+                self._leave_check()
             return type(owner).forward(owner, *args, **kwargs)
         if (audit := self.audit) is not None:
             if audit.sig == sig:
@@ -1309,38 +1312,47 @@ class _FusedForward:
         ):
             return
         pool = self.pool
-        if pool is None:
-            self.audit = _Audit(sig, x.device, None, self)
+        key = None
+        if pool is not None:
+            key = self._pool_key(sig)
+            verdict = pool.verdicts.get(key)
+            if verdict is not None:  # (an identical owner's check has concluded: no new one)
+                self._take_verdict(sig, verdict)
+                return
+            audit = pool.under_way.get(key)
+            if audit is not None and _check_active(audit):
+                # a follower: the periods timed so far did not include its path: start again
+                audit.members += 1
+                audit.marks.clear()
+                audit.warm = max(audit.warm, 1)
+                self.audit = audit
+                return
+        if _any_check_active():
+            # One check at a time in the process: a period holds everything between two of the
+            # lead's calls, and two checks alternating together (another owner's, another
+            # fused model's called in turn) would time each other's paths too. The next like
+            # call takes the general path and asks again.
+            self.last_graph = None
             return
-        key = self._pool_key(sig)
-        verdict = pool.verdicts.get(key)
-        if verdict is not None:  # (an identical owner's check has concluded: no new one)
-            self._take_verdict(sig, verdict)
-            return
-        audit = pool.under_way.get(key)
-        if audit is not None and audit.verdict is None and not audit.dropped:
-            # a follower: the periods timed so far did not include its path: start again
-            audit.members += 1
-            audit.marks.clear()
-            audit.warm = max(audit.warm, 1)
-        elif pool.busy():
-            # One check at a time per fuse call: a period holds every owner's calls, and two
-            # checks alternating together would time each other's paths too. This owner's
-            # next call after that check ends takes the general path again (_CheckPool.end).
-            pool.waiting.add(self)
-            return
-        else:
-            audit = pool.under_way[key] = _Audit(sig, x.device, key, self)
+        audit = _Audit(sig, x.device, key, self)
+        if pool is not None:
+            pool.under_way[key] = audit
+        _CHECKS_UNDER_WAY.add(audit)
         self.audit = audit
 
     def _pool_key(self, sig: tuple) -> tuple:
         """What makes owners identical for one shared check: the owner's class, its parameters'
         shapes and dtypes, its fused modules' classes and activations, and the call signature
         (LLaMA's four decoder MLPs, BERT's four intermediates, ViT's twelve Mlps)."""
+        memo = self.__dict__.get("_pool_key_memo")  # (asked on every call while another waits)
+        if memo is not None and memo[0] == sig:
+            return memo[1]
         owner = self.owner
         params = tuple((tuple(p.shape), p.dtype) for p in owner.parameters())
         fused = tuple((type(m).__name__, getattr(m, "activation", None)) for m in self.fused)
-        return (type(owner), params, fused, sig)
+        key = (type(owner), params, fused, sig)
+        self.__dict__["_pool_key_memo"] = (sig, key)
+        return key
 
     def _take_verdict(self, sig: tuple, verdict: tuple) -> None:
         """This owner's verdict for `sig` (its own check's, or its pool's): "original" sends the
@@ -1381,30 +1393,47 @@ class _FusedForward:
         if audit.verdict is not None:  # (the lead concluded the check)
             self._take_verdict(audit.sig, audit.verdict)
             return self._run_original(a) if audit.verdict[0] == "original" else self._graph_path(a)
-        if audit.dropped:
-            self.audit = None
+        if audit.dropped:  # (the next call takes the general path: a check of its own)
+            self.audit = self.last_graph = None
             return self._graph_path(a)
         if audit.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return self._graph_path(a)  # (no timed events in a CUDA graph capture)
         if module_choice.measurable(audit.device) is not None:
             # (auto's timing switched off, a torch.jit trace: dropped unjudged, pool and all)
-            self.audit, audit.dropped = None, True
-            if self.pool is not None:
-                self.pool.end(audit)
+            self.audit = None
+            _end_check(audit, self.pool, dropped=True)
             return self._graph_path(a)
-        if audit.lead is self:
-            marks = audit.marks
-            if audit.warm:
-                audit.warm -= 1
-                audit.original_turn = False
-            elif len(marks) == 2 * AUDIT_PAIRS:  # (this mark closes the last period)
-                marks.append((_audit_mark(audit.device), False))
-                self._conclude(audit)
-                verdict = audit.verdict[0]
-                return self._run_original(a) if verdict == "original" else self._graph_path(a)
+        if audit.lead is not self:
+            audit.follower_calls += 1
+            if audit.follower_calls > AUDIT_LEAD_WAIT * audit.members:
+                # The lead no longer marks periods (its children were replaced, it was restored,
+                # the model stopped calling it): this owner leads from here, timing afresh.
+                audit.lead, audit.follower_calls = self, 0
+                audit.marks.clear()
+                audit.warm = max(audit.warm, 1)
             else:
-                audit.original_turn = len(marks) % 2 == 1  # (the graph first in each pair)
-                marks.append((_audit_mark(audit.device), audit.original_turn))
+                return self._run_original(a) if audit.original_turn else self._graph_path(a)
+        with _AUDIT_LOCK:  # (threads: one mark per lead call, one conclusion)
+            if audit.verdict is not None:
+                verdict = audit.verdict
+            else:
+                now = _monotonic()
+                audit.gap, audit.progress, audit.follower_calls = now - audit.progress, now, 0
+                marks = audit.marks
+                verdict = None
+                if audit.warm:
+                    audit.warm -= 1
+                    audit.original_turn = False
+                elif len(marks) >= 2 * AUDIT_PAIRS:  # (this mark closes the last period)
+                    marks.append((_audit_mark(audit.device), False))
+                    self._conclude(audit)
+                    verdict = audit.verdict
+                else:
+                    audit.original_turn = len(marks) % 2 == 1  # (the graph first in each pair)
+                    marks.append((_audit_mark(audit.device), audit.original_turn))
+        if verdict is not None:
+            self._take_verdict(audit.sig, verdict)
+            return self._run_original(a) if verdict[0] == "original" else self._graph_path(a)
         return self._run_original(a) if audit.original_turn else self._graph_path(a)
 
     def _conclude(self, audit: _Audit) -> None:
@@ -1422,8 +1451,7 @@ class _FusedForward:
             if len(pool.verdicts) >= self.MAX_SIGNATURES:
                 pool.verdicts.clear()
             pool.verdicts[audit.key] = audit.verdict
-            pool.end(audit)
-        self._take_verdict(audit.sig, audit.verdict)
+        _end_check(audit, pool)
 
     def _other_call(self, audit: _Audit) -> None:
         """A call of another signature while `audit` is under way: after AUDIT_OTHERS of them the
@@ -1438,12 +1466,19 @@ class _FusedForward:
             return
         audit.others += 1
         if audit.others > AUDIT_OTHERS * audit.members:
-            self.audit = None
             self.last_graph = None
-            if audit.lead is self:  # (nobody left to mark the periods)
-                audit.dropped = True
-                if self.pool is not None:
-                    self.pool.end(audit)
+            self._leave_check()
+
+    def _leave_check(self) -> None:
+        """This owner leaves the check under way: a lead drops it (its followers' next calls
+        take the general path, where another check starts), a follower just goes."""
+        audit, self.audit = self.audit, None
+        if audit is None or audit.verdict is not None or audit.dropped:
+            return
+        if audit.lead is self:
+            _end_check(audit, self.pool, dropped=True)
+        else:
+            audit.members = max(1, audit.members - 1)
 
     def _graph_path(self, a):
         single = self.single
@@ -1484,8 +1519,11 @@ class _FusedForward:
         owner = self.owner
         if owner.__dict__.get("forward") is not self:
             return
+        self._leave_check()
         if self.original is not None:  # (a GraphModule: its class forward is the fused graph)
-            object.__setattr__(owner, "forward", self._original_forward())
+            # (the unfused graph's forward, not the module chain: torch.compile and
+            # torch.export read a GraphModule's forward.__code__)
+            object.__setattr__(owner, "forward", self.original.forward)
         else:
             del owner.__dict__["forward"]
         _RESTORED[owner] = self.audits
@@ -1497,8 +1535,11 @@ class _FusedForward:
         return self.graph.forward(*args, **kwargs)
 
     def _run_original(self, *args, **kwargs):
-        if self.original is not None:
-            return self._original_forward()(*args, **kwargs)
+        original = self.original
+        if original is not None:
+            if len(args) == 1 and not kwargs:  # (the module chain takes one input)
+                return self._original_forward()(args[0])
+            return original.forward(*args, **kwargs)
         return type(self.owner).forward(self.owner, *args, **kwargs)
 
     def _original_forward(self):
@@ -1649,30 +1690,45 @@ class _Audit:
         self.original_turn = False
         self.verdict: tuple | None = None  # (path, fused ms, original ms)
         self.dropped = False
+        self.progress = _monotonic()  # the lead's last mark (or the start)
+        self.gap = 0.0  # seconds between the lead's last two marks
+        self.follower_calls = 0  # followers' calls since the lead's last mark
+
+
+def _check_active(audit: _Audit) -> bool:
+    """Whether `audit` is under way; one whose lead has marked no period for AUDIT_STALE_S
+    seconds, or 20 of its periods if longer (the model is no longer called, say), is dropped
+    here."""
+    if audit.verdict is not None or audit.dropped:
+        return False
+    if _monotonic() - audit.progress > max(AUDIT_STALE_S, 20 * audit.gap):
+        audit.dropped = True
+        _CHECKS_UNDER_WAY.discard(audit)
+        return False
+    return True
+
+
+def _any_check_active() -> bool:
+    return any(_check_active(audit) for audit in list(_CHECKS_UNDER_WAY))
+
+
+def _end_check(audit: _Audit, pool: _CheckPool | None, dropped: bool = False) -> None:
+    """`audit` has concluded (its verdict set) or is dropped unjudged: out of the registries."""
+    if dropped:
+        audit.dropped = True
+    _CHECKS_UNDER_WAY.discard(audit)
+    if pool is not None and pool.under_way.get(audit.key) is audit:
+        del pool.under_way[audit.key]
 
 
 class _CheckPool:
-    """The in-model checks that one dualk.fuse call's owners share: the one under way, the
-    verdicts reached (by _FusedForward._pool_key) and the owners waiting for their turn. A copy of the model (deepcopy, pickle) starts
+    """The in-model checks that one dualk.fuse call's owners share: the one under way and the
+    verdicts reached, by _FusedForward._pool_key. A copy of the model (deepcopy, pickle) starts
     with an empty pool, shared by the copy's owners: it checks again."""
 
     def __init__(self):
         self.under_way: dict[tuple, _Audit] = {}
         self.verdicts: dict[tuple, tuple] = {}
-        self.waiting: set = set()  # owners' forwards whose check waits for the one under way
-
-    def busy(self) -> bool:
-        """Whether a check is under way (one at a time: _FusedForward._start_audit)."""
-        return any(a.verdict is None and not a.dropped for a in self.under_way.values())
-
-    def end(self, audit: _Audit) -> None:
-        """`audit` has concluded or was dropped: the waiting owners' next calls take the general
-        path, where their own checks start."""
-        if self.under_way.get(audit.key) is audit:
-            del self.under_way[audit.key]
-        for forward in self.waiting:
-            forward.last_graph = None
-        self.waiting.clear()
 
     def __getstate__(self) -> dict:
         return {}
@@ -1689,6 +1745,13 @@ AUDIT_PAIRS = 12
 AUDIT_MARGIN = 0.01
 # Calls of other signatures after which a check whose own signature is no longer called is dropped
 AUDIT_OTHERS = 256
+# Followers' calls (per member) without a mark of the lead after which a follower leads; seconds
+# without a mark after which a check is dropped (when another would start)
+AUDIT_LEAD_WAIT, AUDIT_STALE_S = 8, 2.0
+# Every check under way in the process (one at a time), and the lock of the lead's marks
+_CHECKS_UNDER_WAY: weakref.WeakSet = weakref.WeakSet()
+_AUDIT_LOCK = threading.Lock()
+_monotonic = time.monotonic
 
 
 def _audit_mark(device: torch.device):

@@ -4,6 +4,7 @@ the fused path and the original one (dualk.module_choice)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import re
@@ -716,11 +717,10 @@ def test_owner_gets_its_original_forward_back(measured, monkeypatch):
     with torch.no_grad():
         for _ in range(4):
             torch.testing.assert_close(gm(x), seq(x), rtol=1e-5, atol=1e-6)
-    # (the unfused graph is a chain of its modules: they are called in turn, as nn.Sequential
-    # does, without the generated code's lookups)
-    assert fuse_module.forward_restored(gm) and gm.forward is ff.original_run
-    assert type(gm.forward).__name__ == "_ModuleChain"
-    assert [type(m) for m in gm.forward.modules] == [nn.Linear, nn.ReLU, nn.Linear]
+    # (the unfused graph's forward, not the module chain the original path runs before the
+    # restore: torch.compile and torch.export read a GraphModule's forward.__code__)
+    assert fuse_module.forward_restored(gm) and gm.forward == ff.original.forward
+    torch.testing.assert_close(torch.compile(gm, backend="eager")(x), seq(x), rtol=1e-5, atol=1e-6)
     (inner,) = [m for m in gm.modules() if isinstance(m, FusedMLP)]
     inner.__dict__["_last_path"] = None
     with torch.no_grad():
@@ -755,6 +755,9 @@ def test_the_original_path_of_a_fused_sequential_calls_its_modules_in_turn(measu
     # then ran the chain, which calls the hooked Linear)
     assert seen == [(5, 16)] * 2
     assert ff.original_calls  # (those calls ran the original path)
+    with torch.no_grad():  # (by keyword: the unfused graph's forward, the chain takes one input)
+        for _ in range(3):
+            torch.testing.assert_close(gm(input=x), seq(x), rtol=1e-5, atol=1e-6)
     wide = _fused_forward(fuse(_WideBlock().eval()))
     assert type(wide.original_run).__name__ == "method"
     # not copied or pickled (a copy's chain must hold the copy's modules): made again
@@ -790,7 +793,9 @@ def test_a_deep_copy_of_a_fused_graph_module_keeps_its_fused_forward(measured, m
         assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
         again = copy.deepcopy(twin)
         assert fuse_module.forward_restored(again)
-        assert again.forward.modules[0] is again.get_submodule("0") is not twin.get_submodule("0")
+        unfused = again.forward.__self__  # (the copy's unfused graph, over the copy's modules)
+        assert unfused.get_submodule("0") is again.get_submodule("0")
+        assert again.get_submodule("0") is not twin.get_submodule("0")
         torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
@@ -1418,9 +1423,17 @@ def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch
         assert all(_fused_forward(b).audit is not None for b in fused.mlps)
         twin = copy.deepcopy(fused)
         assert all(_fused_forward(b).audit is None for b in twin.mlps)
-        for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+        calls = 3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
+        for _ in range(calls):
+            twin(x)
+        # one check at a time in the process: the copy's waits for the model's, which is still
+        # under way (its model not called meanwhile), until that one goes stale
+        assert all(not _fused_forward(b).audits for b in twin.mlps)
+        monkeypatch.setattr(fuse_module, "AUDIT_STALE_S", 0.0)
+        for _ in range(calls):
             twin(x)
     assert all(len(_fused_forward(b).audits) == 1 for b in twin.mlps)
+    assert all(_fused_forward(b).audit.dropped for b in fused.mlps)  # (stale: dropped)
 
 
 def test_identical_owners_share_one_in_model_check(measured, monkeypatch):
@@ -1488,6 +1501,135 @@ def test_owners_of_other_shapes_are_checked_apart(measured, monkeypatch):
             active = [f.audit for f in forwards if f.audit is not None and f.audit.verdict is None]
             assert len(active) <= 1
     assert [[v[0] for v in f.audits.values()] for f in forwards] == [["fused"], ["original"]]
+
+
+def _three_blocks(seed: int) -> nn.Module:
+    """_Blocks with a third owner of another shape (another check, after the first)."""
+    torch.manual_seed(seed)
+    model = _Blocks()
+    model.mlps.append(TimmMlp(8, 32))
+    return model.eval()
+
+
+def test_a_check_whose_lead_stops_does_not_block_the_others(measured, monkeypatch):
+    # The lead's children are replaced mid-check (an adapter injected into some layers): it
+    # leaves and drops the check, whose follower starts another; the owner of another shape is
+    # checked after it. A lead that is no longer called at all (the model calls one block
+    # directly) hands the check to a follower after AUDIT_LEAD_WAIT calls per member.
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
+    model = _three_blocks(50)
+    fused = fuse(model)
+    forwards = [_fused_forward(b) for b in fused.mlps]
+    x = torch.randn(4, 8)
+    calls = 3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
+    with torch.no_grad():
+        for _ in range(2 + fuse_module.AUDIT_WARM + 2):
+            fused(x)
+        audit = forwards[0].audit
+        assert audit.lead is forwards[0] and forwards[1].audit is audit and not forwards[2].audit
+        fused.mlps[0].fc2 = model.mlps[0].fc2 = nn.Linear(16, 8)
+        for _ in range(3 * calls):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert audit.dropped and forwards[0].audit is None
+    assert [[v[0] for v in f.audits.values()] for f in forwards[1:]] == [["fused"], ["fused"]]
+    assert not fuse_module._any_check_active()
+    # the lead no longer called
+    twin = fuse(_three_blocks(50))
+    forwards = [_fused_forward(b) for b in twin.mlps]
+    with torch.no_grad():
+        for _ in range(3):
+            twin(x)
+        audit = forwards[0].audit
+        assert audit.lead is forwards[0] and forwards[1].audit is audit
+        for _ in range(fuse_module.AUDIT_LEAD_WAIT * audit.members + calls):
+            twin.mlps[1](x)
+    assert audit.lead is forwards[1] and audit.verdict is not None
+    assert [v[0] for v in forwards[1].audits.values()] == ["fused"]
+
+
+def test_checks_of_two_fused_models_called_in_turn_run_one_at_a_time(measured, monkeypatch):
+    # Two models fused apart and called in turn: a period of one holds the other's calls, so
+    # their checks run one after the other (two alternating together timed each other's paths:
+    # dualk's path strictly faster here, yet the first model's checks said "original").
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
+    torch.manual_seed(54)
+    a = fuse(_Blocks().eval())
+    torch.manual_seed(55)
+    b = fuse(_Blocks().eval())
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        a(x)
+        for _ in range(2 * (3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)):
+            a(x)
+            b(x)
+            assert (
+                len([c for c in fuse_module._CHECKS_UNDER_WAY if fuse_module._check_active(c)]) <= 1
+            )
+    assert fuse_module.audit_verdicts(a) == fuse_module.audit_verdicts(b) == {"fused": 2}
+
+
+def test_a_follower_of_a_dropped_check_joins_the_next(measured, monkeypatch):
+    # The lead alone drops the check (calls of another shape reach it only); the follower's next
+    # call takes the general path, joins the lead's next check and gets its verdict.
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    monkeypatch.setattr(fuse_module, "AUDIT_OTHERS", 2)
+    _fake_audit_clock(monkeypatch, fuse_module, fused_cost=5.0, original_cost=2.0)
+    torch.manual_seed(51)
+    model = _Blocks().eval()
+    fused = fuse(model)
+    forwards = [_fused_forward(m) for m in fused.mlps]
+    a, b = torch.randn(4, 8), torch.randn(6, 8)
+    with torch.no_grad():
+        fused(a)
+        fused(a)
+        for _ in range(6):
+            fused.mlps[0](b)  # (only the lead sees other calls)
+        for _ in range(3 * (3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)):
+            torch.testing.assert_close(fused(a), model(a), rtol=1e-5, atol=1e-6)
+    verdicts = [{sig[2][0][0][0]: v[0] for sig, v in f.audits.items()} for f in forwards]
+    assert verdicts[0][4] == verdicts[1][4] == "original"
+
+
+def test_an_in_model_check_concludes_once_with_two_threads(measured, monkeypatch):
+    # Two threads make the lead's last mark at once: one concludes, the other takes the verdict
+    # (the marks no longer grow past the last period, the check does not stay under way).
+    import threading
+
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    now = _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
+    barrier = threading.Barrier(2, timeout=5)
+    real_mark = fuse_module._audit_mark
+
+    def mark(device):
+        audit = forwards[0].audit
+        if audit is not None and len(audit.marks) == 2 * fuse_module.AUDIT_PAIRS:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()
+        return real_mark(device)
+
+    torch.manual_seed(52)
+    fused = fuse(_Blocks().eval())
+    forwards = [_fused_forward(m) for m in fused.mlps]
+    x = torch.randn(4, 8)
+
+    def loop(n):
+        with torch.no_grad():
+            for _ in range(n):
+                fused(x)
+
+    loop(1 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)
+    audit = forwards[0].audit
+    assert len(audit.marks) == 2 * fuse_module.AUDIT_PAIRS
+    monkeypatch.setattr(fuse_module, "_audit_mark", mark)
+    threads = [threading.Thread(target=loop, args=(1,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert audit.verdict is not None and len(audit.marks) == 2 * fuse_module.AUDIT_PAIRS + 1
+    assert fuse_module.audit_verdicts(fused) == {"fused": 2} and now[0] > 0
 
 
 class _WideBlock(nn.Module):
