@@ -1111,8 +1111,10 @@ class _FusedForward:
     audit: _Audit | None = None
     audits: dict = {}
     # The checks and verdicts this object shares with the other owners one dualk.fuse call made
-    # (_CheckPool), or None (pickled before the field: checked alone)
+    # (_CheckPool), or None (pickled before the field: checked alone); the check under way that
+    # this owner's own waits for (one at a time in the process), or None
     pool: _CheckPool | None = None
+    waiting_for: _Audit | None = None
 
     def __init__(
         self,
@@ -1145,6 +1147,8 @@ class _FusedForward:
         state.pop("graph_fast", None)
         state.pop("graph_plan_run", None)
         state.pop("original_run", None)
+        if state.pop("waiting_for", None) is not None:  # (another model's check, maybe)
+            state["last_graph"] = None
         if state.pop("audit", None) is not None:  # (CUDA events: checked again in the copy,
             state["last_graph"] = None  # whose next call takes the general path to start it)
         return state
@@ -1219,6 +1223,8 @@ class _FusedForward:
                     if audit.sig == sig:
                         return self._audited(a)
                     self._other_call(audit)
+                elif (awaited := self.waiting_for) is not None and not _check_active(awaited):
+                    self.waiting_for = self.last_graph = None  # (the next call asks again)
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
                 return single(a) if single is not None else self._run_graph(a)
@@ -1319,7 +1325,8 @@ class _FusedForward:
             if verdict is not None:  # (an identical owner's check has concluded: no new one)
                 self._take_verdict(sig, verdict)
                 return
-            audit = pool.under_way.get(key)
+        with _REGISTRY_LOCK:  # (the test and the claim at once: threads)
+            audit = pool.under_way.get(key) if pool is not None else None
             if audit is not None and _check_active(audit):
                 # a follower: the periods timed so far did not include its path: start again
                 audit.members += 1
@@ -1327,17 +1334,19 @@ class _FusedForward:
                 audit.warm = max(audit.warm, 1)
                 self.audit = audit
                 return
-        if _any_check_active():
-            # One check at a time in the process: a period holds everything between two of the
-            # lead's calls, and two checks alternating together (another owner's, another
-            # fused model's called in turn) would time each other's paths too. The next like
-            # call takes the general path and asks again.
-            self.last_graph = None
-            return
-        audit = _Audit(sig, x.device, key, self)
-        if pool is not None:
-            pool.under_way[key] = audit
-        _CHECKS_UNDER_WAY.add(audit)
+            active = _active_check()
+            if active is not None:
+                # One check at a time in the process: a period holds everything between two of
+                # the lead's calls, and two checks alternating together (another owner's,
+                # another fused model's called in turn) would time each other's paths too. Like
+                # calls keep their shortcut and look at that check; once it has ended, the next
+                # one takes the general path and asks again.
+                self.waiting_for = active
+                return
+            audit = _Audit(sig, x.device, key, self)
+            if pool is not None:
+                pool.under_way[key] = audit
+            _CHECKS_UNDER_WAY.add(audit)
         self.audit = audit
 
     def _pool_key(self, sig: tuple) -> tuple:
@@ -1697,28 +1706,35 @@ class _Audit:
 
 def _check_active(audit: _Audit) -> bool:
     """Whether `audit` is under way; one whose lead has marked no period for AUDIT_STALE_S
-    seconds, or 20 of its periods if longer (the model is no longer called, say), is dropped
-    here."""
+    seconds, or 20 of its periods if longer, at most AUDIT_STALE_MAX_S (the model is no longer
+    called, or was dropped and not yet collected), is marked dropped here."""
     if audit.verdict is not None or audit.dropped:
         return False
-    if _monotonic() - audit.progress > max(AUDIT_STALE_S, 20 * audit.gap):
+    limit = min(max(AUDIT_STALE_S, 20 * audit.gap), AUDIT_STALE_MAX_S)
+    if _monotonic() - audit.progress > limit:
         audit.dropped = True
-        _CHECKS_UNDER_WAY.discard(audit)
         return False
     return True
 
 
-def _any_check_active() -> bool:
-    return any(_check_active(audit) for audit in list(_CHECKS_UNDER_WAY))
+def _active_check() -> _Audit | None:
+    """The check under way in the process, if any (stale ones leave the registry here)."""
+    with _REGISTRY_LOCK:
+        for audit in list(_CHECKS_UNDER_WAY):
+            if _check_active(audit):
+                return audit
+            _CHECKS_UNDER_WAY.discard(audit)
+    return None
 
 
 def _end_check(audit: _Audit, pool: _CheckPool | None, dropped: bool = False) -> None:
     """`audit` has concluded (its verdict set) or is dropped unjudged: out of the registries."""
     if dropped:
         audit.dropped = True
-    _CHECKS_UNDER_WAY.discard(audit)
-    if pool is not None and pool.under_way.get(audit.key) is audit:
-        del pool.under_way[audit.key]
+    with _REGISTRY_LOCK:
+        _CHECKS_UNDER_WAY.discard(audit)
+        if pool is not None and pool.under_way.get(audit.key) is audit:
+            del pool.under_way[audit.key]
 
 
 class _CheckPool:
@@ -1747,9 +1763,11 @@ AUDIT_MARGIN = 0.01
 AUDIT_OTHERS = 256
 # Followers' calls (per member) without a mark of the lead after which a follower leads; seconds
 # without a mark after which a check is dropped (when another would start)
-AUDIT_LEAD_WAIT, AUDIT_STALE_S = 8, 2.0
-# Every check under way in the process (one at a time), and the lock of the lead's marks
+AUDIT_LEAD_WAIT, AUDIT_STALE_S, AUDIT_STALE_MAX_S = 8, 2.0, 30.0
+# Every check under way in the process (one at a time) and its lock (taken after _AUDIT_LOCK
+# where both are: _conclude ends a check), and the lock of the lead's marks
 _CHECKS_UNDER_WAY: weakref.WeakSet = weakref.WeakSet()
+_REGISTRY_LOCK = threading.RLock()
 _AUDIT_LOCK = threading.Lock()
 _monotonic = time.monotonic
 

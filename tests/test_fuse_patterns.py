@@ -1429,8 +1429,9 @@ def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch
         # one check at a time in the process: the copy's waits for the model's, which is still
         # under way (its model not called meanwhile), until that one goes stale
         assert all(not _fused_forward(b).audits for b in twin.mlps)
-        monkeypatch.setattr(fuse_module, "AUDIT_STALE_S", 0.0)
-        for _ in range(calls):
+        monkeypatch.setattr(fuse_module, "AUDIT_STALE_S", 0.05)
+        time.sleep(0.1)  # (the model's check: no mark for longer than that)
+        for _ in range(calls + 1):
             twin(x)
     assert all(len(_fused_forward(b).audits) == 1 for b in twin.mlps)
     assert all(_fused_forward(b).audit.dropped for b in fused.mlps)  # (stale: dropped)
@@ -1533,7 +1534,7 @@ def test_a_check_whose_lead_stops_does_not_block_the_others(measured, monkeypatc
             torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
     assert audit.dropped and forwards[0].audit is None
     assert [[v[0] for v in f.audits.values()] for f in forwards[1:]] == [["fused"], ["fused"]]
-    assert not fuse_module._any_check_active()
+    assert fuse_module._active_check() is None
     # the lead no longer called
     twin = fuse(_three_blocks(50))
     forwards = [_fused_forward(b) for b in twin.mlps]
@@ -1559,14 +1560,22 @@ def test_checks_of_two_fused_models_called_in_turn_run_one_at_a_time(measured, m
     torch.manual_seed(55)
     b = fuse(_Blocks().eval())
     x = torch.randn(4, 8)
+    signatures = _count_calls(monkeypatch, fuse_module, "_call_signature")
     with torch.no_grad():
         a(x)
-        for _ in range(2 * (3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)):
+        b(x)  # (b's owners: a's check is under way, they wait for it)
+        assert all(_fused_forward(m).waiting_for is not None for m in b.mlps)
+        for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
             a(x)
             b(x)
-            assert (
-                len([c for c in fuse_module._CHECKS_UNDER_WAY if fuse_module._check_active(c)]) <= 1
-            )
+            active = [c for c in fuse_module._CHECKS_UNDER_WAY if fuse_module._check_active(c)]
+            assert len(active) <= 1
+        # (the waiting owners kept their shortcut: no signature built while they waited, only
+        # for the first calls and when a's check ended)
+        assert len(signatures) <= 8
+        for _ in range(3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+            a(x)
+            b(x)
     assert fuse_module.audit_verdicts(a) == fuse_module.audit_verdicts(b) == {"fused": 2}
 
 
@@ -1600,14 +1609,12 @@ def test_an_in_model_check_concludes_once_with_two_threads(measured, monkeypatch
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
     now = _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
     barrier = threading.Barrier(2, timeout=5)
-    real_mark = fuse_module._audit_mark
 
-    def mark(device):
+    def measurable(device):  # (asked before the lead's lock: both threads meet here)
         audit = forwards[0].audit
         if audit is not None and len(audit.marks) == 2 * fuse_module.AUDIT_PAIRS:
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait()
-        return real_mark(device)
 
     torch.manual_seed(52)
     fused = fuse(_Blocks().eval())
@@ -1622,7 +1629,7 @@ def test_an_in_model_check_concludes_once_with_two_threads(measured, monkeypatch
     loop(1 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)
     audit = forwards[0].audit
     assert len(audit.marks) == 2 * fuse_module.AUDIT_PAIRS
-    monkeypatch.setattr(fuse_module, "_audit_mark", mark)
+    monkeypatch.setattr(module_choice, "measurable", measurable)
     threads = [threading.Thread(target=loop, args=(1,)) for _ in range(2)]
     for t in threads:
         t.start()
