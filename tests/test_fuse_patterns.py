@@ -1549,6 +1549,42 @@ def test_a_check_whose_lead_stops_does_not_block_the_others(measured, monkeypatc
     assert [v[0] for v in forwards[1].audits.values()] == ["fused"]
 
 
+def test_an_owner_restored_mid_check_leaves_it(measured, monkeypatch):
+    # The 16-wide owners' check of shape a is under way when shape b (the original path faster
+    # for them: module_choice's fake timer) restores them; the lead leaves its check, so the
+    # 32-wide owner (dualk's path faster at both shapes) is checked at once, not after the
+    # abandoned check goes stale.
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+
+    def timer(run, name, budget_ms):
+        run()
+        cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))
+        wide, rows = cells["weights"][0].shape[0], cells["x"].shape[0]
+        faster = "original" if (wide == 16 and rows == 64) else "fused"
+        return (5.0 if name.endswith(faster) else 10.0, 1.0)
+
+    autotune.set_timer(timer)
+    _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
+    model = _three_blocks(56)
+    fused = fuse(model)
+    forwards = [_fused_forward(b) for b in fused.mlps]
+    a, b = torch.randn(4, 8), torch.randn(64, 8)
+    with torch.no_grad():
+        fused(a)
+        fused(a)
+        audit = forwards[0].audit
+        assert audit is not None and audit.lead is forwards[0]
+        for _ in range(10):
+            fused(b)
+        restored = [fuse_module.forward_restored(m) for m in fused.mlps]
+        assert restored == [True, True, False] and audit.dropped
+        for _ in range(2 * (3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS)):
+            for x in (a, b):
+                torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert sorted(v[0] for v in forwards[2].audits.values()) == ["fused", "fused"]
+
+
 def test_checks_of_two_fused_models_called_in_turn_run_one_at_a_time(measured, monkeypatch):
     # Two models fused apart and called in turn: a period of one holds the other's calls, so
     # their checks run one after the other (two alternating together timed each other's paths:
