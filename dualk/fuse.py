@@ -1792,8 +1792,8 @@ def _audit_ms(start, end) -> float:
 
 def audit_verdicts(model: nn.Module) -> dict[str, int]:
     """How many in-model checks (_FusedForward._audited) in `model` kept dualk's path ("fused"),
-    how many sent their signature back to the original path ("original") and how many are under
-    way ("pending")."""
+    how many sent their signature back to the original path ("original"), how many are under
+    way ("pending") and how many owners wait for another's check to end ("waiting")."""
     counts: dict[str, int] = {}
     for m in model.modules():
         forward = m.__dict__.get("forward")
@@ -1803,6 +1803,8 @@ def audit_verdicts(model: nn.Module) -> dict[str, int]:
                 audits = {**audits, audit.sig: audit.verdict}
             elif audit is not None and not audit.dropped:
                 counts["pending"] = counts.get("pending", 0) + 1
+            elif forward.waiting_for is not None and _check_active(forward.waiting_for):
+                counts["waiting"] = counts.get("waiting", 0) + 1  # (for another's check)
         else:  # (an owner given its own forward back keeps its verdicts here)
             audits = _RESTORED.get(m, {})
         for path, *_ in audits.values():

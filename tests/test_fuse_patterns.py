@@ -1601,6 +1601,7 @@ def test_checks_of_two_fused_models_called_in_turn_run_one_at_a_time(measured, m
         a(x)
         b(x)  # (b's owners: a's check is under way, they wait for it)
         assert all(_fused_forward(m).waiting_for is not None for m in b.mlps)
+        assert fuse_module.audit_verdicts(b) == {"waiting": 2}
         for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
             a(x)
             b(x)
