@@ -1147,6 +1147,7 @@ class _FusedForward:
         state.pop("graph_fast", None)
         state.pop("graph_plan_run", None)
         state.pop("original_run", None)
+        state.pop("_pool_key_memo", None)  # (holds the owner's class: a GraphModule's is local)
         if state.pop("waiting_for", None) is not None:  # (another model's check, maybe)
             state["last_graph"] = None
         if state.pop("audit", None) is not None:  # (CUDA events: checked again in the copy,

@@ -1437,6 +1437,25 @@ def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch
     assert all(_fused_forward(b).audit.dropped for b in fused.mlps)  # (stale: dropped)
 
 
+def test_fused_models_pickle_and_copy_during_and_after_a_check(measured, monkeypatch):
+    # A check's key names the owner's class, for fuse's whole-model result a GraphModule class
+    # local to fx (not picklable): pickling such a model mid-check raised. Copies and pickles
+    # work during and after checks, whole-model results and models fused in place alike.
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    for model, x in (
+        (_WideBlock().eval(), torch.randn(4, 64)),
+        (_Blocks().eval(), torch.randn(4, 8)),
+    ):
+        fused = fuse(model)
+        with torch.no_grad():
+            for call in range(3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+                fused(x)
+                if call in (3, 2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
+                    for twin in (pickle.loads(pickle.dumps(fused)), copy.deepcopy(fused)):
+                        torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
+        assert sum(fuse_module.audit_verdicts(fused).values()) >= 1
+
+
 def test_identical_owners_share_one_in_model_check(measured, monkeypatch):
     # Checked apart, LLaMA's four identical decoder MLPs got different verdicts (H200: 1 fused, 3
     # original). Identical owners of one fuse call share one check: the first leads (its calls
