@@ -188,7 +188,7 @@ models)
   seed_cache
   build
   t0=$(date +%s)
-  timeout ${ZOO_TIMEOUT:-360} $PY -m dualk bench --models all --modes eager,compiled,train ${ZOO_ARGS:-} \
+  timeout ${ZOO_TIMEOUT:-450} $PY -m dualk bench --models all --modes eager,compiled,train ${ZOO_ARGS:-} \
     --json "$OUT/zoo.json" > "$OUT/zoo.log" 2>&1
   say "zoo: rc=$? in $(( $(date +%s) - t0 )) s"
   tail -n 60 "$OUT/zoo.log"
@@ -284,7 +284,7 @@ steps)
       tail -n 22 /tmp/small_batch_latency.log
       ;;
     zoo)
-      timeout ${ZOO_TIMEOUT:-360} $PY -m dualk bench ${ZOO_ARGS:---models all --modes eager,compiled,train} \
+      timeout ${ZOO_TIMEOUT:-450} $PY -m dualk bench ${ZOO_ARGS:---models all --modes eager,compiled,train} \
         --json "$OUT/zoo.json" > "$OUT/zoo.log" 2>&1
       say "zoo: rc=$? in $(( $(date +%s) - t0 )) s"
       grep -A40 "^model " "$OUT/zoo.log" | head -40
