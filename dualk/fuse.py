@@ -210,8 +210,7 @@ def fuse(
                 # the generated code: 0.9 us a call on a CPU-only host), and where the graph is
                 # one FusedMLP with a C++ plan, that plan without nn.Module's call at all. The
                 # class is this GraphModule's own; recompile() and copies restore the wrapper.
-                type(gm).__call__ = _fused_graph_call
-                type(gm).__deepcopy__ = _fused_graph_deepcopy
+                _install_graph_call(gm)
             result = gm
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
     fused_nodes = {node for chain in rep.fused for node in chain.nodes}
@@ -1147,7 +1146,6 @@ class _FusedForward:
         state.pop("graph_fast", None)
         state.pop("graph_plan_run", None)
         state.pop("original_run", None)
-        state.pop("_pool_key_memo", None)  # (holds the owner's class: a GraphModule's is local)
         if state.pop("waiting_for", None) is not None:  # (another model's check, maybe)
             state["last_graph"] = None
         if state.pop("audit", None) is not None:  # (CUDA events: checked again in the copy,
@@ -1205,11 +1203,8 @@ class _FusedForward:
                     self.original_streak += 1
                     if self.original_streak == RESTORE_AFTER:
                         self._restore()
-                original_run = self.original_run
-                if original_run is not None:
-                    return original_run(a)
-                if self.original is not None:  # (a copy: made again on its first call)
-                    return self._original_forward()(a)
+                if self.original is not None:
+                    return (self.original_run or self._original_forward())(a)
                 return type(owner).forward(owner, a)
             last = self.last_graph
             if (
@@ -1329,10 +1324,8 @@ class _FusedForward:
         with _REGISTRY_LOCK:  # (the test and the claim at once: threads)
             audit = pool.under_way.get(key) if pool is not None else None
             if audit is not None and _check_active(audit):
-                # a follower: the periods timed so far did not include its path: start again
-                audit.members += 1
-                audit.marks.clear()
-                audit.warm = max(audit.warm, 1)
+                audit.members += 1  # (a follower: the periods so far did not include its path)
+                audit.restart()
                 self.audit = audit
                 return
             active = _active_check()
@@ -1354,15 +1347,10 @@ class _FusedForward:
         """What makes owners identical for one shared check: the owner's class, its parameters'
         shapes and dtypes, its fused modules' classes and activations, and the call signature
         (LLaMA's four decoder MLPs, BERT's four intermediates, ViT's twelve Mlps)."""
-        memo = self.__dict__.get("_pool_key_memo")  # (asked on every call while another waits)
-        if memo is not None and memo[0] == sig:
-            return memo[1]
         owner = self.owner
         params = tuple((tuple(p.shape), p.dtype) for p in owner.parameters())
         fused = tuple((type(m).__name__, getattr(m, "activation", None)) for m in self.fused)
-        key = (type(owner), params, fused, sig)
-        self.__dict__["_pool_key_memo"] = (sig, key)
-        return key
+        return (type(owner), params, fused, sig)
 
     def _take_verdict(self, sig: tuple, verdict: tuple) -> None:
         """This owner's verdict for `sig` (its own check's, or its pool's): "original" sends the
@@ -1402,7 +1390,7 @@ class _FusedForward:
             return self._graph_path(a)
         if audit.verdict is not None:  # (the lead concluded the check)
             self._take_verdict(audit.sig, audit.verdict)
-            return self._run_original(a) if audit.verdict[0] == "original" else self._graph_path(a)
+            return self._path(a, audit.verdict[0] == "original")
         if audit.dropped:  # (the next call takes the general path: a check of its own)
             self.audit = self.last_graph = None
             return self._graph_path(a)
@@ -1418,11 +1406,10 @@ class _FusedForward:
             if audit.follower_calls > AUDIT_LEAD_WAIT * audit.members:
                 # The lead no longer marks periods (its children were replaced, it was restored,
                 # the model stopped calling it): this owner leads from here, timing afresh.
-                audit.lead, audit.follower_calls = self, 0
-                audit.marks.clear()
-                audit.warm = max(audit.warm, 1)
+                audit.lead = self
+                audit.restart()
             else:
-                return self._run_original(a) if audit.original_turn else self._graph_path(a)
+                return self._path(a, audit.original_turn)
         with _AUDIT_LOCK:  # (threads: one mark per lead call, one conclusion)
             if audit.verdict is not None:
                 verdict = audit.verdict
@@ -1443,8 +1430,8 @@ class _FusedForward:
                     marks.append((_audit_mark(audit.device), audit.original_turn))
         if verdict is not None:
             self._take_verdict(audit.sig, verdict)
-            return self._run_original(a) if verdict[0] == "original" else self._graph_path(a)
-        return self._run_original(a) if audit.original_turn else self._graph_path(a)
+            return self._path(a, verdict[0] == "original")
+        return self._path(a, audit.original_turn)
 
     def _conclude(self, audit: _Audit) -> None:
         """The check's verdict from its periods, for this owner, its pool and its followers."""
@@ -1493,6 +1480,9 @@ class _FusedForward:
     def _graph_path(self, a):
         single = self.single
         return single(a) if single is not None else self._run_graph(a)
+
+    def _path(self, a, original: bool):
+        return self._run_original(a) if original else self._graph_path(a)
 
     def _restore(self) -> None:
         """Gives the owner back its original forward (the class's, or for fuse's whole-model
@@ -1569,6 +1559,13 @@ class _FusedForward:
         )
 
 
+def _install_graph_call(gm: fx.GraphModule) -> None:
+    """fuse's whole-model GraphModule's call and deepcopy, on its class (each GraphModule has
+    its own: recompile() and fx's copies restore fx's)."""
+    type(gm).__call__ = _fused_graph_call
+    type(gm).__deepcopy__ = _fused_graph_deepcopy
+
+
 def _fused_graph_deepcopy(self, memo: dict):
     """__deepcopy__ of fuse's whole-model GraphModule: fx's own rebuilds the module from its graph
     and drops instance attributes, so a copy lost its _FusedForward (no in-model check, no
@@ -1578,8 +1575,7 @@ def _fused_graph_deepcopy(self, memo: dict):
     res = fx.GraphModule.__deepcopy__(self, memo)
     if forward is not None:
         object.__setattr__(res, "forward", copy.deepcopy(forward, memo))
-        type(res).__call__ = _fused_graph_call
-        type(res).__deepcopy__ = _fused_graph_deepcopy
+        _install_graph_call(res)
         if self in _RESTORED:
             _RESTORED[res] = copy.deepcopy(_RESTORED[self], memo)
     return res
@@ -1703,6 +1699,12 @@ class _Audit:
         self.progress = _monotonic()  # the lead's last mark (or the start)
         self.gap = 0.0  # seconds between the lead's last two marks
         self.follower_calls = 0  # followers' calls since the lead's last mark
+
+    def restart(self) -> None:
+        """Times afresh (a follower joined, or took the lead): one warm period first."""
+        self.marks.clear()
+        self.warm = max(self.warm, 1)
+        self.follower_calls = 0
 
 
 def _check_active(audit: _Audit) -> bool:

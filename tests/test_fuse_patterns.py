@@ -1309,14 +1309,14 @@ def _choices_on_dualks_path(measured, monkeypatch):
 def _fake_audit_clock(monkeypatch, fuse_module, fused_cost=None, original_cost=None) -> list:
     """The in-model check's marks read `now[0]`, which the fused module's forward (FusedMLP) and
     the owner's original forward (TimmMlp) advance by their cost: a number, or a function of the
-    input; None leaves that forward as it is."""
+    module and the input; None leaves that forward as it is."""
     now = [0.0]
     monkeypatch.setattr(fuse_module, "_audit_mark", lambda device: now[0])
     monkeypatch.setattr(fuse_module, "_audit_ms", lambda start, end: end - start)
 
     def costing(real, cost):  # (forward(self, x) exactly: fx traces the owner's signature)
         def forward(self, x):
-            now[0] += cost(x) if callable(cost) else cost
+            now[0] += cost(self, x) if callable(cost) else cost
             return real(self, x)
 
         return forward
@@ -1395,7 +1395,7 @@ def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
     _fake_audit_clock(
         monkeypatch,
         fuse_module,
-        fused_cost=lambda x: 1.0 if x.shape[0] == 4 else 5.0,
+        fused_cost=lambda module, x: 1.0 if x.shape[0] == 4 else 5.0,
         original_cost=2.0,
     )
     torch.manual_seed(35)
@@ -1464,21 +1464,18 @@ def test_identical_owners_share_one_in_model_check(measured, monkeypatch):
     # (fused, original); the periods hold both owners' calls (fused 4, original 4: not 1% faster)
     # and both get "original".
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
-    now = _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
+    fused_runs = [0, 0]
+
+    def cost(module, x):
+        index = fused_mlps.index(module)
+        fused_runs[index] += 1
+        return 1.0 if index == 0 else 3.0
+
+    _fake_audit_clock(monkeypatch, fuse_module, fused_cost=cost, original_cost=2.0)
     torch.manual_seed(39)
     model = _Blocks().eval()
     fused = fuse(model)
     fused_mlps = [next(m for m in b.modules() if isinstance(m, FusedMLP)) for b in fused.mlps]
-    real_forward = FusedMLP.forward
-    fused_runs = [0, 0]
-
-    def costing(self, x):
-        index = fused_mlps.index(self)
-        fused_runs[index] += 1
-        now[0] += 1.0 if index == 0 else 3.0
-        return real_forward(self, x)
-
-    monkeypatch.setattr(FusedMLP, "forward", costing)
     forwards = [_fused_forward(block) for block in fused.mlps]
     x = torch.randn(4, 8)
     calls = 3 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS
@@ -1500,14 +1497,12 @@ def test_owners_of_other_shapes_are_checked_apart(measured, monkeypatch):
     # one after the other (a period holds both owners' calls: two checks alternating together
     # would time each other's paths).
     fuse_module = _choices_on_dualks_path(measured, monkeypatch)
-    now = _fake_audit_clock(monkeypatch, fuse_module, original_cost=2.0)
-    real_forward = FusedMLP.forward
-
-    def costing(self, x):
-        now[0] += 1.0 if self.layers[0].out_features == 16 else 5.0
-        return real_forward(self, x)
-
-    monkeypatch.setattr(FusedMLP, "forward", costing)
+    _fake_audit_clock(
+        monkeypatch,
+        fuse_module,
+        fused_cost=lambda module, x: 1.0 if module.layers[0].out_features == 16 else 5.0,
+        original_cost=2.0,
+    )
     torch.manual_seed(40)
     model = _Blocks()
     model.mlps[1] = TimmMlp(8, 32)
