@@ -1429,9 +1429,15 @@ def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch
         # one check at a time in the process: the copy's waits for the model's, which is still
         # under way (its model not called meanwhile), until that one goes stale
         assert all(not _fused_forward(b).audits for b in twin.mlps)
+        # (both bounds: on a slow host the model's 20 periods can exceed the 0.05 s floor)
         monkeypatch.setattr(fuse_module, "AUDIT_STALE_S", 0.05)
+        monkeypatch.setattr(fuse_module, "AUDIT_STALE_MAX_S", 0.05)
         time.sleep(0.1)  # (the model's check: no mark for longer than that)
-        for _ in range(calls + 1):
+        twin(x)
+        # (the copy's own check must not go stale in turn between two calls of a slow host)
+        monkeypatch.setattr(fuse_module, "AUDIT_STALE_S", 2.0)
+        monkeypatch.setattr(fuse_module, "AUDIT_STALE_MAX_S", 30.0)
+        for _ in range(calls):
             twin(x)
     assert all(len(_fused_forward(b).audits) == 1 for b in twin.mlps)
     assert all(_fused_forward(b).audit.dropped for b in fused.mlps)  # (stale: dropped)
