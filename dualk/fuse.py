@@ -1224,6 +1224,10 @@ class _FusedForward:
                 # (the graph's one module called directly: its code cost 1.4 us more)
                 single = self.single
                 return single(a) if single is not None else self._run_graph(a)
+        elif _is_fx_tracing():
+            # torch.fx.symbolic_trace: the fused graph (dualk's operators as calls), without
+            # signatures, checks or bookkeeping of the Proxies
+            return self._run_graph(*args, **kwargs)
         elif not kwargs and (last := self.last_original) is not None and _is_like(last, args):
             return self._run_original(*args)
         sig = _call_signature(args, kwargs)
@@ -1560,10 +1564,47 @@ class _FusedForward:
 
 
 def _install_graph_call(gm: fx.GraphModule) -> None:
-    """fuse's whole-model GraphModule's call and deepcopy, on its class (each GraphModule has
-    its own: recompile() and fx's copies restore fx's)."""
-    type(gm).__call__ = _fused_graph_call
-    type(gm).__deepcopy__ = _fused_graph_deepcopy
+    """fuse's whole-model GraphModule's call, deepcopy and pickling, on its class (each
+    GraphModule has its own: recompile() and fx's copies restore fx's)."""
+    cls = type(gm)
+    cls.__call__ = _fused_graph_call
+    cls.__deepcopy__ = _fused_graph_deepcopy
+    cls.__reduce__ = _fused_graph_reduce
+    cls.__setstate__ = _fused_graph_setstate
+
+
+def _fused_graph_reduce(self):
+    """__reduce__ (pickle, torch.save, copy.copy) of fuse's whole-model GraphModule: fx's, which
+    rebuilds the module from its generated code and dropped the instance's _FusedForward (the
+    copy ran the fused graph without checks or restore), and whose recompile() put fx's call
+    back on this module's class (the original lost its planned call to pickling). The forward
+    object (or the restored forward, and the restored verdicts) travel as the state, set on the
+    rebuilt module (_fused_graph_setstate), so that its references to the module are to that
+    one; this class keeps its call."""
+    reduced = fx.GraphModule.__reduce__(self)
+    _install_graph_call(self)
+    rebuild, args = reduced[0], reduced[1]
+    body = args[0] if args and isinstance(args[0], dict) else None
+    if body is None or "forward" not in body:
+        return reduced
+    body = dict(body)
+    state = {"forward": body.pop("forward"), "restored": _RESTORED.get(self)}
+    return _rebuilt_fused_graph, (rebuild, (body, *args[1:])), state
+
+
+def _rebuilt_fused_graph(rebuild, args: tuple) -> fx.GraphModule:
+    """A pickled whole-model GraphModule of fuse's, rebuilt by fx (`rebuild`), with this module's
+    call and pickling on its class; its forward comes with the state."""
+    gm = rebuild(*args)
+    _install_graph_call(gm)
+    return gm
+
+
+def _fused_graph_setstate(self, state: dict) -> None:
+    """The state of _fused_graph_reduce: the forward object and the restored verdicts."""
+    object.__setattr__(self, "forward", state["forward"])
+    if state.get("restored") is not None:
+        _RESTORED[self] = state["restored"]
 
 
 def _fused_graph_deepcopy(self, memo: dict):
@@ -1871,6 +1912,7 @@ def _input_mlp_compiled_path(
 
 _input_mlp_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
+_is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_tracing", lambda: False)
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears
 _choice_changes = module_choice.changes

@@ -97,6 +97,20 @@ def _check_before_op(backend, check, *args) -> None:
         dispatch.check_name(backend, "the backend= argument")
 
 
+_Proxy = torch.fx.Proxy
+
+
+def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
+    """Under torch.fx.symbolic_trace (an fx Proxy among `operands`, which the direct route
+    declines): the public operator `fn` as one call_function node, as torch.fx.wrap makes a
+    leaf function, so the traced module calls dualk as the module did; else None. (Without it
+    the trace ran into the operator with Proxies and raised.)"""
+    for t in operands:
+        if isinstance(t, _Proxy):
+            return t.tracer.create_proxy("call_function", fn, args, kwargs)
+    return None
+
+
 _dualk = torch.ops.dualk  # the registered ops (dualk/autograd/library.py registers them)
 
 
@@ -123,6 +137,8 @@ def add(
         and not _is_tracing()
     ) or _direct(a, b):
         return _run_add(a, b, alpha, backend)
+    if (node := _fx_node(add, (a, b), (a, b), {"alpha": alpha, "backend": backend})) is not None:
+        return node
     if not _is_compiling() and _transforms_active():
         _check_add(a, b, alpha)
         return _reference_under_transform(_ADD, backend)(a, b, float(alpha))
@@ -144,6 +160,8 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
         and not _is_tracing()
     ) or _direct(x):  # as in add
         return _run_relu_scale(x, scale, backend)
+    if (node := _fx_node(relu_scale, (x,), (x, scale), {"backend": backend})) is not None:
+        return node
     if not _is_compiling() and _transforms_active():
         _check_relu_scale(x, scale)
         return _reference_under_transform(_RELU_SCALE, backend)(x, float(scale))
@@ -167,6 +185,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
         return _reference_under_transform(_MATMUL, backend)(a, b)
     if _direct(a, b):
         return _run_matmul(a, b, backend)
+    if (node := _fx_node(matmul, (a, b), (a, b), {"backend": backend})) is not None:
+        return node
     if _recorded(a, b):
         return eager_autograd.apply("matmul", a, b, backend)
     _check_before_op(backend, _check_matmul, a, b)
@@ -193,6 +213,9 @@ def linear_gelu(
         return _reference_under_transform(_LINEAR_GELU, backend)(x, weight, bias, approximate)
     if _direct(x, weight, bias):
         return _run_linear_gelu(x, weight, bias, approximate, backend)
+    kwargs = {"approximate": approximate, "backend": backend}
+    if (node := _fx_node(linear_gelu, (x, weight, bias), (x, weight, bias), kwargs)) is not None:
+        return node
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
     if _recorded(x, weight, bias):
         return eager_autograd.apply("linear_gelu", x, weight, bias, approximate, backend)
@@ -233,6 +256,9 @@ def linear_glu(
         return _reference_under_transform(_LINEAR_GLU, backend)(*args)
     if _direct(x, weight_gate, weight_up, bias_gate, bias_up):
         return _run_linear_glu(*args, backend)
+    kwargs = {"activation": activation, "approximate": approximate, "backend": backend}
+    if (node := _fx_node(linear_glu, args[:5], args[:5], kwargs)) is not None:
+        return node
     _check_glu_options(activation, approximate)
     # Training: the forward also keeps both pre-activations (dualk::linear_glu_train), so that
     # the backward runs the four gradient GEMMs only (as eager PyTorch, which saves them too)
@@ -286,6 +312,10 @@ def fused_mlp(
         return _reference_under_transform(_FUSED_MLP, backend)(x, weights, biases, activation)
     if _direct(x, *weights, *biases):
         return _run_fused_mlp(x, weights, biases, activation, backend, True)
+    kwargs = {"activation": activation, "backend": backend}
+    operands = (x, *weights, *biases)
+    if (node := _fx_node(fused_mlp, operands, (x, weights, biases), kwargs)) is not None:
+        return node
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     if _recorded(x, *weights, *biases):
         return eager_autograd.fused_mlp(x, weights, biases, activation, backend)

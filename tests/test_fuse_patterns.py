@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import pickle
 import re
 import sys
@@ -799,6 +800,49 @@ def test_a_deep_copy_of_a_fused_graph_module_keeps_its_fused_forward(measured, m
         torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_pickling_a_fused_graph_module_keeps_its_forward_and_its_call(how, measured, monkeypatch):
+    # fx's __reduce__ rebuilds a GraphModule from its code and dropped the instance's forward
+    # object (the copy ran its fused graph with no in-model check, no restore), and its
+    # recompile() put fx's call back on the pickled module's class (its planned call lost). The
+    # copy gets the forward, bound to its own modules; the model keeps its call; a restored one
+    # travels restored, with its verdicts.
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+    costs, _ = measured
+    costs.update(fused=20.0, original=10.0)  # (the original path measured faster: restored)
+
+    def round_trip(module):
+        if how == "pickle":
+            return pickle.loads(pickle.dumps(module))
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+
+    torch.manual_seed(43)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    gm = fuse(copy.deepcopy(seq))
+    twin = round_trip(gm)
+    assert type(gm).__call__ is fuse_module._fused_graph_call
+    assert type(twin).__call__ is fuse_module._fused_graph_call
+    ff, tf = _fused_forward(gm), _fused_forward(twin)
+    assert tf is not ff and tf.owner is twin and tf.graph is twin
+    assert tf.original.get_submodule("0") is twin.get_submodule("0") is not gm.get_submodule("0")
+    assert tf.fused[0] is next(m for m in twin.modules() if isinstance(m, FusedMLP))
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        for _ in range(6):
+            torch.testing.assert_close(twin(x), seq(x), rtol=1e-5, atol=1e-6)
+        assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
+        again = round_trip(twin)
+        assert fuse_module.forward_restored(again)
+        assert fuse_module.audit_verdicts(again) == fuse_module.audit_verdicts(twin)
+        unfused = again.forward.__self__  # (the copy's unfused graph, over the copy's modules)
+        assert unfused.get_submodule("0") is again.get_submodule("0")
+        torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
+
+
 def test_owner_is_restored_once_a_provisional_choice_turns_final(measured, monkeypatch):
     # A choice measured while the operator's own decision was provisional (Triton still tuning):
     # like calls run the original path without reaching the fused module, so restoring asks it
@@ -1410,6 +1454,30 @@ def test_in_model_check_times_only_its_own_signature(measured, monkeypatch):
         verdicts = {sig[2][0][0][0]: v[0] for sig, v in _fused_forward(block).audits.items()}
         assert verdicts == {4: "fused", 6: "original"}
     assert fuse_module.audit_verdicts(fused) == {"fused": 2, "original": 2}
+
+
+def test_fx_symbolic_trace_during_an_in_model_check_leaves_it_alone(measured, monkeypatch):
+    """torch.fx.symbolic_trace of a fused model whose in-model check is under way: the graph
+    calls dualk's operators (the fused graph), gives the model's outputs, and the trace's
+    Proxies reach no signature, check or mark of the model."""
+    fuse_module = _choices_on_dualks_path(measured, monkeypatch)
+    torch.manual_seed(37)
+    model = _Blocks().eval()
+    fused = fuse(copy.deepcopy(model))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            fused(x)
+        forwards = [_fused_forward(b) for b in fused.mlps]
+        before = [(f.audit, list(f.audit.marks), f.last_graph, dict(f.audits)) for f in forwards]
+        assert all(b[0] is not None for b in before)
+        traced = torch.fx.symbolic_trace(fused)
+        after = [(f.audit, list(f.audit.marks), f.last_graph, dict(f.audits)) for f in forwards]
+        assert after == before
+        called = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+        assert called.count(dualk.fused_mlp) == len(fused.mlps), traced.code
+        torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-6)
+    assert fuse_module.audit_verdicts(fused) == {"pending": len(fused.mlps)}
 
 
 def test_a_copy_made_during_an_in_model_check_checks_again(measured, monkeypatch):

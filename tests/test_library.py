@@ -601,6 +601,96 @@ def test_explain_runs_nothing():
             assert ran == [], (op, backend, ran)
 
 
+def test_fx_symbolic_trace_records_each_operator_as_a_call():
+    """torch.fx.symbolic_trace of a module calling dualk's operators records each as one
+    call_function node of the public operator (the trace ran into it with fx Proxies and raised),
+    its parameters as the module's; the traced graph gives the module's answer on new inputs, and
+    its gradients."""
+
+    class Calls(torch.nn.Module):
+        def __init__(self, op):
+            super().__init__()
+            self.op = op
+            self.lin, self.up, self.second = (
+                torch.nn.Linear(8, 5), torch.nn.Linear(8, 5), torch.nn.Linear(5, 3)
+            )  # fmt: skip
+
+        def forward(self, x):
+            lin, up = self.lin, self.up
+            return {
+                "add": lambda: dualk.add(x, x.flip(0), alpha=2.0),
+                "relu_scale": lambda: dualk.relu_scale(x, 0.5),
+                "matmul": lambda: dualk.matmul(x, x.t()),
+                "linear_gelu": lambda: dualk.linear_gelu(
+                    x, lin.weight, lin.bias, approximate="none"
+                ),
+                "fused_mlp": lambda: dualk.fused_mlp(
+                    x, [lin.weight, self.second.weight], [lin.bias, None], activation="silu"
+                ),
+                "linear_glu": lambda: dualk.linear_glu(x, lin.weight, up.weight, lin.bias, up.bias),
+            }[self.op]()
+
+    torch.manual_seed(14)
+    for op in OPS:
+        module = Calls(op).to(DEVICE)
+        traced = torch.fx.symbolic_trace(module)
+        targets = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+        assert getattr(dualk, op) in targets, (op, targets)
+        x = torch.randn(4, 8, device=DEVICE, requires_grad=True)
+        with torch.no_grad():
+            torch.testing.assert_close(traced(x), module(x), rtol=0, atol=0)
+        grads = torch.autograd.grad(
+            traced(x).square().sum(), (x, *module.parameters()), allow_unused=True
+        )
+        wants = torch.autograd.grad(
+            module(x).square().sum(), (x, *module.parameters()), allow_unused=True
+        )
+        assert any(g is not None for g in grads[1:]) == (op not in ("add", "relu_scale", "matmul"))
+        for grad, want in zip(grads, wants):
+            assert (grad is None) == (want is None), op
+            if grad is not None:
+                torch.testing.assert_close(grad, want, rtol=0, atol=0)
+
+
+def test_fx_symbolic_trace_of_fused_models_and_dualk_modules():
+    """torch.fx.symbolic_trace of a dualk.fuse'd model (whole-model Sequential, submodule
+    blocks) and of dualk.nn's modules: the graph calls dualk's operators with the model's own
+    parameters (get_attr, no copies) and gives the model's outputs."""
+    import copy
+
+    from dualk.nn import FusedMLP, GatedMLP, LinearGELU
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = (
+                torch.nn.Linear(8, 16),
+                torch.nn.GELU(),
+                torch.nn.Linear(16, 8),
+            )
+
+        def forward(self, x):
+            return x + self.fc2(self.act(self.fc1(x)))
+
+    torch.manual_seed(15)
+    chain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    blocks = torch.nn.Sequential(Block(), Block())
+    models = [chain, blocks, FusedMLP((8, 16, 8), activation="gelu"), LinearGELU(8, 16),
+              GatedMLP(8, 16, activation="silu")]  # fmt: skip
+    for model in models:
+        model = model.to(DEVICE).eval()
+        fused = dualk.fuse(copy.deepcopy(model)) if model in (chain, blocks) else model
+        traced = torch.fx.symbolic_trace(fused)
+        ops = {n.target.__name__ for n in traced.graph.nodes if n.op == "call_function"
+               and getattr(n.target, "__module__", "") == "dualk.ops"}  # fmt: skip
+        assert ops, (type(model).__name__, traced.code)
+        assert {id(p) for p in traced.parameters()} <= {id(p) for p in fused.parameters()}
+        x = torch.randn(5, 8, device=DEVICE)
+        with torch.no_grad():
+            torch.testing.assert_close(traced(x), fused(x), rtol=0, atol=0)
+            torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
 def test_jit_trace_records_the_registered_ops(backend):
     """torch.jit.trace records dualk's registered ops (a direct call's kernel launch would be

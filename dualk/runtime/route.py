@@ -6,6 +6,7 @@ The switches are bound once to module-level names: each is one C call on the hot
 from __future__ import annotations
 
 import torch
+import torch.fx
 from torch.nn import Parameter
 
 # torch.autocast: one C call when it is off (the common case); Dynamo traces the per-device
@@ -22,6 +23,7 @@ is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", is_compilin
 # torch.jit.trace: a direct call's kernel launch would be missing from the trace (its outputs
 # frozen as constants), so traced calls take the registered op, which the trace records.
 is_tracing = torch._C._is_tracing
+_TENSOR_OR_PROXY = (torch.Tensor, torch.fx.Proxy)
 is_grad_enabled = torch.is_grad_enabled
 _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 # torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
@@ -59,7 +61,7 @@ def direct(*tensors) -> bool:
     for t in tensors:
         cls = type(t)
         if cls is not torch.Tensor and cls is not Parameter:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, _TENSOR_OR_PROXY):  # (torch.fx.symbolic_trace: the op's node)
                 return False
             continue
         if grad and t.requires_grad:
