@@ -30,7 +30,9 @@ forward, and an untraceable child is searched in turn. The report says so.
 
 As with any torch.fx trace, Python decisions in `forward` (shapes read as ints) are fixed at
 trace time; a forward that reads `self.training` or computes otherwise when an argument that
-defaults to None is omitted is found by a second trace and fused child by child instead.
+defaults to None is omitted is found by a second trace and fused child by child instead, except
+a forward whose graph depends on its own `self.training` only (a third trace): that module is
+fused in place for the mode it is in, and runs its class forward in the other.
 
 Why one file of ~700 lines: finding chains, building the replacement modules and the fallback
 for untraceable models share the chain record and the report; split, each part would need the
@@ -170,7 +172,7 @@ def fuse(
     ctx = _Context(backend, min_layers, rep)
     source = model if inplace else _copy_sharing_tensors(model)
     try:
-        gm = _trace(source)
+        gm = _trace(source, mode_guard=True)
     except Exception as exc:  # data-dependent control flow and the like
         rep.traced = False
         rep.notes.append(
@@ -193,7 +195,10 @@ def fuse(
                 f"{', ...' if len(owners) > 3 else ''}); the model keeps its class and forward"
             )
             result = source
-        elif hooks_of(source):  # a GraphModule would drop them: keep the module, fuse its forward
+        elif hooks_of(source) or "dualk_mode" in gm.meta:
+            # A GraphModule would drop the hooks, or hold one mode of a forward that reads
+            # self.training: the module keeps its class (its forward runs the other mode) and
+            # runs the fused graph as its forward.
             _fuse_in_place(source, gm, ctx, "")
             result = source
         else:
@@ -318,18 +323,25 @@ class _Tracer(fx.Tracer):
         )
 
 
-def _trace(root: nn.Module, all_leaves: bool = False) -> fx.GraphModule:
+def _trace(root: nn.Module, all_leaves: bool = False, mode_guard: bool = False) -> fx.GraphModule:
+    """root's forward as one fx graph; raises where one graph cannot stand for it. With
+    `mode_guard` (a submodule fused in place, whose class forward runs the other mode), a
+    forward whose graph depends on its own `self.training` only is traced in its current mode,
+    recorded as the GraphModule's meta["dualk_mode"] (_check_training_mode)."""
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
     attributes = set(vars(root))
+    mode = None
     try:
         _check_none_defaults(root, graph, all_leaves)
-        _check_training_mode(root, graph, all_leaves)
+        mode = _check_training_mode(root, graph, all_leaves, mode_guard)
     finally:  # the check traces' tensor constants, set on the root as each trace names them
         for name in set(vars(root)) - attributes:
             if name.startswith("_tensor_constant"):
                 delattr(root, name)
     gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
+    if mode is not None:
+        gm.meta["dualk_mode"] = mode
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
         if name.startswith("_tensor_constant"):
@@ -395,30 +407,51 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> 
         )
 
 
-def _check_training_mode(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
+def _check_training_mode(
+    root: nn.Module, graph: fx.Graph, all_leaves: bool, mode_guard: bool = False
+) -> bool | None:
     """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
     self.training:`): fx would freeze the mode the model had when fused. Compared with a trace
     in the other mode: the flags are set directly (a train() override may do more) and every
-    module's own flag is restored after."""
+    module's own flag is restored after.
+
+    With `mode_guard`, a forward whose graph depends on root's own flag only (a third trace with
+    every other module's flag flipped gives `graph`: Starcoder2's, MPT's and BLOOM's MLPs end in
+    F.dropout(..., training=self.training)) does not raise: returns root's mode, in which
+    `graph` holds (its owner runs its class forward in the other). None where the graph holds in
+    both modes."""
     modes = {m: m.training for m in root.modules()}
     other_mode = not root.training
+
+    def trace_flipped(flipped) -> fx.Graph:
+        try:
+            for m in flipped:
+                m.training = not modes[m]
+            return _Tracer(all_leaves).trace(root)
+        finally:
+            for m, mode in modes.items():
+                m.training = mode
+
     try:
-        for m in modes:
-            m.training = other_mode
-        other = _Tracer(all_leaves).trace(root)
+        other = trace_flipped(modes)
     except Exception as exc:
         raise _TraceCannotHold(
             f"its forward cannot be traced in {'train' if other_mode else 'eval'}() mode "
             f"({_first_line(exc)}), so one traced graph cannot stand for both modes"
         ) from None
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-    if _graph_signature(other) != _graph_signature(graph):
-        raise _TraceCannotHold(
-            "its forward computes otherwise in train() and eval() (it reads self.training), "
-            "and one traced graph cannot hold both"
-        )
+    if _graph_signature(other) == _graph_signature(graph):
+        return None
+    if mode_guard:
+        try:
+            others = trace_flipped([m for m in modes if m is not root])
+        except Exception:
+            others = None
+        if others is not None and _graph_signature(others) == _graph_signature(graph):
+            return root.training
+    raise _TraceCannotHold(
+        "its forward computes otherwise in train() and eval() (it reads self.training), "
+        "and one traced graph cannot hold both"
+    )
 
 
 class _TraceCannotHold(Exception):
@@ -1114,6 +1147,10 @@ class _FusedForward:
     # this owner's own waits for (one at a time in the process), or None
     pool: _CheckPool | None = None
     waiting_for: _Audit | None = None
+    # The training mode the graph was traced in where the owner's forward reads self.training
+    # (_check_training_mode: Starcoder2's MLP); in the other mode the class's forward runs. None
+    # where the graph holds in both.
+    mode: bool | None = None
 
     def __init__(
         self,
@@ -1124,6 +1161,7 @@ class _FusedForward:
         pool: _CheckPool | None = None,
     ):
         self.owner, self.graph, self.original, self.pool = owner, graph, original, pool
+        self.mode = graph.meta.get("dualk_mode") if original is None else None
         self.traced = original if original is not None else traced
         if original is not None:
             self._original_forward()
@@ -1161,6 +1199,10 @@ class _FusedForward:
         _FUSED_FORWARDS[id(self)] = self
 
     def __call__(self, *args, **kwargs):
+        if (mode := self.mode) is not None and self.owner.training is not mode:
+            # (traced in the other mode: its forward reads self.training)
+            owner = self.owner
+            return type(owner).forward(owner, *args, **kwargs)
         if _is_compiling():
             # Dynamo guards every object the trace reaches by two paths with a Python "a is b"
             # check on each call (object aliasing guards): this branch reaches each module by
@@ -1912,7 +1954,10 @@ def _input_mlp_compiled_path(
 
 _input_mlp_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
-_is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_tracing", lambda: False)
+# torch.fx.symbolic_trace under way (not torch.export; fx's is_fx_tracing() logs a warning)
+_is_fx_tracing = getattr(fx._symbolic_trace, "is_fx_symbolic_tracing", None) or (
+    lambda: fx._symbolic_trace._is_fx_tracing_flag and not _is_compiling()
+)
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears
 _choice_changes = module_choice.changes
@@ -1980,7 +2025,7 @@ def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:
 def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
     if type(child).forward is not nn.Sequential.forward:
         try:
-            gm = _trace(child)
+            gm = _trace(child, mode_guard=True)
         except Exception as exc:
             ctx.report.notes.append(
                 f"{path} ({type(child).__name__}) is not traceable either ({_first_line(exc)}): "
@@ -2008,9 +2053,14 @@ def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: s
         object.__setattr__(
             module, "forward", _FusedForward(module, gm, traced=unfused, pool=ctx.pool)
         )
+        mode = gm.meta.get("dualk_mode")
+        in_mode = "" if mode is None else (
+            f" in {'train' if mode else 'eval'}() mode (its forward reads self.training; in "
+            f"{'eval' if mode else 'train'}() its own forward runs)"
+        )  # fmt: skip
         ctx.report.notes.append(
             f"{prefix.rstrip('.') or type(module).__name__} ({type(module).__name__}) keeps its "
-            "modules and state_dict; its forward runs the fused graph"
+            f"modules and state_dict; its forward runs the fused graph{in_mode}"
         )
 
 

@@ -71,6 +71,8 @@ _LIBRARY_ACTIVATIONS = {
     ("transformers.activations", "PytorchGELUTanh"): ("gelu", "tanh"),
     ("transformers.activations", "GELUTanh"): ("gelu", "tanh"),
     ("transformers.activations", "SiLUActivation"): ("silu", "tanh"),
+    # BLOOM's: the tanh form (its backward is that form's derivative)
+    ("transformers.models.bloom.modeling_bloom", "BloomGelu"): ("gelu", "tanh"),
     ("timm.layers.activations", "GELU"): ("gelu", "none"),
     ("timm.layers.activations", "GELUTanh"): ("gelu", "tanh"),
     ("timm.layers.activations", "Swish"): ("silu", "tanh"),

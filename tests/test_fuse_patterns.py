@@ -1841,3 +1841,114 @@ def test_in_model_check_is_dropped_when_timing_is_switched_off(measured, monkeyp
         for _ in range(2 + fuse_module.AUDIT_WARM + 2 * fuse_module.AUDIT_PAIRS):
             fused(x)
     assert all(f.audit is None and not f.audits for f in forwards)
+
+
+class _DropoutTailMlp(nn.Module):
+    """Starcoder2's / MPT's MLP: its forward ends in F.dropout(..., training=self.training),
+    so its graph differs between train() and eval(); `tail` a module the forward traces into
+    (a custom dropout reading its own flag) instead, where given."""
+
+    def __init__(self, tail: nn.Module | None = None):
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = nn.Linear(8, 32), nn.GELU("tanh"), nn.Linear(32, 8)
+        self.tail = tail
+
+    def forward(self, x):
+        h = self.c_proj(self.act(self.c_fc(x)))
+        if self.tail is not None:
+            return self.tail(h)
+        return F.dropout(h, p=0.5, training=self.training)
+
+
+class _CustomDropout(nn.Module):  # (not a torch.nn class: fx traces into it)
+    def forward(self, x):
+        return F.dropout(x, p=0.5, training=self.training)
+
+
+class _UntraceableBlocks(nn.Module):
+    """A model fx cannot trace (a branch on a tensor's value): its children are fused."""
+
+    def __init__(self, mlps):
+        super().__init__()
+        self.mlps = nn.ModuleList(mlps)
+
+    def forward(self, x):
+        for mlp in self.mlps:
+            x = x + mlp(x) if x.sum() > -1e9 else x
+        return x
+
+
+@pytest.mark.parametrize("fused_in", ["eval", "train"])
+def test_a_forward_reading_its_own_training_flag_is_fused_for_the_mode_it_was_fused_in(fused_in):
+    # Starcoder2's, MPT's and BLOOM's MLPs end in F.dropout(..., training=self.training): fuse
+    # refused them ("computes otherwise in train() and eval()") and their models fused nothing.
+    # A forward whose graph depends on its own flag only now runs the fused graph in the mode it
+    # was fused in and its class forward in the other: the original's outputs and gradients in
+    # both (same random stream for the dropout).
+    torch.manual_seed(44)
+    model = _UntraceableBlocks([_DropoutTailMlp(), _DropoutTailMlp()])
+    model.train(fused_in == "train")
+    fused, rep = fuse(model, report=True)
+    assert len(rep.fused) == 2, rep
+    assert (
+        sum(f"in {fused_in}() mode (its forward reads self.training" in n for n in rep.notes) == 2
+    )
+    runs = []
+    for m in fused.modules():
+        if isinstance(m, FusedMLP):
+            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    x = torch.randn(4, 8)
+    for mode in ("eval", "train", "eval", "train"):
+        for m in (model, fused):
+            m.train(mode == "train")
+        runs.clear()
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        outs = []
+        for m, xi in zip((model, fused), xs):
+            torch.manual_seed(45)
+            outs.append(m(xi))
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+        grads = [torch.autograd.grad(o.square().sum(), xi) for o, xi in zip(outs, xs)]
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5)
+        assert len(runs) == (2 if mode == fused_in else 0), mode
+        if mode == "train":
+            assert not torch.equal(outs[0], model.eval()(x)), "dropout dropped nothing in train()"
+
+
+def test_a_forward_whose_traced_child_reads_its_flag_is_not_fused_for_one_mode():
+    # The graph depends on a traced-into child's flag, not the owner's: the owner's flag alone
+    # cannot tell which graph holds, so the owner is not fused (as before), and says why.
+    torch.manual_seed(46)
+    model = _UntraceableBlocks([_DropoutTailMlp(tail=_CustomDropout())]).eval()
+    fused, rep = fuse(model, report=True)
+    assert not rep.fused
+    assert any("computes otherwise in train() and eval()" in n for n in rep.notes), rep.notes
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fused(x), model(x))
+
+
+def test_real_transformers_mlps_that_read_their_training_flag_are_fused():
+    # (fused as the whole model: the MLP itself keeps its class and runs the fused graph in eval)
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (the real MLP classes are optional)"
+    )
+    from transformers.models.bloom.modeling_bloom import BloomMLP
+    from transformers.models.starcoder2.modeling_starcoder2 import Starcoder2MLP
+
+    torch.manual_seed(47)
+    starcoder = Starcoder2MLP(
+        transformers.Starcoder2Config(hidden_size=16, intermediate_size=64, residual_dropout=0.1)
+    )
+    bloom = BloomMLP(transformers.BloomConfig(hidden_size=16, hidden_dropout=0.1))
+    for mlp, args in ((starcoder, 1), (bloom, 2)):
+        mlp.eval()
+        fused_mlp = fuse(copy.deepcopy(mlp))
+        assert any(isinstance(m, FusedMLP) for m in fused_mlp.modules()), type(mlp).__name__
+        xs = [torch.randn(2, 3, 16) for _ in range(args)]
+        with torch.no_grad():
+            torch.testing.assert_close(fused_mlp(*xs), mlp(*xs), rtol=1e-5, atol=1e-6)
+        fused_mlp.train(), mlp.train()
+        torch.manual_seed(48)
+        want = mlp(*xs)
+        torch.manual_seed(48)
+        torch.testing.assert_close(fused_mlp(*xs), want, rtol=1e-5, atol=1e-6)
