@@ -60,6 +60,7 @@ from torch import fx, nn
 
 from . import module_choice, ops
 from .core.errors import InvalidArgumentError, InvalidTypeError
+from .core.validate import FLOAT_DTYPES
 from .dispatch import autotune, check_name
 from .nn import (
     FusedMLP,
@@ -282,7 +283,7 @@ def _report_every_linear(result: nn.Module, ctx: _Context) -> None:
             already.update(id(lin) for lin in (m.gate_proj, m.up_proj, m.down_proj))
     seen: set[int] = set()
     for name, m in result.named_modules(remove_duplicate=False):
-        if not isinstance(m, nn.Linear) or name in fused or name in listed:
+        if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or name in fused or name in listed:
             continue
         if id(m) in seen or id(m) in already:
             continue
@@ -319,6 +320,7 @@ class _Tracer(fx.Tracer):
         return (
             isinstance(m, FUSED_TYPES)
             or module_activation(m) is not None
+            or _is_conv1d(m)
             or super().is_leaf_module(m, qualname)
         )
 
@@ -683,6 +685,38 @@ def _linear_reject(lin: nn.Linear) -> str | None:
     return problem
 
 
+def _is_conv1d(m: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2's c_fc, c_proj, c_attn): `x @ weight + bias` with weight
+    (in, out), nn.Linear with its weight transposed. The class itself (a subclass may compute
+    otherwise), recognised by name so that transformers need not be imported."""
+    cls = type(m)
+    return cls.__qualname__ == "Conv1D" and cls.__module__ in _CONV1D_MODULES
+
+
+_CONV1D_MODULES = ("transformers.pytorch_utils", "transformers.modeling_utils")
+
+
+def _conv1d_reject(conv: nn.Module) -> str | None:
+    """Why a Conv1D cannot run as a LinearGELU's GEMM (None when it can)."""
+    w, b = getattr(conv, "weight", None), getattr(conv, "bias", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not isinstance(b, torch.Tensor):
+        return "a Conv1D without a 2-dim weight and a bias"
+    if hooks_of(conv):
+        return f"it has {hooks_of(conv)} (a fused kernel would skip them)"
+    if w.dtype not in FLOAT_DTYPES:
+        return f"its weight is {w.dtype}; dualk's kernels take float32, float16 and bfloat16"
+    if (b.dtype, b.device) != (w.dtype, w.device) or b.shape != w.shape[1:]:
+        return "its weight and bias differ in dtype, device or width"
+    return None
+
+
+def _in_out(lin: nn.Module) -> tuple[int, int]:
+    """(in, out) widths of an nn.Linear or a Conv1D."""
+    if _is_conv1d(lin):
+        return tuple(lin.weight.shape)
+    return lin.in_features, lin.out_features
+
+
 _MULS = (operator.mul, torch.mul)
 
 
@@ -857,6 +891,36 @@ def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]
             continue
         consumed.update(chain.nodes)
         chains.append(chain)
+    chains += _conv1d_gelus(gm, consumed, ctx, prefix)
+    return chains
+
+
+def _conv1d_gelus(gm: fx.GraphModule, consumed: set, ctx: _Context, prefix: str) -> list[_Chain]:
+    """GPT-2's `act(c_fc(x))`: a transformers Conv1D whose only user is a GELU, as a LinearGELU
+    over the Conv1D's transposed weight (a view: the GEMM kernels read either layout). Conv1D
+    runs in no FusedMLP (whose kernels and planned call take nn.Linear's layout)."""
+    chains = []
+    for node in gm.graph.nodes:
+        if node in consumed or node.op != "call_module":
+            continue
+        conv = gm.get_submodule(node.target)
+        if not _is_conv1d(conv):
+            continue
+        problem = _call_problem(node, None) or _conv1d_reject(conv)
+        if problem is not None:
+            ctx.skip(_label(node, prefix), problem)
+            continue
+        user = _single_user(node)
+        act = _activation_of(gm, user, node) if user is not None else None
+        if act is None or act[0] != "gelu" or user in consumed:
+            ctx.lone.setdefault(
+                _label(node, prefix),
+                "a transformers Conv1D is fused only with a GELU right after it (LinearGELU)",
+            )
+            continue
+        chain = _Chain([node, user], [0], [conv], act, trailing_gelu=True)
+        consumed.update(chain.nodes)
+        chains.append(chain)
     return chains
 
 
@@ -916,7 +980,8 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
             module = _SharedLinearGLU(*chain.linears, act, ctx.backend)
     elif len(chain.linears) == 1:
         kind, name = "LinearGELU", _unique_name(gm, "dualk_linear_gelu")
-        module = _SharedLinearGELU(chain.linears[0], act[1], ctx.backend)
+        shared = _SharedConv1DGELU if _is_conv1d(chain.linears[0]) else _SharedLinearGELU
+        module = shared(chain.linears[0], act[1], ctx.backend)
     else:
         kind, name = "FusedMLP", _unique_name(gm, "dualk_fused_mlp")
         module = _SharedFusedMLP(chain.linears, act[0], act[1], ctx.backend, chain.between)
@@ -928,7 +993,7 @@ def _replace(gm: fx.GraphModule, chain: _Chain, ctx: _Context, prefix: str) -> N
     last.replace_all_uses_with(new)
     for node in reversed(chain.nodes):
         gm.graph.erase_node(node)
-    widths = [chain.linears[0].in_features, *(lin.out_features for lin in chain.linears)]
+    widths = [_in_out(chain.linears[0])[0], *(_in_out(lin)[1] for lin in chain.linears)]
     if chain.glu:
         n = chain.linears[0].out_features // (2 if len(chain.linears) == 1 else 1)
         widths = [chain.linears[0].in_features, n]
@@ -1019,6 +1084,43 @@ class _SharedLinearGELU(LinearGELU):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, linear={self.shared_names[0]} (shared)"
+
+
+class _SharedConv1DGELU(_SharedLinearGELU):
+    """A LinearGELU over a transformers Conv1D that stays registered where the model has it:
+    its weight is the Conv1D's (in, out) weight transposed, a view (no copy; the GEMM kernels
+    read either layout). The view is kept for calls that record no gradient while the Conv1D's
+    weight is the same tensor over the same memory (a replaced parameter, `.data`, `.to()` or a
+    dtype change make a new one); a call autograd records takes a fresh view."""
+
+    def __init__(self, conv: nn.Module, approximate: str, backend: str):
+        nn.Module.__init__(self)
+        kernel_activation("gelu", approximate)
+        self.in_features, self.out_features = _in_out(conv)
+        self.approximate, self.backend = approximate, check_name(backend, "dualk.fuse(backend=)")
+        object.__setattr__(self, "_shared", (conv,))
+        self.shared_names = [""]
+
+    @property
+    def weight(self):  # type: ignore[override]
+        w = self._shared[0].weight
+        if _is_compiling() or (w.requires_grad and _is_grad_enabled()):
+            return w.t()
+        kept = self.__dict__.get("_weight_view")
+        if kept is not None and kept[0] is w and kept[1] == w.data_ptr():
+            return kept[2]
+        with torch.no_grad():
+            view = w.t()
+        self.__dict__["_weight_view"] = (w, w.data_ptr(), view)
+        return view
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_weight_view", None)
+        return state
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()[: -len(' (shared)')]} (a Conv1D's, shared)"
 
 
 class _SharedLinearGLU(GatedBase):

@@ -1952,3 +1952,114 @@ def test_real_transformers_mlps_that_read_their_training_flag_are_fused():
         want = mlp(*xs)
         torch.manual_seed(48)
         torch.testing.assert_close(fused_mlp(*xs), want, rtol=1e-5, atol=1e-6)
+
+
+class _Conv1D(nn.Module):
+    """transformers' Conv1D as GPT-2 uses it (`x @ weight + bias`, weight (in, out)), with its
+    module and class name (fuse matches it by them; transformers is optional)."""
+
+    def __init__(self, nf: int, nx: int):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.randn(nx, nf) * nx**-0.5)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+_Conv1D.__module__, _Conv1D.__qualname__ = "transformers.pytorch_utils", "Conv1D"
+
+
+class _Gpt2Mlp(nn.Module):
+    """GPT-2's MLP: c_fc, GELU, c_proj, dropout, as transformers writes it."""
+
+    def __init__(self, conv=_Conv1D, width: int = 16, hidden: int = 64):
+        super().__init__()
+        self.c_fc, self.c_proj = conv(hidden, width), conv(width, hidden)
+        self.act, self.dropout = nn.GELU("tanh"), nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+def _gpt2_mlps(conv=_Conv1D) -> nn.Module:
+    return _UntraceableBlocks([_Gpt2Mlp(conv), _Gpt2Mlp(conv)])
+
+
+def test_gpt2_conv1d_and_gelu_run_as_a_linear_gelu_over_the_transposed_weight():
+    # GPT-2's MLP fused nothing: transformers' Conv1D (weight in x out) was no candidate, and
+    # the report did not list it. c_fc + GELU now run as a LinearGELU over the Conv1D's weight
+    # transposed (a view), c_proj is reported with the reason, state_dict keys are unchanged.
+    torch.manual_seed(49)
+    model = _gpt2_mlps().eval()
+    fused, rep = fuse(model, report=True)
+    assert [(c.kind, c.widths, c.activation) for c in rep.fused] == [
+        ("LinearGELU", [16, 64], "gelu(tanh)")
+    ] * 2, rep
+    skipped = {s.where: s.reason for s in rep.skipped}
+    assert set(skipped) == {"mlps.0.c_proj", "mlps.1.c_proj"}
+    assert all("Conv1D is fused only with a GELU" in r for r in skipped.values())
+    assert list(fused.state_dict()) == list(model.state_dict())
+    gelu = next(m for m in fused.modules() if isinstance(m, LinearGELU))
+    conv = fused.mlps[0].c_fc
+    assert gelu.weight.shape == (64, 16) and gelu.weight.data_ptr() == conv.weight.data_ptr()
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        # an in-place update reaches the kept view (same memory); a replaced parameter, a new
+        # dtype and `.data` make a new one
+        for m in (model, fused):
+            m.mlps[0].c_fc.weight.mul_(1.5)
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        new = nn.Parameter(torch.randn(16, 64))
+        model.mlps[1].c_fc.weight = new
+        fused.mlps[1].c_fc.weight = new
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        data = torch.randn(16, 64)
+        model.mlps[0].c_fc.weight.data = data
+        fused.mlps[0].c_fc.weight.data = data.clone()
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+        model.to(torch.bfloat16), fused.to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        torch.testing.assert_close(fused(xb), model(xb), rtol=2e-2, atol=2e-2)
+    # training: the gradients reach the Conv1D's own weight and bias
+    model.float().train(), fused.float().train()
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    outs = [m(xi) for m, xi in zip((model, fused), xs)]
+    wants = torch.autograd.grad(outs[0].square().sum(), (xs[0], *model.parameters()))
+    gots = torch.autograd.grad(outs[1].square().sum(), (xs[1], *fused.parameters()))
+    for got, want in zip(gots, wants):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_conv1d_with_hooks_or_without_a_gelu_is_left_alone_with_the_reason():
+    torch.manual_seed(50)
+    model = _gpt2_mlps().eval()
+    model.mlps[0].c_fc.register_forward_hook(lambda m, i, o: None)
+    model.mlps[1].act = nn.ReLU()
+    fused, rep = fuse(model, report=True)
+    assert not rep.fused
+    skipped = {s.where: s.reason for s in rep.skipped}
+    assert "forward hooks" in skipped["mlps.0.c_fc"], skipped
+    assert "fused only with a GELU" in skipped["mlps.1.c_fc"], skipped
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(fused(x), model(x))
+
+
+def test_real_transformers_gpt2_mlp_is_fused():
+    pytest.importorskip(
+        "transformers", reason="transformers is not installed (the real Conv1D is optional)"
+    )
+    from transformers.pytorch_utils import Conv1D
+
+    assert Conv1D.__module__ in sys.modules["dualk.fuse"]._CONV1D_MODULES
+    torch.manual_seed(51)
+    model = _gpt2_mlps(conv=Conv1D).eval()
+    fused, rep = fuse(model, report=True)
+    assert [c.kind for c in rep.fused] == ["LinearGELU"] * 2, rep
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
