@@ -173,7 +173,7 @@ def fuse(
     ctx = _Context(backend, min_layers, rep)
     source = model if inplace else _copy_sharing_tensors(model)
     try:
-        gm = _trace(source, mode_guard=True)
+        gm = _trace_for_fusing(source, ctx)
     except Exception as exc:  # data-dependent control flow and the like
         rep.traced = False
         rep.notes.append(
@@ -910,6 +910,10 @@ def _conv1d_gelus(gm: fx.GraphModule, consumed: set, ctx: _Context, prefix: str)
         if problem is not None:
             ctx.skip(_label(node, prefix), problem)
             continue
+        if ctx.min_layers > 1:
+            reason = f"a chain of 1 Linear(s), fewer than min_layers={ctx.min_layers}"
+            ctx.skip(_label(node, prefix), reason)
+            continue
         user = _single_user(node)
         act = _activation_of(gm, user, node) if user is not None else None
         if act is None or act[0] != "gelu" or user in consumed:
@@ -1088,10 +1092,10 @@ class _SharedLinearGELU(LinearGELU):
 
 class _SharedConv1DGELU(_SharedLinearGELU):
     """A LinearGELU over a transformers Conv1D that stays registered where the model has it:
-    its weight is the Conv1D's (in, out) weight transposed, a view (no copy; the GEMM kernels
-    read either layout). The view is kept for calls that record no gradient while the Conv1D's
-    weight is the same tensor over the same memory (a replaced parameter, `.data`, `.to()` or a
-    dtype change make a new one); a call autograd records takes a fresh view."""
+    its weight is the Conv1D's (in, out) weight transposed, a view made on each call (no copy:
+    the GEMM kernels read either layout; ~0.5 us of host time on a CPU-only host). A view kept
+    across calls saved 0.2-0.35 us once checked against `.data` swaps, `.to()`, autograd, fx
+    proxies and jit traces (review, session 33), and held the old weight alive after a move."""
 
     def __init__(self, conv: nn.Module, approximate: str, backend: str):
         nn.Module.__init__(self)
@@ -1103,21 +1107,7 @@ class _SharedConv1DGELU(_SharedLinearGELU):
 
     @property
     def weight(self):  # type: ignore[override]
-        w = self._shared[0].weight
-        if _is_compiling() or (w.requires_grad and _is_grad_enabled()):
-            return w.t()
-        kept = self.__dict__.get("_weight_view")
-        if kept is not None and kept[0] is w and kept[1] == w.data_ptr():
-            return kept[2]
-        with torch.no_grad():
-            view = w.t()
-        self.__dict__["_weight_view"] = (w, w.data_ptr(), view)
-        return view
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state.pop("_weight_view", None)
-        return state
+        return self._shared[0].weight.t()
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()[: -len(' (shared)')]} (a Conv1D's, shared)"
@@ -1370,7 +1360,12 @@ class _FusedForward:
                 return single(a) if single is not None else self._run_graph(a)
         elif _is_fx_tracing():
             # torch.fx.symbolic_trace: the fused graph (dualk's operators as calls), without
-            # signatures, checks or bookkeeping of the Proxies
+            # signatures, checks or bookkeeping of the Proxies; the class's forward where the
+            # children changed since fusing, or where the fused modules are not the owner's
+            # submodules (a fused container keeps its len and order): fx records a module only
+            # by its path from the traced root
+            if self._children_changed() or isinstance(owner, _CONTAINERS):
+                return type(owner).forward(owner, *args, **kwargs)
             return self._run_graph(*args, **kwargs)
         elif not kwargs and (last := self.last_original) is not None and _is_like(last, args):
             return self._run_original(*args)
@@ -2124,10 +2119,33 @@ def _fuse_untraceable(module: nn.Module, ctx: _Context, path: str) -> None:
         _fuse_child(child, ctx, f"{path}{name}")
 
 
+def _trace_for_fusing(module: nn.Module, ctx: _Context) -> fx.GraphModule:
+    """_trace with the mode guard, where it pays: a forward that reads its own self.training and
+    whose every chain lies inside one of its children raises instead (its children are then
+    fused, in both modes, rather than its forward in one)."""
+    gm = _trace(module, mode_guard=True)
+    if "dualk_mode" in gm.meta and _all_chains_in_children(gm, ctx):
+        raise _TraceCannotHold(
+            "its forward computes otherwise in train() and eval() (it reads self.training), and "
+            "every chain lies inside its children, fused in both modes instead"
+        )
+    return gm
+
+
+def _all_chains_in_children(gm: fx.GraphModule, ctx: _Context) -> bool:
+    """Whether gm has chains and each one's modules all lie inside one child of gm's root."""
+    chains = _find_chains(gm, _Context(ctx.backend, ctx.min_layers, FuseReport()), "")
+    for chain in chains:
+        paths = [str(n.target).split(".") for n in chain.nodes if n.op == "call_module"]
+        if any(len(p) < 2 for p in paths) or len({p[0] for p in paths}) != 1:
+            return False
+    return bool(chains)
+
+
 def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
     if type(child).forward is not nn.Sequential.forward:
         try:
-            gm = _trace(child, mode_guard=True)
+            gm = _trace_for_fusing(child, ctx)
         except Exception as exc:
             ctx.report.notes.append(
                 f"{path} ({type(child).__name__}) is not traceable either ({_first_line(exc)}): "
@@ -2146,8 +2164,8 @@ def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: s
     if _fuse_graph(gm, ctx, prefix):
         # The fused modules registered on the module too: modules(), named_modules(), hooks
         # and .to() see them (they hold no tensors of their own: state_dict() is unchanged).
-        containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)  # their len() and order
-        for chain in ctx.report.fused[before:] if not isinstance(module, containers) else ():
+        # (not on a container: its len() and order)
+        for chain in ctx.report.fused[before:] if not isinstance(module, _CONTAINERS) else ():
             local = chain.name[len(prefix) :]
             if local not in module._modules and not hasattr(module, local):
                 module.add_module(local, gm.get_submodule(local))
@@ -2164,6 +2182,9 @@ def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: s
             f"{prefix.rstrip('.') or type(module).__name__} ({type(module).__name__}) keeps its "
             f"modules and state_dict; its forward runs the fused graph{in_mode}"
         )
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 def _copy_sharing_tensors(model: nn.Module) -> nn.Module:

@@ -1943,15 +1943,20 @@ def test_real_transformers_mlps_that_read_their_training_flag_are_fused():
     for mlp, args in ((starcoder, 1), (bloom, 2)):
         mlp.eval()
         fused_mlp = fuse(copy.deepcopy(mlp))
-        assert any(isinstance(m, FusedMLP) for m in fused_mlp.modules()), type(mlp).__name__
+        runs = []
+        for m in fused_mlp.modules():
+            if isinstance(m, FusedMLP):
+                m.register_forward_pre_hook(lambda mod, a, runs=runs: runs.append(mod))
         xs = [torch.randn(2, 3, 16) for _ in range(args)]
         with torch.no_grad():
             torch.testing.assert_close(fused_mlp(*xs), mlp(*xs), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 1, type(mlp).__name__  # (the fused graph ran in eval())
         fused_mlp.train(), mlp.train()
         torch.manual_seed(48)
         want = mlp(*xs)
         torch.manual_seed(48)
         torch.testing.assert_close(fused_mlp(*xs), want, rtol=1e-5, atol=1e-6)
+        assert len(runs) == 1  # (train(): the class's forward)
 
 
 class _Conv1D(nn.Module):
@@ -2063,3 +2068,93 @@ def test_real_transformers_gpt2_mlp_is_fused():
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fx_trace_of_a_fused_model_follows_changed_children_and_fused_containers():
+    # (review, session 33) fx's branch ran the fused graph where eager calls run the class's
+    # forward: after a child was replaced the trace computed the old graph; and a container
+    # fused in place (its fused modules not its submodules: len and order kept) raised NameError
+    torch.manual_seed(52)
+    model = _Blocks().eval()
+    fused = fuse(copy.deepcopy(model))
+    model.mlps[0].act = nn.ReLU()
+    fused.mlps[0].act = nn.ReLU()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.fx.symbolic_trace(fused)(x), model(x), rtol=1e-5, atol=1e-6
+        )
+
+    class Wrap(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) + 1
+
+    seq = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    untraceable = _UntraceableBlocks([seq]).eval()
+    fused = fuse(untraceable)
+    assert _fused_forward(fused.mlps[0]) is not None  # (the Sequential fused in place)
+    with torch.no_grad():
+        traced = torch.fx.symbolic_trace(Wrap(fused.mlps[0]))
+        torch.testing.assert_close(traced(x), seq(x) + 1, rtol=1e-5, atol=1e-6)
+
+
+def test_conv1d_fused_models_trace_with_fx_and_jit_and_follow_data_swaps():
+    # (review, session 33) the LinearGELU over a Conv1D kept its transposed view across calls:
+    # fx tracing hit the Proxy in its cache check, torch.jit.trace froze the view as a constant,
+    # and a `.data` swap keeping the pointer (a square weight transposed) served the old view.
+    torch.manual_seed(53)
+    model = nn.Sequential(_Conv1D(16, 16), nn.GELU("tanh"), _Conv1D(16, 16)).eval()
+    fused = fuse(copy.deepcopy(model))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        traced = torch.fx.symbolic_trace(fused)
+        assert dualk.linear_gelu in [n.target for n in traced.graph.nodes], traced.code
+        torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
+        scripted = torch.jit.trace(fused, x)
+        torch.testing.assert_close(scripted(x * 2), model(x * 2), rtol=1e-5, atol=1e-5)
+        fused(x)
+        for m in (model, fused):  # (same memory, other strides)
+            m.get_submodule("0").weight.data = m.get_submodule("0").weight.data.t()
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
+    _, rep = fuse(model, min_layers=2, report=True)
+    assert not rep.fused
+    assert "fewer than min_layers=2" in {s.where: s.reason for s in rep.skipped}["0"]
+
+
+class _DropoutOverMlp(nn.Module):
+    """A forward that reads self.training around a child holding the whole chain."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = TimmMlp()
+
+    def forward(self, x):
+        return F.dropout(self.mlp(x), p=0.5, training=self.training)
+
+
+def test_a_training_flag_reader_whose_chains_lie_in_its_children_fuses_those_in_both_modes():
+    # Fusing such a forward for one mode would leave its children's chains unfused in the other
+    # (a model fused in train() and then used in eval()); its children are fused instead, as
+    # before the mode guard, and run fused in both modes.
+    torch.manual_seed(54)
+    model = _UntraceableBlocks([_DropoutOverMlp(), _DropoutOverMlp()]).train()
+    fused, rep = fuse(model, report=True)
+    assert len(rep.fused) == 2 and not any("in train() mode" in n for n in rep.notes), rep
+    runs = []
+    for m in fused.modules():
+        if isinstance(m, FusedMLP):
+            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    x = torch.randn(4, 8)
+    for mode in ("train", "eval"):
+        model.train(mode == "train"), fused.train(mode == "train")
+        runs.clear()
+        torch.manual_seed(55)
+        want = model(x)
+        torch.manual_seed(55)
+        torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-6)
+        assert len(runs) == 2, mode
