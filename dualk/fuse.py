@@ -1067,10 +1067,10 @@ class _SharedLinearGELU(LinearGELU):
     """A LinearGELU over a Linear that stays registered where the model has it (no second
     registration of its parameters, so state_dict() keeps the original keys)."""
 
-    def __init__(self, linear: nn.Linear, approximate: str, backend: str):
+    def __init__(self, linear: nn.Module, approximate: str, backend: str):
         nn.Module.__init__(self)
         kernel_activation("gelu", approximate)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features = _in_out(linear)
         self.approximate, self.backend = approximate, check_name(backend, "dualk.fuse(backend=)")
         object.__setattr__(self, "_shared", (linear,))
         self.shared_names = [""]
@@ -1096,14 +1096,6 @@ class _SharedConv1DGELU(_SharedLinearGELU):
     the GEMM kernels read either layout; ~0.5 us of host time on a CPU-only host). A view kept
     across calls saved 0.2-0.35 us once checked against `.data` swaps, `.to()`, autograd, fx
     proxies and jit traces (review, session 33), and held the old weight alive after a move."""
-
-    def __init__(self, conv: nn.Module, approximate: str, backend: str):
-        nn.Module.__init__(self)
-        kernel_activation("gelu", approximate)
-        self.in_features, self.out_features = _in_out(conv)
-        self.approximate, self.backend = approximate, check_name(backend, "dualk.fuse(backend=)")
-        object.__setattr__(self, "_shared", (conv,))
-        self.shared_names = [""]
 
     @property
     def weight(self):  # type: ignore[override]

@@ -769,19 +769,36 @@ def test_the_original_path_of_a_fused_sequential_calls_its_modules_in_turn(measu
     assert first is not ff.original.get_submodule("0")
 
 
-def test_a_deep_copy_of_a_fused_graph_module_keeps_its_fused_forward(measured, monkeypatch):
-    # fx's own __deepcopy__ rebuilds a GraphModule from its graph and drops instance attributes:
-    # a copy of fuse's whole-model result ran its fused graph as a plain GraphModule (no in-model
-    # check, no restore). It keeps a copy of its forward object, bound to the copy's modules, and
-    # a restored one its restored forward.
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+def test_a_copy_of_a_fused_graph_module_keeps_its_fused_forward_and_its_call(
+    how, measured, monkeypatch
+):
+    # fx's own __deepcopy__ rebuilds a GraphModule from its graph and drops instance attributes,
+    # and its __reduce__ (pickle, torch.save) rebuilds it from its code: a copy of fuse's
+    # whole-model result ran its fused graph as a plain GraphModule (no in-model check, no
+    # restore); and the recompile() that pickling runs put fx's call back on the pickled
+    # module's class (its planned call lost). A copy keeps a copy of its forward object, bound to
+    # the copy's modules, a restored one its restored forward and verdicts; the model its call.
     fuse_module = sys.modules["dualk.fuse"]
     monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
     costs, _ = measured
     costs.update(fused=20.0, original=10.0)  # (the original path measured faster: restored)
+
+    def copy_of(module):
+        if how == "deepcopy":
+            return copy.deepcopy(module)
+        if how == "pickle":
+            return pickle.loads(pickle.dumps(module))
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+
     torch.manual_seed(42)
     seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     gm = fuse(copy.deepcopy(seq))
-    twin = copy.deepcopy(gm)
+    twin = copy_of(gm)
+    assert type(gm).__call__ is type(twin).__call__ is fuse_module._fused_graph_call
     ff, tf = _fused_forward(gm), _fused_forward(twin)
     assert tf is not ff and tf.owner is twin and tf.graph is twin
     assert tf.original.get_submodule("0") is twin.get_submodule("0") is not gm.get_submodule("0")
@@ -792,54 +809,12 @@ def test_a_deep_copy_of_a_fused_graph_module_keeps_its_fused_forward(measured, m
         for _ in range(6):
             torch.testing.assert_close(twin(x), seq(x), rtol=1e-5, atol=1e-6)
         assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
-        again = copy.deepcopy(twin)
-        assert fuse_module.forward_restored(again)
-        unfused = again.forward.__self__  # (the copy's unfused graph, over the copy's modules)
-        assert unfused.get_submodule("0") is again.get_submodule("0")
-        assert again.get_submodule("0") is not twin.get_submodule("0")
-        torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("how", ["pickle", "torch.save"])
-def test_pickling_a_fused_graph_module_keeps_its_forward_and_its_call(how, measured, monkeypatch):
-    # fx's __reduce__ rebuilds a GraphModule from its code and dropped the instance's forward
-    # object (the copy ran its fused graph with no in-model check, no restore), and its
-    # recompile() put fx's call back on the pickled module's class (its planned call lost). The
-    # copy gets the forward, bound to its own modules; the model keeps its call; a restored one
-    # travels restored, with its verdicts.
-    fuse_module = sys.modules["dualk.fuse"]
-    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
-    costs, _ = measured
-    costs.update(fused=20.0, original=10.0)  # (the original path measured faster: restored)
-
-    def round_trip(module):
-        if how == "pickle":
-            return pickle.loads(pickle.dumps(module))
-        buffer = io.BytesIO()
-        torch.save(module, buffer)
-        buffer.seek(0)
-        return torch.load(buffer, weights_only=False)
-
-    torch.manual_seed(43)
-    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    gm = fuse(copy.deepcopy(seq))
-    twin = round_trip(gm)
-    assert type(gm).__call__ is fuse_module._fused_graph_call
-    assert type(twin).__call__ is fuse_module._fused_graph_call
-    ff, tf = _fused_forward(gm), _fused_forward(twin)
-    assert tf is not ff and tf.owner is twin and tf.graph is twin
-    assert tf.original.get_submodule("0") is twin.get_submodule("0") is not gm.get_submodule("0")
-    assert tf.fused[0] is next(m for m in twin.modules() if isinstance(m, FusedMLP))
-    x = torch.randn(5, 8)
-    with torch.no_grad():
-        for _ in range(6):
-            torch.testing.assert_close(twin(x), seq(x), rtol=1e-5, atol=1e-6)
-        assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
-        again = round_trip(twin)
+        again = copy_of(twin)
         assert fuse_module.forward_restored(again)
         assert fuse_module.audit_verdicts(again) == fuse_module.audit_verdicts(twin)
         unfused = again.forward.__self__  # (the copy's unfused graph, over the copy's modules)
         assert unfused.get_submodule("0") is again.get_submodule("0")
+        assert again.get_submodule("0") is not twin.get_submodule("0")
         torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
