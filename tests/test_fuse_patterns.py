@@ -2133,3 +2133,56 @@ def test_a_training_flag_reader_whose_chains_lie_in_its_children_fuses_those_in_
         torch.manual_seed(55)
         torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-6)
         assert len(runs) == 2, mode
+
+
+# Real transformers architectures at tiny sizes (random init from a config, fp32, CPU): what
+# fuse replaces in each decoder / encoder layer, the original's outputs in eval(), and in
+# train() the original's outputs and gradients (dropout off: the random streams would differ
+# only by where the fused graph draws). Session 33's survey
+# (experiments/fuse_survey_transformers.py) found GPT-2, Starcoder2, MPT and BLOOM fusing nothing.
+_TINY = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, n_embd=32, n_layer=2,
+    n_head=4, n_inner=64, n_positions=32, expansion_ratio=2, pad_token_id=0, bos_token_id=1,
+    eos_token_id=2,
+)  # fmt: skip
+_DROPOUT_OFF = dict(
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, residual_dropout=0.0, embedding_dropout=0.0,
+    attention_dropout=0.0, hidden_dropout=0.0, hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model_type, kind",
+    [("gpt2", "LinearGELU"), ("starcoder2", "FusedMLP"), ("mpt", "FusedMLP"),
+     ("bloom", "FusedMLP"), ("llama", "LinearGLU"), ("bert", "LinearGELU")],
+)  # fmt: skip
+def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (the real classes are optional)"
+    )
+    config = transformers.AutoConfig.for_model(model_type)
+    for key, value in {**_TINY, **_DROPOUT_OFF}.items():
+        if hasattr(config, key):
+            with contextlib.suppress(AttributeError, TypeError):  # (some are properties)
+                setattr(config, key, value)
+    config._attn_implementation = "eager"
+    torch.manual_seed(56)
+    model = transformers.AutoModel.from_config(config).eval()
+    fused, rep = fuse(model, report=True)
+    assert [c.kind for c in rep.fused] == [kind] * 2, str(rep)
+    ids = torch.randint(3, 64, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(input_ids=ids)[0], model(input_ids=ids)[0])
+    model.train(), fused.train()
+    outs = [m(input_ids=ids)[0] for m in (model, fused)]
+    torch.testing.assert_close(outs[1], outs[0])
+    wants, gots = (
+        torch.autograd.grad(o.square().sum(), list(m.parameters()), allow_unused=True)
+        for o, m in zip(outs, (model, fused))
+    )  # (BERT's pooler is not in the first output)
+    for got, want in zip(gots, wants):
+        assert (got is None) == (want is None)
+        if got is not None:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
