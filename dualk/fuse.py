@@ -283,7 +283,7 @@ def _report_every_linear(result: nn.Module, ctx: _Context) -> None:
             already.update(id(lin) for lin in (m.gate_proj, m.up_proj, m.down_proj))
     seen: set[int] = set()
     for name, m in result.named_modules(remove_duplicate=False):
-        if not (isinstance(m, nn.Linear) or _is_conv1d(m)) or name in fused or name in listed:
+        if not linear_like(m) or name in fused or name in listed:
             continue
         if id(m) in seen or id(m) in already:
             continue
@@ -683,6 +683,12 @@ def _linear_reject(lin: nn.Linear) -> str | None:
     if problem is None and b is not None and (b.dtype, b.device) != (w.dtype, w.device):
         problem = "its weight and bias differ in dtype or device"
     return problem
+
+
+def linear_like(m: nn.Module) -> bool:
+    """Whether `m` is a module fuse can run as a GEMM: an nn.Linear or transformers' Conv1D
+    (the report names each one that is not fused, with the reason)."""
+    return isinstance(m, nn.Linear) or _is_conv1d(m)
 
 
 def _is_conv1d(m: nn.Module) -> bool:

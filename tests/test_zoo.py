@@ -195,7 +195,7 @@ def test_cli_bench_models(tmp_path, no_gpu):
     assert "[1/1] seed_dnn eager" in out.output
     table = out.output[out.output.index("model ") :]
     assert "seed_dnn" in table and "(cpu)" in table and "3/3" in table and " ok " in table
-    assert "fuse(seed_dnn): 1 FusedMLP; 3 of 3 nn.Linear fused" in out.output
+    assert "fuse(seed_dnn): 1 FusedMLP; 3 of 3 Linear / Conv1D fused" in out.output
     data = json.loads(path.read_text())
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # the machine's, as is
     assert [r["model"] for r in data["results"]] == ["seed_dnn"] and data["env"][

@@ -178,7 +178,7 @@ def render(results: Sequence[zoo.Result]) -> list[str]:
         seen.add(r.model)
         f = r.fuse
         kinds = ", ".join(f"{n} {k}" for k, n in f.kinds.items()) or "no chain"
-        what = f"fuse({r.model}): {kinds}; {f.linears_fused} of {f.linears} nn.Linear fused"
+        what = f"fuse({r.model}): {kinds}; {f.linears_fused} of {f.linears} Linear / Conv1D fused"
         if not f.traced:
             what += " (not traceable: children fused)"
         notes.append(what)
@@ -189,7 +189,7 @@ def render(results: Sequence[zoo.Result]) -> list[str]:
         if f.unreported:
             shown = ", ".join(f.unreported[:4]) + (" ..." if len(f.unreported) > 4 else "")
             notes.append(
-                f"    {len(f.unreported)} nn.Linear not fused and not in the report: {shown}"
+                f"    {len(f.unreported)} Linear / Conv1D not fused and not in the report: {shown}"
             )
     for r in results:  # the fused modules' measured choices (dualk.module_choice)
         for key, c in r.choices.items():

@@ -63,7 +63,7 @@ import dualk
 from .. import module_choice
 from ..core import timing
 from ..dispatch import autotune, triton_tune
-from ..fuse import FUSED_TYPES, audit_verdicts, forward_restored, fuse
+from ..fuse import FUSED_TYPES, audit_verdicts, forward_restored, fuse, linear_like
 from ..nn import choice_final
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
@@ -455,7 +455,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, args, kwargs) -> None:
 def summarize(original: nn.Module, fused: nn.Module) -> FuseSummary:
     """What `fuse` did to `original`, from the result's `dualk_fuse_report`."""
     rep = fused.dualk_fuse_report
-    linears = [n for n, m in original.named_modules() if isinstance(m, nn.Linear)]
+    linears = [n for n, m in original.named_modules() if linear_like(m)]
     in_chains = {name for c in rep.fused for name in c.modules}
     skipped = [{"where": s.where, "reason": s.reason} for s in rep.skipped]
     named = in_chains | {s["where"] for s in skipped}

@@ -214,6 +214,32 @@ def _gpt2(device, dtype, size) -> Built:
     return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), vocab, device))
 
 
+def _starcoder2(device, dtype, size) -> Built:
+    """transformers' Starcoder2Model: its MLP (c_fc, GELU tanh, c_proj) ends in
+    F.dropout(..., training=self.training), which fuse takes for the mode it is fused in."""
+    from transformers import Starcoder2Config, Starcoder2Model
+
+    big = _gpu(size)
+    vocab = 32000 if big else 128
+    config = Starcoder2Config(
+        num_hidden_layers=4 if big else 1,
+        hidden_size=768 if big else 64,
+        intermediate_size=3072 if big else 256,
+        num_attention_heads=12 if big else 2,
+        num_key_value_heads=4 if big else 2,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        residual_dropout=0.0,
+        embedding_dropout=0.0,
+        attention_dropout=0.0,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
+    with device:
+        model = Starcoder2Model(config)
+    return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), vocab, device))
+
+
 def _llama_sizes(size: str) -> dict:
     if _gpu(size):  # intermediate 5504 = 2.6875 x 2048, a multiple of 64 (LLaMA's ~8/3)
         return dict(layers=4, hidden=2048, intermediate=5504, heads=16, vocab=32000)
@@ -354,6 +380,9 @@ _SPECS = [
               _TRANSFORMER_ROWS, requires=("transformers",), fullgraph=False),
     ModelSpec("gpt2", "transformer", "transformers GPT2Model, 4 layers, hidden 768", _gpt2, BF16,
               _TRANSFORMER_ROWS, requires=("transformers",), fullgraph=False),
+    ModelSpec("starcoder2", "transformer", "transformers Starcoder2Model, 4 layers, hidden 768 "
+              "(its MLP reads self.training)", _starcoder2, BF16, _TRANSFORMER_ROWS,
+              requires=("transformers",), fullgraph=False),
     ModelSpec("llama", "transformer", "LLaMA-style decoder, 4 layers, hidden 2048, intermediate "
               "5504 (transformers LlamaModel; pure PyTorch without transformers)", _llama, BF16,
               _TRANSFORMER_ROWS, fullgraph=False),
