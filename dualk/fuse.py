@@ -414,41 +414,56 @@ def _check_training_mode(
 ) -> bool | None:
     """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
     self.training:`): fx would freeze the mode the model had when fused. Compared with a trace
-    in the other mode: the flags are set directly (a train() override may do more) and every
-    module's own flag is restored after.
+    in the other mode, or where the modules' modes are mixed (a Dropout left in train() in an
+    eval() model) with a trace in each uniform mode (a forward reading two modules' flags, `a
+    or b`, gave the same graph with every flag flipped, and the fused model kept the dropout in
+    eval()): the flags are set directly (a train() override may do more) and every module's own
+    flag is restored after.
 
-    With `mode_guard`, a forward whose graph depends on root's own flag only (a third trace with
-    every other module's flag flipped gives `graph`: Starcoder2's, MPT's and BLOOM's MLPs end in
-    F.dropout(..., training=self.training)) does not raise: returns root's mode, in which
-    `graph` holds (its owner runs its class forward in the other). None where the graph holds in
-    both modes."""
+    With `mode_guard`, a forward whose graph depends on root's own flag only (traces with every
+    other module's flag flipped, and with mixed modes set to each mode, give `graph`: Starcoder2's,
+    MPT's and BLOOM's MLPs end in F.dropout(..., training=self.training)) does not raise:
+    returns root's mode, in which `graph` holds (its owner runs its class forward in the other).
+    None where the graph holds in both modes."""
     modes = {m: m.training for m in root.modules()}
-    other_mode = not root.training
+    uniform = len(set(modes.values())) == 1
 
-    def trace_flipped(flipped) -> fx.Graph:
+    def trace_with(mode_of) -> fx.Graph:
         try:
-            for m in flipped:
-                m.training = not modes[m]
+            for m in modes:
+                m.training = mode_of(m)
             return _Tracer(all_leaves).trace(root)
         finally:
             for m, mode in modes.items():
                 m.training = mode
 
-    try:
-        other = trace_flipped(modes)
-    except Exception as exc:
-        raise _TraceCannotHold(
-            f"its forward cannot be traced in {'train' if other_mode else 'eval'}() mode "
-            f"({_first_line(exc)}), so one traced graph cannot stand for both modes"
-        ) from None
-    if _graph_signature(other) == _graph_signature(graph):
+    others = [lambda m: not modes[m]] if uniform else [lambda m: False, lambda m: True]
+    same = True
+    for mode_of in others:
+        try:
+            other = trace_with(mode_of)
+        except Exception as exc:
+            other_mode = "train" if mode_of(root) else "eval"
+            raise _TraceCannotHold(
+                f"its forward cannot be traced in {other_mode}() mode ({_first_line(exc)}), so "
+                "one traced graph cannot stand for both modes"
+            ) from None
+        same = same and _graph_signature(other) == _graph_signature(graph)
+    if same:
         return None
     if mode_guard:
+        # root's flag kept, every other module's flipped (and, with mixed modes, set to each
+        # uniform mode too): the same graph each time, so root's flag alone decides
+        variants = [lambda m: not modes[m]] + ([] if uniform else [lambda m: False, lambda m: True])
         try:
-            others = trace_flipped([m for m in modes if m is not root])
+            held = all(
+                _graph_signature(trace_with(lambda m, v=v: modes[m] if m is root else v(m)))
+                == _graph_signature(graph)
+                for v in variants
+            )
         except Exception:
-            others = None
-        if others is not None and _graph_signature(others) == _graph_signature(graph):
+            held = False
+        if held:
             return root.training
     raise _TraceCannotHold(
         "its forward computes otherwise in train() and eval() (it reads self.training), "

@@ -591,6 +591,38 @@ def test_a_forward_reading_self_training_follows_the_mode(fused_in):
     assert not torch.allclose(dropped, fused.eval()(x))  # dropout is on in train()
 
 
+class _ReadsTwoFlags(nn.Module):
+    """A forward whose dropout follows its own flag or its Dropout child's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(16, 32), nn.Linear(32, 16), nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = F.dropout(F.gelu(self.fc1(x)), 0.5, self.training or self.drop.training)
+        return self.fc2(h)
+
+
+def test_a_forward_reading_two_flags_fused_in_mixed_modes_is_not_frozen():
+    """Fused with the model in eval() but its Dropout child in train(), flipping every flag gave
+    the same graph (dropout on: `eval or train`, `train or eval`), so fuse took the graph for
+    both modes and the model kept dropping in eval() (a silent wrong answer). With mixed modes
+    the graph is compared with a trace in each uniform mode too."""
+    torch.manual_seed(18)
+    model = _ReadsTwoFlags().eval()
+    model.drop.train()
+    fused, rep = fuse(model, report=True)
+    assert any("self.training" in n for n in rep.notes), rep.notes
+    x = torch.randn(4, 16)
+    model.eval(), fused.eval()
+    torch.testing.assert_close(fused(x), model(x), rtol=0, atol=0)
+    model.train(), fused.train()
+    torch.manual_seed(19)
+    want = model(x)
+    torch.manual_seed(19)
+    torch.testing.assert_close(fused(x), want, rtol=0, atol=0)
+
+
 class _OutputsByMode(nn.Module):
     def __init__(self):
         super().__init__()
