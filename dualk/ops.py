@@ -98,13 +98,17 @@ def _check_before_op(backend, check, *args) -> None:
 
 
 _Proxy = torch.fx.Proxy
+_fx_trace_state = torch.fx._symbolic_trace  # (its _is_fx_tracing_flag: a trace under way)
 
 
 def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
     """Under torch.fx.symbolic_trace (an fx Proxy among `operands`, which the direct route
     declines): the public operator `fn` as one call_function node, as torch.fx.wrap makes a
     leaf function, so the traced module calls dualk as the module did; else None. (Without it
-    the trace ran into the operator with Proxies and raised.)"""
+    the trace ran into the operator with Proxies and raised.) Outside a trace one flag read:
+    calls that autograd records come this way too."""
+    if not getattr(_fx_trace_state, "_is_fx_tracing_flag", True):
+        return None
     for t in operands:
         if isinstance(t, _Proxy):
             return t.tracer.create_proxy("call_function", fn, args, kwargs)
