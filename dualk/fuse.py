@@ -1721,8 +1721,42 @@ def _install_graph_call(gm: fx.GraphModule) -> None:
     cls = type(gm)
     cls.__call__ = _fused_graph_call
     cls.__deepcopy__ = _fused_graph_deepcopy
+    cls.__copy__ = _fused_graph_copy
     cls.__reduce__ = _fused_graph_reduce
     cls.__setstate__ = _fused_graph_setstate
+
+
+def _fused_graph_copy(self):
+    """copy.copy of fuse's whole-model GraphModule: fx's keeps only the modules its graph calls
+    (the model's Linears, held by the fused modules, left the copy's state_dict) and drops the
+    forward object. The copy has the model's children (shared, as a shallow copy does) and its
+    own forward object (fresh checks, the verdicts so far) or the restored forward, and this
+    class's call."""
+    res = fx.GraphModule.__copy__(self)
+    # the model's own children, parameters and buffers (shared, in the model's order: the forward
+    # object's record of the children compares them in order)
+    res._modules.clear()
+    res._modules.update(self._modules)
+    for key, param in self._parameters.items():
+        res._parameters.setdefault(key, param)
+    for key, buf in self._buffers.items():
+        res._buffers.setdefault(key, buf)
+    res._non_persistent_buffers_set |= self._non_persistent_buffers_set
+    forward = self.__dict__.get("forward")
+    if forward is not None:
+        if type(forward) is _FusedForward:
+            twin = _FusedForward.__new__(_FusedForward)
+            twin.__setstate__(forward.__getstate__())
+            twin.owner = res
+            if forward.graph is self:
+                twin.graph = res
+            twin.audits, twin.original_calls = dict(forward.audits), set(forward.original_calls)
+            forward = twin
+        object.__setattr__(res, "forward", forward)
+        _install_graph_call(res)
+        if self in _RESTORED:
+            _RESTORED[res] = dict(_RESTORED[self])
+    return res
 
 
 def _fused_graph_reduce(self):

@@ -818,6 +818,36 @@ def test_a_copy_of_a_fused_graph_module_keeps_its_fused_forward_and_its_call(
         torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
 
 
+def test_a_shallow_copy_of_a_fused_graph_module_keeps_the_model_state_and_its_forward(
+    measured, monkeypatch
+):
+    # fx's __copy__ kept only the modules the graph calls: the model's Linears (held by the
+    # fused module) left the copy's state_dict, and the forward object was dropped. The copy
+    # shares the modules (a shallow copy) and has its own forward object, or the restored one.
+    fuse_module = sys.modules["dualk.fuse"]
+    monkeypatch.setattr(fuse_module, "RESTORE_AFTER", 3)
+    costs, _ = measured
+    costs.update(fused=20.0, original=10.0)  # (the original path measured faster: restored)
+    torch.manual_seed(57)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    gm = fuse(copy.deepcopy(seq))
+    twin = copy.copy(gm)
+    assert list(twin.state_dict()) == list(gm.state_dict()) == list(seq.state_dict())
+    assert twin.get_submodule("0") is gm.get_submodule("0")
+    assert type(twin).__call__ is fuse_module._fused_graph_call
+    ff, tf = _fused_forward(gm), _fused_forward(twin)
+    assert tf is not ff and tf.owner is twin and tf.graph is twin and tf.audits is not ff.audits
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        for _ in range(6):
+            torch.testing.assert_close(twin(x), seq(x), rtol=1e-5, atol=1e-6)
+        assert fuse_module.forward_restored(twin) and not fuse_module.forward_restored(gm)
+        again = copy.copy(twin)
+        assert fuse_module.forward_restored(again)
+        assert list(again.state_dict()) == list(seq.state_dict())
+        torch.testing.assert_close(again(x), seq(x), rtol=1e-5, atol=1e-6)
+
+
 def test_owner_is_restored_once_a_provisional_choice_turns_final(measured, monkeypatch):
     # A choice measured while the operator's own decision was provisional (Triton still tuning):
     # like calls run the original path without reaching the fused module, so restoring asks it
