@@ -41,12 +41,15 @@ other's internals.
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import inspect
 import math
 import operator
 import re
 import statistics
+import textwrap
 import threading
 import time
 import weakref
@@ -469,6 +472,83 @@ def _check_training_mode(
         "its forward computes otherwise in train() and eval() (it reads self.training), "
         "and one traced graph cannot hold both"
     )
+
+
+_MISSING = object()
+# Attributes a trace never takes as a constant of the graph (modules, parameters and buffers are
+# read through the graph; training is the mode guard's; forward is fuse's own)
+_NOT_READ = ("training", "forward", "dualk_fuse_report")
+
+
+def _read_attributes(owner: nn.Module) -> tuple:
+    """(module, name, value) of each plain attribute (not a module, parameter or tensor) that the
+    forward of `owner`, or of a module in it that fx traces into, may read: names read as
+    `self.<name>` anywhere in the module's class source (every method: a helper the forward
+    calls too), or all its plain attributes where the source cannot be read. fx takes such a
+    value as a constant of the graph (`x * self.alpha`, `if self.use_bias:`); a later change is
+    seen by identity (_FusedForward._children_changed)."""
+    tracer = _Tracer()
+    out = []
+    for name, m in owner.named_modules():
+        if name and tracer.is_leaf_module(m, name):
+            continue
+        reads = _self_reads(type(m))
+        for key, value in m.__dict__.items():
+            if (
+                key.startswith("_")
+                or key in _NOT_READ
+                or (reads is not None and key not in reads)
+                or isinstance(value, (nn.Module, torch.Tensor))
+            ):
+                continue
+            out.append((m, key, value))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _self_reads(cls: type) -> frozenset | None:
+    """The attribute names a method of `cls` (or of a base class outside torch) loads from its
+    first argument (`self.alpha`, `getattr(self, "alpha")`); None where a method's source cannot
+    be read. Each method is read from its own code object's lines (a class's source is found
+    by its name, and a file may define two classes of one name)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__.split(".")[0] == "torch":
+            continue
+        for key, member in vars(klass).items():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if not inspect.isfunction(member) or key in ("__init__", "extra_repr"):
+                continue  # (__init__ and extra_repr: never called by a forward)
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(member)))
+            except (OSError, TypeError, SyntaxError, IndentationError):
+                return None
+            fn = tree.body[0] if tree.body else None
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.args.args:
+                continue
+            me = fn.args.args[0].arg
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Load)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == me
+                ):
+                    names.add(node.attr)
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "getattr"
+                    and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id == me
+                    and isinstance(node.args[1], ast.Constant)
+                ):
+                    names.add(str(node.args[1].value))
+    return frozenset(names)
 
 
 class _TraceCannotHold(Exception):
@@ -1252,6 +1332,9 @@ class _FusedForward:
     # this owner's own waits for (one at a time in the process), or None
     pool: _CheckPool | None = None
     waiting_for: _Audit | None = None
+    # (module, name, value) of the plain attributes that the owner's forward, and the forwards
+    # it traces into, may read (_read_attributes), as they were when fused
+    attributes: tuple = ()
     # The training mode the graph was traced in where the owner's forward reads self.training
     # (_check_training_mode: Starcoder2's MLP); in the other mode the class's forward runs. None
     # where the graph holds in both.
@@ -1273,6 +1356,9 @@ class _FusedForward:
         # fuse's whole-model GraphModule result; a bool, so that a trace reads one of the two
         self.graph_is_owner = graph is owner
         self.children = tuple(owner._modules.values())
+        # (a submodule fused in place: its class forward is the original path; fuse's
+        # whole-model GraphModule has only the graph's modules)
+        self.attributes = _read_attributes(owner) if original is None else ()
         self.fused = tuple(m for m in graph.modules() if isinstance(m, FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
@@ -1708,11 +1794,17 @@ class _FusedForward:
         return run
 
     def _children_changed(self) -> bool:
+        """Whether the owner changed since fusing: its children (replaced, added, removed), or a
+        plain attribute that its forward (or a module it traces into) may read, which the
+        trace took as a constant (`x * self.alpha`): the class's forward runs instead."""
         modules, children = self.owner._modules, self.children
         # (map and all: no Python frame per child)
-        return len(modules) != len(children) or not all(
-            map(operator.is_, modules.values(), children)
-        )
+        if len(modules) != len(children) or not all(map(operator.is_, modules.values(), children)):
+            return True
+        for module, name, value in self.attributes:  # (most owners: none)
+            if module.__dict__.get(name, _MISSING) is not value:
+                return True
+        return False
 
 
 def _install_graph_call(gm: fx.GraphModule) -> None:

@@ -2216,3 +2216,48 @@ def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
         assert (got is None) == (want is None)
         if got is not None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _LayerScaledMlp(nn.Module):
+    """An MLP whose forward reads a plain attribute (a layer scale), which fx's trace takes as a
+    constant of the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+        self.alpha = 0.5
+
+    def forward(self, x):
+        return self._scaled(self.fc2(self.act(self.fc1(x))))
+
+    def _scaled(self, h):  # (a helper the forward calls reads it)
+        return h * self.alpha
+
+
+def test_a_plain_attribute_changed_after_fusing_is_followed():
+    # The fused graph held `* 0.5` after `alpha` was set to 1.0 on the model: a silent wrong
+    # answer. The attributes an owner's methods may read are recorded when fused, and a changed
+    # one (by identity) runs the class's forward, as a replaced child does.
+    torch.manual_seed(58)
+    model = _UntraceableBlocks([_LayerScaledMlp(), _LayerScaledMlp()]).eval()
+    fused = fuse(copy.deepcopy(model))
+    runs = []
+    for m in fused.modules():
+        if isinstance(m, FusedMLP):
+            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 2
+        twin = copy.deepcopy(fused)
+        for m in (model, fused):
+            m.mlps[0].alpha = 1.0
+        runs.clear()
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 1  # (the other owner unchanged: still fused)
+        # the copy has its own record, of its own modules: unchanged, it runs fused
+        model.mlps[0].alpha = 0.5
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
+        for m in (model, twin):
+            m.mlps[1].alpha = float("0.5") + 0.0  # (an equal value, another object: class forward)
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
