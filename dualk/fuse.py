@@ -211,14 +211,16 @@ def fuse(
             # runs it and costs no dualk layer (a FusedMLP on "original" in the graph cost 10-25
             # us more host time per call than the nn.Sequential it replaced, H200).
             unfused = _unfused_copy(gm)
-            if _fuse_graph(gm, ctx, "") and unfused is not None:
-                object.__setattr__(
-                    gm, "forward", _FusedForward(gm, gm, original=unfused, pool=ctx.pool)
-                )
+            if _fuse_graph(gm, ctx, ""):
+                if unfused is not None:
+                    object.__setattr__(
+                        gm, "forward", _FusedForward(gm, gm, original=unfused, pool=ctx.pool)
+                    )
                 # nn.Module's call without fx's wrapper around it (which only words errors of
                 # the generated code: 0.9 us a call on a CPU-only host), and where the graph is
-                # one FusedMLP with a C++ plan, that plan without nn.Module's call at all. The
-                # class is this GraphModule's own; recompile() and copies restore the wrapper.
+                # one FusedMLP with a C++ plan, that plan without nn.Module's call at all; the
+                # copies that keep the model's state. The class is this GraphModule's own;
+                # recompile() and fx's copies restore fx's.
                 _install_graph_call(gm)
             result = gm
     # A node where one chain stopped may start a chain of its own: fused, it is not "not fused".
@@ -347,6 +349,8 @@ def _trace(root: nn.Module, all_leaves: bool = False, mode_guard: bool = False) 
     gm = fx.GraphModule(tracer.root, graph, type(root).__name__)
     if mode is not None:
         gm.meta["dualk_mode"] = mode
+    if all_leaves:  # (what the trace read: the root's forward alone)
+        gm.meta["dualk_all_leaves"] = True
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
         if name.startswith("_tensor_constant"):
@@ -474,34 +478,54 @@ def _check_training_mode(
     )
 
 
-_MISSING = object()
-# Attributes a trace never takes as a constant of the graph (modules, parameters and buffers are
-# read through the graph; training is the mode guard's; forward is fuse's own)
-_NOT_READ = ("training", "forward", "dualk_fuse_report")
+class _Missing:
+    """What an attribute a method reads was when fused, where the instance had none: one object
+    also after pickling (a reference to this module's _MISSING) and copying."""
+
+    def __reduce__(self):
+        return "_MISSING"
 
 
-def _read_attributes(owner: nn.Module) -> tuple:
+_MISSING = _Missing()
+# Attributes a trace never takes as a constant of the graph: nn.Module's own fields (modules,
+# parameters and buffers are read through them), training (the mode guard's), forward (fuse's)
+_NOT_READ = frozenset(nn.Module().__dict__) | {"training", "forward", "dualk_fuse_report"}
+_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _same_scalar(a, b) -> bool:
+    """Equal immutable scalars of one type (pickle does not keep a float's identity)."""
+    return type(a) is type(b) and type(a) in _SCALARS and a == b
+
+
+def _read_attributes(owner: nn.Module, all_leaves: bool = False) -> tuple:
     """(module, name, value) of each plain attribute (not a module, parameter or tensor) that the
-    forward of `owner`, or of a module in it that fx traces into, may read: names read as
-    `self.<name>` anywhere in the module's class source (every method: a helper the forward
-    calls too), or all its plain attributes where the source cannot be read. fx takes such a
-    value as a constant of the graph (`x * self.alpha`, `if self.use_bias:`); a later change is
-    seen by identity (_FusedForward._children_changed)."""
-    tracer = _Tracer()
+    forward of `owner`, or of a module in it that fx traces into (none below a leaf; with
+    `all_leaves` only the owner), may read: names loaded from `self` anywhere in the module's
+    methods (a helper the forward calls too), or all its plain attributes where its methods use
+    `self` otherwise (passed on, aliased, `getattr(self, name)`) or cannot be read; a name the
+    instance does not have yet (a class default) as _MISSING. fx takes such a value as a
+    constant of the graph (`x * self.alpha`, `if self.use_bias:`); a later change is seen by
+    identity, or equality for scalars (_FusedForward._children_changed)."""
+    tracer = _Tracer(all_leaves)
     out = []
-    for name, m in owner.named_modules():
-        if name and tracer.is_leaf_module(m, name):
-            continue
+    stack = [owner]
+    while stack:
+        m = stack.pop()
         reads = _self_reads(type(m))
-        for key, value in m.__dict__.items():
-            if (
-                key.startswith("_")
-                or key in _NOT_READ
-                or (reads is not None and key not in reads)
-                or isinstance(value, (nn.Module, torch.Tensor))
-            ):
+        state = m.__dict__
+        names = reads if reads is not None else [k for k in state if k not in _NOT_READ]
+        for key in names:
+            if key in _NOT_READ or key in m._modules or key in m._parameters or key in m._buffers:
+                continue
+            value = state.get(key, _MISSING)
+            if isinstance(value, (nn.Module, torch.Tensor)):
                 continue
             out.append((m, key, value))
+        if not all_leaves:
+            for name, child in m._modules.items():
+                if child is not None and not tracer.is_leaf_module(child, name):
+                    stack.append(child)
     return tuple(out)
 
 
@@ -520,16 +544,37 @@ def _self_reads(cls: type) -> frozenset | None:
                 member = member.__func__
             elif isinstance(member, property):
                 member = member.fget
-            if not inspect.isfunction(member) or key in ("__init__", "extra_repr"):
-                continue  # (__init__ and extra_repr: never called by a forward)
+            if key in ("__init__", "extra_repr"):
+                continue  # (never called by a forward)
+            if not inspect.isfunction(member):
+                if callable(member) and not isinstance(member, type):
+                    return None  # (a callable that is no plain function: not read)
+                continue
             try:
                 tree = ast.parse(textwrap.dedent(inspect.getsource(member)))
             except (OSError, TypeError, SyntaxError, IndentationError):
                 return None
             fn = tree.body[0] if tree.body else None
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.args.args:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return None  # (a lambda assigned as a method, ...)
+            if not fn.args.args:
                 continue
             me = fn.args.args[0].arg
+            plain = set()  # the Name nodes of `self.<attr>` and `getattr(self, "<attr>")`
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    plain.add(id(node.value))
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "getattr"
+                    and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
+                ):
+                    plain.add(id(node.args[0]))
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Name) and node.id == me and id(node) not in plain:
+                    return None  # (self passed on, aliased, subscripted: every attribute)
             for node in ast.walk(fn):
                 if (
                     isinstance(node, ast.Attribute)
@@ -1358,7 +1403,11 @@ class _FusedForward:
         self.children = tuple(owner._modules.values())
         # (a submodule fused in place: its class forward is the original path; fuse's
         # whole-model GraphModule has only the graph's modules)
-        self.attributes = _read_attributes(owner) if original is None else ()
+        self.attributes = (
+            _read_attributes(owner, graph.meta.get("dualk_all_leaves", False))
+            if original is None
+            else ()
+        )
         self.fused = tuple(m for m in graph.modules() if isinstance(m, FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
@@ -1802,7 +1851,8 @@ class _FusedForward:
         if len(modules) != len(children) or not all(map(operator.is_, modules.values(), children)):
             return True
         for module, name, value in self.attributes:  # (most owners: none)
-            if module.__dict__.get(name, _MISSING) is not value:
+            now = module.__dict__.get(name, _MISSING)
+            if now is not value and not _same_scalar(now, value):
                 return True
         return False
 
@@ -1834,6 +1884,8 @@ def _fused_graph_copy(self):
     for key, buf in self._buffers.items():
         res._buffers.setdefault(key, buf)
     res._non_persistent_buffers_set |= self._non_persistent_buffers_set
+    if "dualk_fuse_report" in self.__dict__:
+        res.dualk_fuse_report = self.dualk_fuse_report
     forward = self.__dict__.get("forward")
     if forward is not None:
         if type(forward) is _FusedForward:
@@ -1845,9 +1897,9 @@ def _fused_graph_copy(self):
             twin.audits, twin.original_calls = dict(forward.audits), set(forward.original_calls)
             forward = twin
         object.__setattr__(res, "forward", forward)
-        _install_graph_call(res)
         if self in _RESTORED:
             _RESTORED[res] = dict(_RESTORED[self])
+    _install_graph_call(res)
     return res
 
 

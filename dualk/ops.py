@@ -105,10 +105,10 @@ def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
     """Under torch.fx.symbolic_trace (an fx Proxy among `operands`, which the direct route
     declines): the public operator `fn` as one call_function node, as torch.fx.wrap makes a
     leaf function, so the traced module calls dualk as the module did; else None. (Without it
-    the trace ran into the operator with Proxies and raised.) Outside a trace one flag read:
-    calls that autograd records come this way too."""
-    if not getattr(_fx_trace_state, "_is_fx_tracing_flag", True):
-        return None
+    the trace ran into the operator with Proxies and raised.) A tensor x outside a trace: one
+    flag read (calls that autograd records come this way too)."""
+    if type(operands[0]) is _Tensor and not getattr(_fx_trace_state, "_is_fx_tracing_flag", True):
+        return None  # (a Proxy made by hand, outside a trace, comes as x: looked for below)
     for t in operands:
         if isinstance(t, _Proxy):
             return t.tracer.create_proxy("call_function", fn, args, kwargs)

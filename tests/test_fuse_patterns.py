@@ -2261,3 +2261,113 @@ def test_a_plain_attribute_changed_after_fusing_is_followed():
         for m in (model, twin):
             m.mlps[1].alpha = float("0.5") + 0.0  # (an equal value, another object: class forward)
         torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+class _PrivateScaledMlp(nn.Module):
+    """Reads a private attribute through a property, a class default, and passes self on."""
+
+    shift = 0.0  # (a class default, set on the instance later)
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+        self._scale = 0.5
+
+    @property
+    def scale(self):
+        return self._scale
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x))) * self.scale + self.shift
+
+
+class _PassesSelf(_PrivateScaledMlp):
+    def forward(self, x):
+        return _scaled_by(self, self.fc2(self.act(self.fc1(x))))
+
+
+def _scaled_by(module, h):
+    return h * module.factor
+
+
+def test_attributes_read_privately_by_default_or_through_a_helper_are_followed():
+    # (review, session 33) the first scan skipped `_` names (a property over `self._scale`),
+    # names the instance did not have yet (a class default set later), and reads through a
+    # function that takes self (every plain attribute is watched there); and pickle gave equal
+    # floats new identities, which turned every pickled owner back to its class forward
+    torch.manual_seed(59)
+    passes = _PassesSelf()
+    passes.factor = 0.25
+    model = _UntraceableBlocks([_PrivateScaledMlp(), _PrivateScaledMlp(), passes]).eval()
+    fused = fuse(copy.deepcopy(model))
+    loaded = pickle.loads(pickle.dumps(fused))
+    assert not any(_fused_forward(b)._children_changed() for b in loaded.mlps)
+    runs = []
+    for m in fused.modules():
+        if isinstance(m, FusedMLP):
+            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 3
+        for m in (model, fused):
+            m.mlps[0]._scale = 2.0
+            m.mlps[1].shift = 1.0
+            m.mlps[2].factor = 3.0
+        runs.clear()
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert runs == []
+
+
+def test_a_copy_of_a_fused_graph_module_reading_a_buffer_keeps_the_model_state():
+    # (review, session 33) a graph that reads a buffer has no unfused copy (so no forward
+    # object): copy.copy of it was fx's, which left the Linears out of the state_dict
+    class WithBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+            self.register_buffer("b", torch.randn(8))
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x))) + self.b
+
+    torch.manual_seed(60)
+    model = WithBuffer().eval()
+    gm = fuse(model)
+    twin = copy.copy(gm)
+    assert sorted(twin.state_dict()) == sorted(model.state_dict())
+    assert twin.dualk_fuse_report is gm.dualk_fuse_report
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+class _CountsCalls(nn.Module):
+    """A child that fx cannot trace and that counts its calls in a plain attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls = self.calls + 1
+        return x if x.sum() > -1e9 else -x
+
+
+def test_a_sequential_fused_with_leaf_children_ignores_their_attributes():
+    # (review, session 33) the attribute scan walked into the children of a Sequential traced
+    # with every child a leaf: a child whose forward updates a counter sent every call back to
+    # the class's forward
+    torch.manual_seed(61)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), _CountsCalls())
+    model = _UntraceableBlocks([seq]).eval()
+    fused = fuse(copy.deepcopy(model))
+    assert _fused_forward(fused.mlps[0]).attributes == ()
+    runs = []
+    for m in _fused_forward(fused.mlps[0]).fused:  # (a container's are not its submodules)
+        m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert len(runs) == 3
