@@ -529,6 +529,28 @@ def _read_attributes(owner: nn.Module, all_leaves: bool = False) -> tuple:
     return tuple(out)
 
 
+def _graph_tensors(owner: nn.Module, graph: fx.GraphModule) -> tuple:
+    """(module, "_parameters" | "_buffers" | "__dict__", name, tensor) of each tensor that
+    `graph` reads with get_attr where `owner` holds it (the same object)."""
+    out = []
+    for node in graph.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        path, _, name = str(node.target).rpartition(".")
+        try:
+            module = owner.get_submodule(path)
+            tensor = graph.get_submodule(path).__getattr__(name) if path else getattr(graph, name)
+        except AttributeError:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        for kind in ("_parameters", "_buffers", "__dict__"):
+            if getattr(module, kind).get(name, _MISSING) is tensor:
+                out.append((module, kind, name, tensor))
+                break
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=512)
 def _self_reads(cls: type) -> frozenset | None:
     """The attribute names a method of `cls` (or of a base class outside torch) loads from its
@@ -1380,6 +1402,7 @@ class _FusedForward:
     # (module, name, value) of the plain attributes that the owner's forward, and the forwards
     # it traces into, may read (_read_attributes), as they were when fused
     attributes: tuple = ()
+    tensors: tuple = ()
     # The training mode the graph was traced in where the owner's forward reads self.training
     # (_check_training_mode: Starcoder2's MLP); in the other mode the class's forward runs. None
     # where the graph holds in both.
@@ -1408,6 +1431,10 @@ class _FusedForward:
             if original is None
             else ()
         )
+        # (module, kind, name, tensor) of each tensor the graph reads (get_attr) from the owner's
+        # modules: the graph holds its own reference, so a replaced one (a buffer after .to(),
+        # a reassigned parameter or tensor attribute) runs the class's forward
+        self.tensors = _graph_tensors(owner, graph) if original is None else ()
         self.fused = tuple(m for m in graph.modules() if isinstance(m, FUSED_TYPES))
         self.single = _single_module(graph)
         self.single_mlp = isinstance(self.single, FusedMLP)  # (a bool: Dynamo reads no module)
@@ -1853,6 +1880,9 @@ class _FusedForward:
         for module, name, value in self.attributes:  # (most owners: none)
             now = module.__dict__.get(name, _MISSING)
             if now is not value and not _same_scalar(now, value):
+                return True
+        for module, kind, name, tensor in self.tensors:  # (most owners: none)
+            if getattr(module, kind).get(name, _MISSING) is not tensor:
                 return True
         return False
 

@@ -2371,3 +2371,42 @@ def test_a_sequential_fused_with_leaf_children_ignores_their_attributes():
         for _ in range(3):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
     assert len(runs) == 3
+
+
+class _BufferScaledMlp(nn.Module):
+    """An MLP whose forward reads a buffer and a parameter of its own (get_attr in the graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+        self.register_buffer("scale", torch.full((8,), 0.5))
+        self.gamma = nn.Parameter(torch.rand(8))
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x))) * self.scale * self.gamma
+
+
+def test_a_tensor_the_graph_reads_replaced_on_the_owner_is_followed():
+    # (review, session 33) the fused graph holds its own reference to the tensors it reads: after
+    # `.double()` (which replaces buffers) it kept the float32 buffer; a reassigned parameter was
+    # not seen either. A replaced one runs the class's forward; pickling keeps them the same.
+    torch.manual_seed(62)
+    model = _UntraceableBlocks([_BufferScaledMlp(), _BufferScaledMlp()]).eval()
+    fused = fuse(copy.deepcopy(model))
+    forwards = [_fused_forward(b) for b in fused.mlps]
+    assert [(kind, name) for _, kind, name, _ in forwards[0].tensors] == [
+        ("_buffers", "scale"), ("_parameters", "gamma")
+    ]  # fmt: skip
+    loaded = pickle.loads(pickle.dumps(fused))
+    assert not any(_fused_forward(b)._children_changed() for b in loaded.mlps)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert not any(f._children_changed() for f in forwards)
+        gamma = nn.Parameter(torch.rand(8))
+        model.mlps[1].gamma, fused.mlps[1].gamma = gamma, gamma
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        model.double(), fused.double()
+        out = fused(x.double())
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, model(x.double()), rtol=1e-9, atol=1e-9)
