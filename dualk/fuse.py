@@ -335,6 +335,11 @@ def _trace(root: nn.Module, all_leaves: bool = False, mode_guard: bool = False) 
     `mode_guard` (a submodule fused in place, whose class forward runs the other mode), a
     forward whose graph depends on its own `self.training` only is traced in its current mode,
     recorded as the GraphModule's meta["dualk_mode"] (_check_training_mode)."""
+    written = _self_write(root, all_leaves)
+    if written is not None:  # (checked before tracing: the trace would run the write once)
+        raise _TraceCannotHold(
+            f"its forward assigns to {written}, which a traced graph would not repeat"
+        )
     tracer = _Tracer(all_leaves)
     graph = tracer.trace(root)
     attributes = set(vars(root))
@@ -549,6 +554,73 @@ def _graph_tensors(owner: nn.Module, graph: fx.GraphModule) -> tuple:
                 out.append((module, kind, name, tensor))
                 break
     return tuple(out)
+
+
+def _self_write(root: nn.Module, all_leaves: bool) -> str | None:
+    """`Class.attr` where the forward of `root`, or of a module it traces into, assigns to an
+    attribute of its own (`self.calls += 1`, a cache): fx runs that Python once while tracing
+    and the graph never again, so the fused model would not keep it up (and the outputs that
+    depend on it would be wrong). None where none does."""
+    tracer = _Tracer(all_leaves)
+    stack = [root]
+    while stack:
+        m = stack.pop()
+        written = _forward_writes(type(m))
+        if written:
+            return f"self.{written} ({type(m).__name__})"
+        if not all_leaves:
+            stack += [
+                c
+                for n, c in m._modules.items()
+                if c is not None and not tracer.is_leaf_module(c, n)
+            ]
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_writes(cls: type) -> str | None:
+    """The first attribute of `self` that `cls.forward`, or a method of the class it calls as
+    `self.<method>(...)`, assigns to (outside torch's own classes); None where none does or the
+    source cannot be read."""
+    methods = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or klass.__module__.split(".")[0] == "torch":
+            continue
+        methods.update({k: v for k, v in vars(klass).items() if inspect.isfunction(v)})
+    if "forward" not in methods:
+        return None
+
+    def parsed(fn):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return None
+        node = tree.body[0] if tree.body else None
+        ok = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.args
+        return node if ok else None
+
+    forward = parsed(methods["forward"])
+    if forward is None:
+        return None
+    me = forward.args.args[0].arg
+    called = {
+        n.func.attr for n in ast.walk(forward)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name) and n.func.value.id == me
+    }  # fmt: skip
+    for fn in [forward] + [parsed(methods[k]) for k in sorted(called) if k in methods]:
+        if fn is None or not fn.args.args:
+            continue
+        first = fn.args.args[0].arg
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == first
+            ):
+                return node.attr
+    return None
 
 
 @functools.lru_cache(maxsize=512)

@@ -2410,3 +2410,34 @@ def test_a_tensor_the_graph_reads_replaced_on_the_owner_is_followed():
         out = fused(x.double())
         assert out.dtype == torch.float64
         torch.testing.assert_close(out, model(x.double()), rtol=1e-9, atol=1e-9)
+
+
+class _WritesSelf(nn.Module):
+    """An MLP whose forward keeps a call counter that its output depends on."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self._count()
+        return self.fc2(self.act(self.fc1(x))) * (self.calls % 2)
+
+    def _count(self):
+        self.calls = self.calls + 1
+
+
+def test_a_forward_that_writes_to_self_is_not_traced():
+    # (review, session 33) fx ran the write once while tracing (the model's counter moved) and the
+    # graph never again: the fused model's outputs followed a frozen counter. Such a forward
+    # (here through a method it calls) is not traced; its children are searched instead.
+    torch.manual_seed(63)
+    model = _UntraceableBlocks([_WritesSelf()]).eval()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert not rep.fused and fused.mlps[0].calls == 0
+    assert any("assigns to self.calls (_WritesSelf)" in n for n in rep.notes), rep.notes
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
