@@ -449,6 +449,7 @@ def _check_training_mode(
             for m, mode in modes.items():
                 m.training = mode
 
+    # the other uniform mode; with mixed modes, each uniform mode
     others = [lambda m: not modes[m]] if uniform else [lambda m: False, lambda m: True]
     same = True
     for mode_of in others:
@@ -466,7 +467,7 @@ def _check_training_mode(
     if mode_guard:
         # root's flag kept, every other module's flipped (and, with mixed modes, set to each
         # uniform mode too): the same graph each time, so root's flag alone decides
-        variants = [lambda m: not modes[m]] + ([] if uniform else [lambda m: False, lambda m: True])
+        variants = [lambda m: not modes[m]] + ([] if uniform else others)
         try:
             held = all(
                 _graph_signature(trace_with(lambda m, v=v: modes[m] if m is root else v(m)))
@@ -503,20 +504,33 @@ def _same_scalar(a, b) -> bool:
     return type(a) is type(b) and type(a) in _SCALARS and a == b
 
 
-def _read_attributes(owner: nn.Module, all_leaves: bool = False) -> tuple:
-    """(module, name, value) of each plain attribute (not a module, parameter or tensor) that the
-    forward of `owner`, or of a module in it that fx traces into (none below a leaf; with
-    `all_leaves` only the owner), may read: names loaded from `self` anywhere in the module's
-    methods (a helper the forward calls too), or all its plain attributes where its methods use
-    `self` otherwise (passed on, aliased, `getattr(self, name)`) or cannot be read; a name the
-    instance does not have yet (a class default) as _MISSING. fx takes such a value as a
-    constant of the graph (`x * self.alpha`, `if self.use_bias:`); a later change is seen by
-    identity, or equality for scalars (_FusedForward._children_changed)."""
+def _traced_modules(root: nn.Module, all_leaves: bool):
+    """root and the modules in it whose forwards fx traces into (none below a leaf; with
+    `all_leaves` root alone): the code a trace of root runs once and takes as its graph."""
     tracer = _Tracer(all_leaves)
-    out = []
-    stack = [owner]
+    stack = [root]
     while stack:
         m = stack.pop()
+        yield m
+        if not all_leaves:
+            stack += [
+                c
+                for n, c in m._modules.items()
+                if c is not None and not tracer.is_leaf_module(c, n)
+            ]
+
+
+def _read_attributes(owner: nn.Module, all_leaves: bool = False) -> tuple:
+    """(module, name, value) of each plain attribute (not a module, parameter or tensor) that the
+    forward of `owner`, or of a module it traces into, may read: names loaded from `self`
+    anywhere in the module's methods (a helper the forward calls too), or all its plain
+    attributes where its methods use `self` otherwise (passed on, aliased, `getattr(self,
+    name)`) or cannot be read; a name the instance does not have yet (a class default) as
+    _MISSING. fx takes such a value as a constant of the graph (`x * self.alpha`, `if
+    self.use_bias:`); a later change is seen by identity, or equality for scalars
+    (_FusedForward._children_changed)."""
+    out = []
+    for m in _traced_modules(owner, all_leaves):
         reads = _self_reads(type(m))
         state = m.__dict__
         names = reads if reads is not None else [k for k in state if k not in _NOT_READ]
@@ -524,13 +538,8 @@ def _read_attributes(owner: nn.Module, all_leaves: bool = False) -> tuple:
             if key in _NOT_READ or key in m._modules or key in m._parameters or key in m._buffers:
                 continue
             value = state.get(key, _MISSING)
-            if isinstance(value, (nn.Module, torch.Tensor)):
-                continue
-            out.append((m, key, value))
-        if not all_leaves:
-            for name, child in m._modules.items():
-                if child is not None and not tracer.is_leaf_module(child, name):
-                    stack.append(child)
+            if not isinstance(value, (nn.Module, torch.Tensor)):
+                out.append((m, key, value))
     return tuple(out)
 
 
@@ -544,7 +553,7 @@ def _graph_tensors(owner: nn.Module, graph: fx.GraphModule) -> tuple:
         path, _, name = str(node.target).rpartition(".")
         try:
             module = owner.get_submodule(path)
-            tensor = graph.get_submodule(path).__getattr__(name) if path else getattr(graph, name)
+            tensor = getattr(graph.get_submodule(path), name)
         except AttributeError:
             continue
         if not isinstance(tensor, torch.Tensor):
@@ -557,79 +566,27 @@ def _graph_tensors(owner: nn.Module, graph: fx.GraphModule) -> tuple:
 
 
 def _self_write(root: nn.Module, all_leaves: bool) -> str | None:
-    """`Class.attr` where the forward of `root`, or of a module it traces into, assigns to an
-    attribute of its own (`self.calls += 1`, a cache): fx runs that Python once while tracing
-    and the graph never again, so the fused model would not keep it up (and the outputs that
-    depend on it would be wrong). None where none does."""
-    tracer = _Tracer(all_leaves)
-    stack = [root]
-    while stack:
-        m = stack.pop()
+    """`self.attr (Class)` where the forward of `root`, or of a module it traces into, assigns to
+    an attribute of its own (`self.calls += 1`, a cache): fx runs that Python once while
+    tracing and the graph never again, so the fused model would not keep it up (and the outputs
+    that depend on it would be wrong). None where none does."""
+    for m in _traced_modules(root, all_leaves):
         written = _forward_writes(type(m))
         if written:
             return f"self.{written} ({type(m).__name__})"
-        if not all_leaves:
-            stack += [
-                c
-                for n, c in m._modules.items()
-                if c is not None and not tracer.is_leaf_module(c, n)
-            ]
     return None
 
 
-@functools.lru_cache(maxsize=512)
-def _forward_writes(cls: type) -> str | None:
-    """The first attribute of `self` that `cls.forward`, or a method of the class it calls as
-    `self.<method>(...)`, assigns to (outside torch's own classes); None where none does or the
-    source cannot be read."""
-    methods = {}
-    for klass in reversed(cls.__mro__):
-        if klass is object or klass.__module__.split(".")[0] == "torch":
-            continue
-        methods.update({k: v for k, v in vars(klass).items() if inspect.isfunction(v)})
-    if "forward" not in methods:
-        return None
-
-    def parsed(fn):
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        except (OSError, TypeError, SyntaxError, IndentationError):
-            return None
-        node = tree.body[0] if tree.body else None
-        ok = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.args
-        return node if ok else None
-
-    forward = parsed(methods["forward"])
-    if forward is None:
-        return None
-    me = forward.args.args[0].arg
-    called = {
-        n.func.attr for n in ast.walk(forward)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-        and isinstance(n.func.value, ast.Name) and n.func.value.id == me
-    }  # fmt: skip
-    for fn in [forward] + [parsed(methods[k]) for k in sorted(called) if k in methods]:
-        if fn is None or not fn.args.args:
-            continue
-        first = fn.args.args[0].arg
-        for node in ast.walk(fn):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == first
-            ):
-                return node.attr
-    return None
+# Methods a forward never calls (their reads and writes do not reach a traced graph)
+_NOT_CALLED = ("__init__", "extra_repr")
 
 
-@functools.lru_cache(maxsize=512)
-def _self_reads(cls: type) -> frozenset | None:
-    """The attribute names a method of `cls` (or of a base class outside torch) loads from its
-    first argument (`self.alpha`, `getattr(self, "alpha")`); None where a method's source cannot
-    be read. Each method is read from its own code object's lines (a class's source is found
-    by its name, and a file may define two classes of one name)."""
-    names: set[str] = set()
+def _own_methods(cls: type) -> list | None:
+    """(name, function) of every method of `cls` and of its bases outside torch, overridden ones
+    too (a subclass's forward may call its base's through super()); a property by its getter.
+    None where one is a callable that is no plain function (a lambda's or a wrapper's source
+    cannot be read as a method)."""
+    methods = []
     for klass in cls.__mro__:
         if klass is object or klass.__module__.split(".")[0] == "torch":
             continue
@@ -638,55 +595,100 @@ def _self_reads(cls: type) -> frozenset | None:
                 member = member.__func__
             elif isinstance(member, property):
                 member = member.fget
-            if key in ("__init__", "extra_repr"):
-                continue  # (never called by a forward)
-            if not inspect.isfunction(member):
-                if callable(member) and not isinstance(member, type):
-                    return None  # (a callable that is no plain function: not read)
-                continue
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(member)))
-            except (OSError, TypeError, SyntaxError, IndentationError):
+            if inspect.isfunction(member):
+                methods.append((key, member))
+            elif callable(member) and not isinstance(member, type):
                 return None
-            fn = tree.body[0] if tree.body else None
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return None  # (a lambda assigned as a method, ...)
-            if not fn.args.args:
-                continue
-            me = fn.args.args[0].arg
-            plain = set()  # the Name nodes of `self.<attr>` and `getattr(self, "<attr>")`
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                    plain.add(id(node.value))
-                elif (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id == "getattr"
-                    and len(node.args) >= 2
-                    and isinstance(node.args[1], ast.Constant)
-                ):
-                    plain.add(id(node.args[0]))
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Name) and node.id == me and id(node) not in plain:
-                    return None  # (self passed on, aliased, subscripted: every attribute)
-            for node in ast.walk(fn):
-                if (
-                    isinstance(node, ast.Attribute)
-                    and isinstance(node.ctx, ast.Load)
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id == me
-                ):
-                    names.add(node.attr)
-                elif (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id == "getattr"
-                    and len(node.args) >= 2
-                    and isinstance(node.args[0], ast.Name)
-                    and node.args[0].id == me
-                    and isinstance(node.args[1], ast.Constant)
-                ):
-                    names.add(str(node.args[1].value))
+    return methods
+
+
+def _method_tree(fn) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """fn's own source as a function definition (read from its code object's lines: a class's
+    source is found by its name, and a file may define two classes of one name), or None."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    node = tree.body[0] if tree.body else None
+    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def _self_uses(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set, set, set, bool]:
+    """What `fn` does with its first argument (`self`): the attribute names it loads (as
+    `self.x` or `getattr(self, "x")`), those it assigns to, the methods it calls on it, and
+    whether it uses `self` otherwise (passed on, aliased, subscripted)."""
+    loads, stores, calls = set(), set(), set()
+    if not fn.args.args:
+        return loads, stores, calls, False
+    me = fn.args.args[0].arg
+    plain = set()  # the Name nodes of those attribute uses
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == me:
+                plain.add(id(node.value))
+                (stores if isinstance(node.ctx, ast.Store) else loads).add(node.attr)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == me
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            plain.add(id(node.args[0]))
+            loads.add(str(node.args[1].value))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == me
+        ):
+            calls.add(node.func.attr)
+    other = any(
+        isinstance(node, ast.Name) and node.id == me and id(node) not in plain
+        for node in ast.walk(fn)
+    )
+    return loads, stores, calls, other
+
+
+@functools.lru_cache(maxsize=512)
+def _forward_writes(cls: type) -> str | None:
+    """The first attribute of `self` that a forward of `cls` (its bases' too), or a method of
+    the class it calls as `self.<method>(...)`, assigns to (outside torch's own classes); None
+    where none does or the source cannot be read."""
+    methods = _own_methods(cls) or []
+    trees = [t for k, fn in methods if k == "forward" and (t := _method_tree(fn)) is not None]
+    stores, calls = set(), set()
+    for tree in trees:
+        _, written, called, _ = _self_uses(tree)
+        stores |= written
+        calls |= called
+    for key, fn in methods:
+        if key in calls and key not in _NOT_CALLED and (tree := _method_tree(fn)) is not None:
+            stores |= _self_uses(tree)[1]
+    return min(stores) if stores else None
+
+
+@functools.lru_cache(maxsize=512)
+def _self_reads(cls: type) -> frozenset | None:
+    """The attribute names a method of `cls` (or of a base class outside torch) loads from its
+    first argument (`self.alpha`, `getattr(self, "alpha")`); None where a method's source cannot
+    be read or uses `self` otherwise (then every attribute counts)."""
+    methods = _own_methods(cls)
+    if methods is None:
+        return None
+    names: set[str] = set()
+    for key, member in methods:
+        if key in _NOT_CALLED:
+            continue
+        fn = _method_tree(member)
+        if fn is None:
+            return None
+        loads, _, _, other = _self_uses(fn)
+        if other:
+            return None
+        names |= loads
     return frozenset(names)
 
 
@@ -1126,13 +1128,16 @@ def _find_chains(gm: fx.GraphModule, ctx: _Context, prefix: str) -> list[_Chain]
             ctx.lone.setdefault(_label(node, prefix), why)
             continue
         if n < ctx.min_layers:
-            reason = f"a chain of {n} Linear(s), fewer than min_layers={ctx.min_layers}"
-            ctx.skip(_label(node, prefix), reason)
+            ctx.skip(_label(node, prefix), _too_short(n, ctx))
             continue
         consumed.update(chain.nodes)
         chains.append(chain)
     chains += _conv1d_gelus(gm, consumed, ctx, prefix)
     return chains
+
+
+def _too_short(n: int, ctx: _Context) -> str:
+    return f"a chain of {n} Linear(s), fewer than min_layers={ctx.min_layers}"
 
 
 def _conv1d_gelus(gm: fx.GraphModule, consumed: set, ctx: _Context, prefix: str) -> list[_Chain]:
@@ -1151,8 +1156,7 @@ def _conv1d_gelus(gm: fx.GraphModule, consumed: set, ctx: _Context, prefix: str)
             ctx.skip(_label(node, prefix), problem)
             continue
         if ctx.min_layers > 1:
-            reason = f"a chain of 1 Linear(s), fewer than min_layers={ctx.min_layers}"
-            ctx.skip(_label(node, prefix), reason)
+            ctx.skip(_label(node, prefix), _too_short(1, ctx))
             continue
         user = _single_user(node)
         act = _activation_of(gm, user, node) if user is not None else None
