@@ -80,6 +80,7 @@ from .nn import (
     module_activation,
     traced_rows_bucket,
 )
+from .runtime import route
 
 # torch.nn.functional.relu is F.relu; Tensor.relu() is a call_method node, handled apart.
 _FUNCTION_ACTIVATIONS = {torch.relu: "relu", F.relu: "relu", F.silu: "silu", F.gelu: "gelu"}
@@ -2348,10 +2349,7 @@ def _input_mlp_compiled_path(
 
 _input_mlp_compiled_path._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _is_compiling = torch.compiler.is_compiling
-# torch.fx.symbolic_trace under way (not torch.export; fx's is_fx_tracing() logs a warning)
-_is_fx_tracing = getattr(fx._symbolic_trace, "is_fx_symbolic_tracing", None) or (
-    lambda: fx._symbolic_trace._is_fx_tracing_flag and not _is_compiling()
-)
+_is_fx_tracing = route.is_fx_tracing
 _is_grad_enabled = torch.is_grad_enabled
 _clears = autotune.clears
 _choice_changes = module_choice.changes

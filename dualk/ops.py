@@ -98,7 +98,7 @@ def _check_before_op(backend, check, *args) -> None:
 
 
 _Proxy = torch.fx.Proxy
-_fx_trace_state = torch.fx._symbolic_trace  # (its _is_fx_tracing_flag: a trace under way)
+_is_fx_tracing = route.is_fx_tracing
 
 
 def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
@@ -107,7 +107,7 @@ def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
     leaf function, so the traced module calls dualk as the module did; else None. (Without it
     the trace ran into the operator with Proxies and raised.) A tensor x outside a trace: one
     flag read (calls that autograd records come this way too)."""
-    if type(operands[0]) is _Tensor and not getattr(_fx_trace_state, "_is_fx_tracing_flag", True):
+    if type(operands[0]) is _Tensor and not _is_fx_tracing():
         return None  # (a Proxy made by hand, outside a trace, comes as x: looked for below)
     for t in operands:
         if isinstance(t, _Proxy):

@@ -24,6 +24,11 @@ is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", is_compilin
 # frozen as constants), so traced calls take the registered op, which the trace records.
 is_tracing = torch._C._is_tracing
 _TENSOR_OR_PROXY = (torch.Tensor, torch.fx.Proxy)
+# torch.fx.symbolic_trace under way, not torch.compile / export (fx's is_fx_tracing() logs a
+# warning on its first call and answers True under export too)
+is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None) or (
+    lambda: torch.fx._symbolic_trace._is_fx_tracing_flag and not is_compiling()
+)
 is_grad_enabled = torch.is_grad_enabled
 _is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 # torch < 2.13 answers is_exporting() True inside torch.compile's Dynamo trace too (seen on
