@@ -173,6 +173,14 @@ def _batch_seq(size: str) -> tuple[int, int]:
     return (8, 512) if _gpu(size) else (2, 16)
 
 
+def _token_model(model_cls, config, device, dtype, size: str) -> Built:
+    """A transformers model built from `config` on `device` in eval() and `dtype`, called on
+    token ids (_batch_seq of them) from its vocabulary."""
+    with device:
+        model = model_cls(config)
+    return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), config.vocab_size, device))
+
+
 def _bert(device, dtype, size) -> Built:
     from transformers import BertConfig, BertModel
 
@@ -187,9 +195,7 @@ def _bert(device, dtype, size) -> Built:
         hidden_dropout_prob=0.0,  # train mode then computes what eval does: outputs comparable
         attention_probs_dropout_prob=0.0,
     )
-    with device:
-        model = BertModel(config)
-    return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), config.vocab_size, device))
+    return _token_model(BertModel, config, device, dtype, size)
 
 
 def _gpt2(device, dtype, size) -> Built:
@@ -209,9 +215,7 @@ def _gpt2(device, dtype, size) -> Built:
         bos_token_id=vocab - 1,
         eos_token_id=vocab - 1,
     )
-    with device:
-        model = GPT2Model(config)
-    return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), vocab, device))
+    return _token_model(GPT2Model, config, device, dtype, size)
 
 
 def _starcoder2(device, dtype, size) -> Built:
@@ -235,9 +239,7 @@ def _starcoder2(device, dtype, size) -> Built:
         bos_token_id=vocab - 1,
         eos_token_id=vocab - 1,
     )
-    with device:
-        model = Starcoder2Model(config)
-    return Built(model.to(dtype).eval(), _tokens(*_batch_seq(size), vocab, device))
+    return _token_model(Starcoder2Model, config, device, dtype, size)
 
 
 def _llama_sizes(size: str) -> dict:
