@@ -1848,6 +1848,15 @@ def test_in_model_check_is_dropped_when_timing_is_switched_off(measured, monkeyp
     assert all(f.audit is None and not f.audits for f in forwards)
 
 
+def _fused_runs(modules) -> list:
+    """The FusedMLPs among `modules` as they run: each call appends the module to the list."""
+    runs: list = []
+    for m in modules:
+        if isinstance(m, FusedMLP):
+            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    return runs
+
+
 class _DropoutTailMlp(nn.Module):
     """Starcoder2's / MPT's MLP: its forward ends in F.dropout(..., training=self.training),
     so its graph differs between train() and eval(); `tail` a module the forward traces into
@@ -1898,10 +1907,7 @@ def test_a_forward_reading_its_own_training_flag_is_fused_for_the_mode_it_was_fu
     assert (
         sum(f"in {fused_in}() mode (its forward reads self.training" in n for n in rep.notes) == 2
     )
-    runs = []
-    for m in fused.modules():
-        if isinstance(m, FusedMLP):
-            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    runs = _fused_runs(fused.modules())
     x = torch.randn(4, 8)
     for mode in ("eval", "train", "eval", "train"):
         for m in (model, fused):
@@ -1948,10 +1954,7 @@ def test_real_transformers_mlps_that_read_their_training_flag_are_fused():
     for mlp, args in ((starcoder, 1), (bloom, 2)):
         mlp.eval()
         fused_mlp = fuse(copy.deepcopy(mlp))
-        runs = []
-        for m in fused_mlp.modules():
-            if isinstance(m, FusedMLP):
-                m.register_forward_pre_hook(lambda mod, a, runs=runs: runs.append(mod))
+        runs = _fused_runs(fused_mlp.modules())
         xs = [torch.randn(2, 3, 16) for _ in range(args)]
         with torch.no_grad():
             torch.testing.assert_close(fused_mlp(*xs), mlp(*xs), rtol=1e-5, atol=1e-6)
@@ -2150,10 +2153,7 @@ def test_a_training_flag_reader_whose_chains_lie_in_its_children_fuses_those_in_
     model = _UntraceableBlocks([_DropoutOverMlp(), _DropoutOverMlp()]).train()
     fused, rep = fuse(model, report=True)
     assert len(rep.fused) == 2 and not any("in train() mode" in n for n in rep.notes), rep
-    runs = []
-    for m in fused.modules():
-        if isinstance(m, FusedMLP):
-            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    runs = _fused_runs(fused.modules())
     x = torch.randn(4, 8)
     for mode in ("train", "eval"):
         model.train(mode == "train"), fused.train(mode == "train")
@@ -2241,10 +2241,7 @@ def test_a_plain_attribute_changed_after_fusing_is_followed():
     torch.manual_seed(58)
     model = _UntraceableBlocks([_LayerScaledMlp(), _LayerScaledMlp()]).eval()
     fused = fuse(copy.deepcopy(model))
-    runs = []
-    for m in fused.modules():
-        if isinstance(m, FusedMLP):
-            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    runs = _fused_runs(fused.modules())
     x = torch.randn(4, 8)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
@@ -2302,10 +2299,7 @@ def test_attributes_read_privately_by_default_or_through_a_helper_are_followed()
     fused = fuse(copy.deepcopy(model))
     loaded = pickle.loads(pickle.dumps(fused))
     assert not any(_fused_forward(b)._children_changed() for b in loaded.mlps)
-    runs = []
-    for m in fused.modules():
-        if isinstance(m, FusedMLP):
-            m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    runs = _fused_runs(fused.modules())
     x = torch.randn(4, 8)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
@@ -2363,9 +2357,7 @@ def test_a_sequential_fused_with_leaf_children_ignores_their_attributes():
     model = _UntraceableBlocks([seq]).eval()
     fused = fuse(copy.deepcopy(model))
     assert _fused_forward(fused.mlps[0]).attributes == ()
-    runs = []
-    for m in _fused_forward(fused.mlps[0]).fused:  # (a container's are not its submodules)
-        m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
+    runs = _fused_runs(_fused_forward(fused.mlps[0]).fused)  # (a container's: not submodules)
     x = torch.randn(4, 8)
     with torch.no_grad():
         for _ in range(3):
