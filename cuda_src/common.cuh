@@ -75,6 +75,19 @@ __device__ __forceinline__ float silu_fast(float v) {
   return v * r;
 }
 
+// silu for bf16 outputs through one MUFU.TANH: v sigmoid(v) = h + h tanh(h), h = v / 2 (exact
+// identity). Half silu_fast's MUFU work (ex2 + rcp), which bounds linear_glu's Hopper epilogue
+// (both consumer warpgroups run it while the tensor cores idle; experiments/NOTES-linear-glu.md,
+// session 34). tanh.approx's error (relative ~2^-11) makes an absolute error up to ~|v| 2^-12,
+// as gelu_tanh_fast's: about one bf16 rounding where silu is small (v near -3: ~7e-4 on -0.142),
+// so bf16 only; fp16 keeps silu_fast. silu(-inf) = -inf + inf = NaN, as in torch.
+__device__ __forceinline__ float silu_tanh_fast(float v) {
+  const float h = 0.5f * v;
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(h));
+  return fmaf(h, t, h);
+}
+
 // tanh-gelu for 16-bit outputs: h + h tanh(z), h = v / 2, z = v (sqrt(2/pi) + sqrt(2/pi) 0.044715
 // v^2), with tanh from one MUFU.TANH (tanh.approx.f32, relative error about 2^-11; as the Triton
 // backend's TMA epilogue). Was v / (1 + 2^(-2z log2 e)): ex2 and a reciprocal, two MUFU ops

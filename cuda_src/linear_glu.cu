@@ -184,11 +184,13 @@ struct Sm90Params {
   int c_tma;  // tmap_c is valid (kTmaStore configs only)
 };
 
-// The Hopper epilogue's activation (16-bit outputs only): the fast tanh-gelu and silu, one or two
-// MUFU ops each (common.cuh says what they cost in accuracy); both consumer warpgroups run the
-// epilogue while the tensor cores idle, so its instructions count.
-template <Activation kAct> __device__ __forceinline__ float gate_activation(float v) {
-  if constexpr (kAct == Activation::kSilu)
+// The Hopper epilogue's activation (16-bit outputs only): the fast tanh-gelu and silu, one MUFU op
+// each (silu two for fp16; common.cuh says what they cost in accuracy); both consumer warpgroups
+// run the epilogue while the tensor cores idle, so its instructions count.
+template <typename T, Activation kAct> __device__ __forceinline__ float gate_activation(float v) {
+  if constexpr (kAct == Activation::kSilu && std::is_same_v<T, __nv_bfloat16>)
+    return silu_tanh_fast(v);
+  else if constexpr (kAct == Activation::kSilu)
     return silu_fast(v);
   else
     return apply_activation_16bit<kAct>(v);
@@ -338,7 +340,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           u0 += ok0 ? bias_at<T>(p.bias_up, col0 + col) : 0.f;
           u1 += ok1 ? bias_at<T>(p.bias_up, col0 + col + 1) : 0.f;
         }
-        return make_float2(gate_activation<kAct>(g0) * u0, gate_activation<kAct>(g1) * u1);
+        return make_float2(gate_activation<T, kAct>(g0) * u0, gate_activation<T, kAct>(g1) * u1);
       };
       if constexpr (Cfg::kTmaStore) {
         if (p.c_tma) {
