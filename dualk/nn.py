@@ -727,7 +727,12 @@ class _InferencePlan:
             return
         activation, backend = module.kernel_activation, module.backend
         args = (x, weights, biases, activation)
-        expires = None
+        # The module's own path choice (module_choice) still provisional: the plan expires with
+        # it, and no C++ fast path, so a full call asks again when it is due. A plan that never
+        # expired served every later call without asking, the choice stayed provisional for
+        # good and fuse's in-model check never started (an H200 GPU test, session 34).
+        memo = module.__dict__.get("_choice_memo") if backend == "auto" else None
+        expires = memo[2] if memo is not None else None
         if original:
             name = "original"
         elif backend == "auto":
@@ -741,7 +746,8 @@ class _InferencePlan:
                 name = autotune.provisional_winner(_FUSED_MLP_SPEC, args)
                 if name is None:  # a heuristic answer (not remembered): keep taking the full call
                     return
-                expires = _monotonic() + PROVISIONAL_PLAN_S
+                due = _monotonic() + PROVISIONAL_PLAN_S
+                expires = due if expires is None else min(expires, due)
         else:
             name = backend
         if name not in ("torch", "original") and operators.mlp_fallback_reason(name, x, weights):

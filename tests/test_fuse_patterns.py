@@ -589,6 +589,33 @@ def test_choice_made_while_a_backend_builds_is_provisional(measured, monkeypatch
     assert entry["source"] == "cache"
 
 
+def test_a_provisional_fused_choice_is_asked_again_once_due(measured, monkeypatch):
+    # The module's choice "fused" while provisional (a backend building), the operator's own
+    # decision final: the inference plan made from that call must expire with the choice. A plan
+    # that never expired served every later call, the choice stayed provisional for good, and
+    # fuse's in-model check (which waits for final choices) never started (H200, session 34).
+    costs, timed = measured
+    costs.update(fused=5.0, original=10.0)
+    from dualk import nn as dnn
+
+    monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: True)
+    monkeypatch.setattr(autotune, "build_generation", lambda poll=False: 3)
+    clock = [800.0]
+    monkeypatch.setattr(module_choice, "_clock", lambda: clock[0])
+    monkeypatch.setattr(dnn, "_monotonic", lambda: clock[0])
+    model = FusedMLP((8, 11, 7))  # (a class no other test's cache file holds)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        ref = model(x)
+        assert dnn.choice_final(model) is None and model.__dict__["_last_path"] == "fused"
+        monkeypatch.setattr(module_choice, "_op_provisional", lambda *a: False)
+        clock[0] += module_choice.RECHECK_S + 0.01
+        for _ in range(3):
+            assert torch.equal(model(x), ref)
+        assert dnn.choice_final(model) == "fused"
+    assert "_fast" not in model.__dict__  # (no C++ plan on a CPU: the Python plan served)
+
+
 def test_provisional_choice_is_measured_again_on_a_clock(measured, monkeypatch):
     # No build generation moves (the operator's missing backend arrived without one, or its
     # decision became final on a later call): the provisional choice is still measured again,
