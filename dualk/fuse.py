@@ -308,7 +308,7 @@ class _Tracer(fx.Tracer):
     """fx's tracer, with dualk's modules as leaves (fuse() of a fused model works) and dualk's
     public ops recorded as calls when a forward calls them by a global name."""
 
-    def __init__(self, all_leaves: bool = False):
+    def __init__(self, all_leaves: bool = False, own_forward=None):
         funcs = (
             ops.add,
             ops.relu_scale,
@@ -319,6 +319,25 @@ class _Tracer(fx.Tracer):
         )
         super().__init__(autowrap_functions=funcs)
         self.all_leaves = all_leaves
+        # (_own_forward's function: traced in place of the class's wrapped forward, its
+        # **kwargs as none given)
+        self.own_forward = own_forward
+
+    def trace(self, root, concrete_args=None):  # type: ignore[override]
+        fn = self.own_forward
+        if fn is None:
+            return super().trace(root, concrete_args)
+        cls = type(root)
+        concrete = dict(concrete_args or {})
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                concrete["**" + p.name] = {}
+        root.__class__ = _unwrapped_class(cls, fn)  # (fx traces type(root).forward)
+        try:
+            graph = super().trace(root, concrete)
+        finally:
+            root.__class__ = cls
+        return _plain_codegen(graph)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if self.all_leaves:
@@ -331,23 +350,81 @@ class _Tracer(fx.Tracer):
         )
 
 
-def _trace(root: nn.Module, all_leaves: bool = False, mode_guard: bool = False) -> fx.GraphModule:
+# Wrappers of a forward (functools.wraps) that _own_forward looks through, by the file that
+# defines them: transformers' gradient-checkpointing wrapper of every layer (it acts only where
+# the layer checkpoints: _FusedForward.accepts sends those calls to the class's forward) and its
+# deprecated-keyword renames (a call by an old name is a keyword the graph does not accept).
+_KNOWN_WRAPPERS = ("transformers/modeling_layers.py", "transformers/utils/deprecation.py")
+_UNWRAPPED: dict = {}  # (class, function) -> a subclass whose forward is the function
+
+
+def _own_forward(cls: type):
+    """The function of cls.forward under the _KNOWN_WRAPPERS around it (itself where none), or
+    None where another wrapper is there (what it does to a call is unknown)."""
+    fn = cls.forward
+    while hasattr(fn, "__wrapped__"):
+        code = getattr(fn, "__code__", None)
+        where = "" if code is None else code.co_filename.replace("\\", "/")
+        if not where.endswith(_KNOWN_WRAPPERS):
+            return None
+        fn = fn.__wrapped__
+    return fn if inspect.isfunction(fn) else None
+
+
+def _unwrapped_class(cls: type, fn) -> type:
+    """A subclass of cls whose forward is fn, for one trace (the instance's class is set back
+    after). Set after the class is made: transformers' layers wrap a subclass's forward again."""
+    key = (cls, fn)
+    sub = _UNWRAPPED.get(key)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {"__module__": cls.__module__})
+        sub.forward = fn
+        _UNWRAPPED[key] = sub
+    return sub
+
+
+def _plain_codegen(graph: fx.Graph) -> fx.Graph:
+    """graph with fx's plain code generation where a trace with concrete arguments made the
+    pytree one (a **kwargs traced as {} flattens to nothing): the forward then takes the
+    placeholders by name, as the class's did, without flattening its arguments on every call."""
+    codegen = graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is None:
+        return graph
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    if info.out_spec is not None:
+        flat = out.args[0]
+        out.args = (torch.utils._pytree.tree_unflatten(list(flat), info.out_spec),)
+    graph._codegen = fx.graph.CodeGen()
+    return graph
+
+
+def _trace(
+    root: nn.Module, all_leaves: bool = False, mode_guard: bool = False, own: bool = False
+) -> fx.GraphModule:
     """root's forward as one fx graph; raises where one graph cannot stand for it. With
     `mode_guard` (a submodule fused in place, whose class forward runs the other mode), a
     forward whose graph depends on its own `self.training` only is traced in its current mode,
-    recorded as the GraphModule's meta["dualk_mode"] (_check_training_mode)."""
+    recorded as the GraphModule's meta["dualk_mode"] (_check_training_mode). With `own`, the
+    forward's own function under known wrappers (_own_forward) with any **kwargs as none given:
+    meta["dualk_accepts"] says which calls the graph serves (_FusedForward.accepts)."""
+    fn = None
+    if own:
+        fn = _own_forward(type(root))
+        if fn is None:
+            raise _TraceCannotHold("its forward is wrapped by a function fuse does not know")
     written = _self_write(root, all_leaves)
     if written is not None:  # (checked before tracing: the trace would run the write once)
         raise _TraceCannotHold(
             f"its forward assigns to {written}, which a traced graph would not repeat"
         )
-    tracer = _Tracer(all_leaves)
+    tracer = _Tracer(all_leaves, fn)
     graph = tracer.trace(root)
     attributes = set(vars(root))
     mode = None
     try:
-        _check_none_defaults(root, graph, all_leaves)
-        mode = _check_training_mode(root, graph, all_leaves, mode_guard)
+        _check_none_defaults(root, graph, all_leaves, fn)
+        mode = _check_training_mode(root, graph, all_leaves, mode_guard, fn)
     finally:  # the check traces' tensor constants, set on the root as each trace names them
         for name in set(vars(root)) - attributes:
             if name.startswith("_tensor_constant"):
@@ -357,6 +434,13 @@ def _trace(root: nn.Module, all_leaves: bool = False, mode_guard: bool = False) 
         gm.meta["dualk_mode"] = mode
     if all_leaves:  # (what the trace read: the root's forward alone)
         gm.meta["dualk_all_leaves"] = True
+    if fn is not None:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        named = [p for p in params if p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
+        positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+        checkpoints = fn is not type(root).forward and hasattr(root, "gradient_checkpointing")
+        gm.meta["dualk_accepts"] = (frozenset(p.name for p in named), positional, checkpoints)
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
         if name.startswith("_tensor_constant"):
@@ -402,7 +486,7 @@ def _forward_parameters(root: nn.Module) -> list[inspect.Parameter]:
         return []
 
 
-def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> None:
+def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool, fn=None) -> None:
     """Raises where the forward computes otherwise when an argument that defaults to None is
     omitted (`if mask is not None:`): fx traces the argument as given, so the one graph would
     fail or compute otherwise without it. Compared with a trace where those arguments are None
@@ -412,7 +496,7 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> 
     if not optional:
         return
     try:
-        as_none = _Tracer(all_leaves).trace(root, concrete_args=dict.fromkeys(optional))
+        as_none = _Tracer(all_leaves, fn).trace(root, concrete_args=dict.fromkeys(optional))
     except Exception:
         return
     if _graph_signature(as_none, optional) != _graph_signature(graph, optional):
@@ -423,7 +507,7 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool) -> 
 
 
 def _check_training_mode(
-    root: nn.Module, graph: fx.Graph, all_leaves: bool, mode_guard: bool = False
+    root: nn.Module, graph: fx.Graph, all_leaves: bool, mode_guard: bool = False, fn=None
 ) -> bool | None:
     """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
     self.training:`): fx would freeze the mode the model had when fused. Compared with a trace
@@ -445,7 +529,7 @@ def _check_training_mode(
         try:
             for m in modes:
                 m.training = mode_of(m)
-            return _Tracer(all_leaves).trace(root)
+            return _Tracer(all_leaves, fn).trace(root)
         finally:
             for m, mode in modes.items():
                 m.training = mode
@@ -1484,6 +1568,11 @@ class _FusedForward:
     # (_check_training_mode: Starcoder2's MLP); in the other mode the class's forward runs. None
     # where the graph holds in both.
     mode: bool | None = None
+    # Where the graph is a trace of the owner's own function under its wrappers with **kwargs
+    # as none given (an untraceable transformers layer: _trace's `own`): (the keyword names it
+    # takes, how many positional arguments, whether the owner may checkpoint); a call outside
+    # them, or while transformers' wrapper would checkpoint, runs the class's forward. Else None.
+    accepts: tuple | None = None
 
     def __init__(
         self,
@@ -1495,6 +1584,7 @@ class _FusedForward:
     ):
         self.owner, self.graph, self.original, self.pool = owner, graph, original, pool
         self.mode = graph.meta.get("dualk_mode") if original is None else None
+        self.accepts = graph.meta.get("dualk_accepts") if original is None else None
         self.traced = original if original is not None else traced
         if original is not None:
             self._original_forward()
@@ -1545,6 +1635,9 @@ class _FusedForward:
     def __call__(self, *args, **kwargs):
         if (mode := self.mode) is not None and self.owner.training is not mode:
             # (traced in the other mode: its forward reads self.training)
+            owner = self.owner
+            return type(owner).forward(owner, *args, **kwargs)
+        if (accepts := self.accepts) is not None and not self._accepted(accepts, args, kwargs):
             owner = self.owner
             return type(owner).forward(owner, *args, **kwargs)
         if _is_compiling():
@@ -1660,6 +1753,19 @@ class _FusedForward:
         if not kwargs:
             self.last_original = sig
         return out
+
+    def _accepted(self, accepts: tuple, args: tuple, kwargs: dict) -> bool:
+        """Whether the graph serves this call (accepts)."""
+        names, positional, checkpoints = accepts
+        if len(args) > positional or (kwargs and not names.issuperset(kwargs)):
+            return False
+        owner = self.owner
+        return not (
+            checkpoints
+            and getattr(owner, "gradient_checkpointing", False)
+            and owner.training
+            and _is_grad_enabled()
+        )
 
     @property
     def __code__(self):
@@ -2446,10 +2552,37 @@ def _fuse_child(child: nn.Module, ctx: _Context, path: str) -> None:
                 f"{path} ({type(child).__name__}) is not traceable either ({_first_line(exc)}): "
                 "searched its children"
             )
+            if _fuse_own_forward(child, ctx, path):
+                return
         else:
             _fuse_in_place(child, gm, ctx, path)
             return
     _fuse_untraceable(child, ctx, f"{path}.")
+
+
+def _fuse_own_forward(module: nn.Module, ctx: _Context, path: str) -> bool:
+    """Chains called inline by a forward fx cannot trace into its children (a transformers
+    decoder layer: `fc2(act(fc1(h)))` beside an attention child fx cannot trace, behind the
+    layers' wrappers and `**kwargs`): the forward's own code traced with every child a leaf,
+    under known wrappers, its **kwargs as none given (_trace's `own`); calls it does not serve
+    run the class's forward (_FusedForward.accepts). Then the children are searched as
+    _fuse_untraceable does. False where that trace fails or finds no chain."""
+    before = len(ctx.report.fused)
+    try:
+        gm = _trace(module, all_leaves=True, mode_guard=True, own=True)
+    except Exception:
+        return False
+    if not _find_chains(gm, _Context(ctx.backend, ctx.min_layers, FuseReport()), ""):
+        return False
+    _fuse_in_place(module, gm, ctx, path)
+    if len(ctx.report.fused) == before:
+        return False
+    ctx.report.notes.append(
+        f"{path} ({type(module).__name__}): its own forward traced with its children as leaves; "
+        "calls with other keyword arguments, or while it checkpoints, run its class forward"
+    )
+    _fuse_untraceable(module, ctx, f"{path}.")
+    return True
 
 
 def _fuse_in_place(module: nn.Module, gm: fx.GraphModule, ctx: _Context, path: str) -> None:

@@ -80,6 +80,12 @@ def survey(model_type: str) -> dict:
     row["model"] = type(model).__name__
     try:
         fused, rep = dualk.fuse(model, report=True)
+        runs: list = []  # the fused modules that ran in the call (a fused one may never run:
+        # ALBERT's layers get position_ids through **kwargs, which their fused graph does not take)
+        fused_types = (dualk.nn.FusedMLP, dualk.nn.LinearGELU, dualk.nn.GatedBase)
+        for m in fused.modules():
+            if isinstance(m, fused_types):
+                m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
         with torch.no_grad():
             got = fused(**x)[0]
     except Exception as exc:
@@ -87,6 +93,7 @@ def survey(model_type: str) -> dict:
         return row
     row["max_abs_err"] = float((got - want).abs().max())
     row["fused"] = [f"{c.kind}({'-'.join(map(str, c.widths))}, {c.activation})" for c in rep.fused]
+    row["fused_ran"] = len({id(m) for m in runs})
     row["not_fused"] = len(rep.skipped)
     mlp_words = ("mlp", "ffn", "feed_forward", "intermediate", "fc1", "c_fc", "dense_h_to_4h")
     notes = [n for n in rep.notes if "not traceable" in n and any(w in n for w in mlp_words)]
@@ -116,8 +123,8 @@ def main() -> None:
             continue
         kinds = sorted({f.split("(")[0] for f in row["fused"]})
         why = row["why_not"][0][:150] if row["why_not"] and not row["fused"] else ""
-        print(f"{model_type:16s} fused {len(row['fused']):2d} {','.join(kinds):22s} "
-              f"err {row['max_abs_err']:.1e}  {why}")  # fmt: skip
+        print(f"{model_type:16s} fused {len(row['fused']):2d} ran {row['fused_ran']:2d} "
+              f"{','.join(kinds):22s} err {row['max_abs_err']:.1e}  {why}")  # fmt: skip
     if args.json:
         meta = {
             "date": datetime.date.today().isoformat(), "device": "cpu",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import pickle
 import re
@@ -1875,13 +1876,18 @@ def test_in_model_check_is_dropped_when_timing_is_switched_off(measured, monkeyp
     assert all(f.audit is None and not f.audits for f in forwards)
 
 
-def _fused_runs(modules) -> list:
-    """The FusedMLPs among `modules` as they run: each call appends the module to the list."""
+def _module_runs(modules, types) -> list:
+    """The modules of `types` among `modules` as they run: each call appends the module."""
     runs: list = []
     for m in modules:
-        if isinstance(m, FusedMLP):
+        if isinstance(m, types):
             m.register_forward_pre_hook(lambda mod, args: runs.append(mod))
     return runs
+
+
+def _fused_runs(modules) -> list:
+    """The FusedMLPs among `modules` as they run: each call appends the module to the list."""
+    return _module_runs(modules, FusedMLP)
 
 
 class _DropoutTailMlp(nn.Module):
@@ -1953,16 +1959,26 @@ def test_a_forward_reading_its_own_training_flag_is_fused_for_the_mode_it_was_fu
             assert not torch.equal(outs[0], model.eval()(x)), "dropout dropped nothing in train()"
 
 
-def test_a_forward_whose_traced_child_reads_its_flag_is_not_fused_for_one_mode():
+def test_a_forward_whose_traced_child_reads_its_flag_is_fused_with_that_child_as_a_leaf():
     # The graph depends on a traced-into child's flag, not the owner's: the owner's flag alone
-    # cannot tell which graph holds, so the owner is not fused (as before), and says why.
+    # cannot tell which graph holds, so that trace is refused (and says why). Since session 34
+    # the owner's own code is traced with its children as leaves (_fuse_own_forward): the child
+    # then reads its flag as it runs, so the one graph holds in both modes.
     torch.manual_seed(46)
     model = _UntraceableBlocks([_DropoutTailMlp(tail=_CustomDropout())]).eval()
-    fused, rep = fuse(model, report=True)
-    assert not rep.fused
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert [c.kind for c in rep.fused] == ["FusedMLP"], str(rep)
     assert any("computes otherwise in train() and eval()" in n for n in rep.notes), rep.notes
+    runs = _fused_runs(fused.modules())
     x = torch.randn(4, 8)
-    torch.testing.assert_close(fused(x), model(x))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    fused.train(), model.train()
+    torch.manual_seed(47)
+    want = model(x)
+    torch.manual_seed(47)
+    torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-6)
+    assert len(runs) == 2  # (the fused graph in both modes: the child drops as it runs)
 
 
 def test_real_transformers_mlps_that_read_their_training_flag_are_fused():
@@ -2206,14 +2222,16 @@ _TINY = dict(
 _DROPOUT_OFF = dict(
     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, residual_dropout=0.0, embedding_dropout=0.0,
     attention_dropout=0.0, hidden_dropout=0.0, hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0, dropout=0.0, activation_dropout=0.0,
 )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "model_type, kind",
     [("gpt2", "LinearGELU"), ("starcoder2", "FusedMLP"), ("mpt", "FusedMLP"),
-     ("bloom", "FusedMLP"), ("llama", "LinearGLU"), ("bert", "LinearGELU")],
+     ("bloom", "FusedMLP"), ("llama", "LinearGLU"), ("bert", "LinearGELU"),
+     # (session 34: MLPs inline in a layer fx could not trace, behind wrappers and **kwargs)
+     ("opt", "FusedMLP"), ("biogpt", "LinearGELU")],
 )  # fmt: skip
 def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
     transformers = pytest.importorskip(
@@ -2229,9 +2247,11 @@ def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
     model = transformers.AutoModel.from_config(config).eval()
     fused, rep = fuse(model, report=True)
     assert [c.kind for c in rep.fused] == [kind] * 2, str(rep)
+    runs = _module_runs(fused.modules(), (FusedMLP, LinearGELU, dualk.nn.GatedBase))
     ids = torch.randint(3, 64, (2, 6))
     with torch.no_grad():
         torch.testing.assert_close(fused(input_ids=ids)[0], model(input_ids=ids)[0])
+    assert len(runs) == 2, model_type  # (the fused modules ran, one in each layer)
     model.train(), fused.train()
     outs = [m(input_ids=ids)[0] for m in (model, fused)]
     torch.testing.assert_close(outs[1], outs[0])
@@ -2460,3 +2480,120 @@ def test_a_forward_that_writes_to_self_is_not_traced():
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+class _BranchyAttention(nn.Module):
+    """An attention stand-in fx cannot trace (a branch on a tensor's value) that takes extra
+    keyword arguments, as transformers' attention classes do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, h, mask=None, scale=None, **kwargs):
+        out = self.proj(h) if h.sum() > -1e9 else h
+        return (out if scale is None else out * scale), None
+
+
+class _InlineMlpLayer(nn.Module):
+    """A decoder layer as OPT's: its MLP called inline beside the attention child, its
+    **kwargs passed on to that child."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = _BranchyAttention()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)
+
+    def forward(self, h, mask=None, **kwargs):
+        a, _ = self.attn(h, mask, **kwargs)
+        h = h + a
+        return h + self.fc2(self.act(self.fc1(h)))
+
+
+def _renaming(fn):
+    """A wrapper fuse does not know (it could change any call)."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+class _WrappedInlineMlpLayer(_InlineMlpLayer):
+    forward = _renaming(_InlineMlpLayer.forward)
+
+
+def test_an_mlp_inline_in_an_untraceable_layer_is_fused_and_other_calls_run_the_class_forward():
+    # OPT's, BioGPT's (and XGLM's, BART's...) decoder layers call fc1, the activation and fc2
+    # inline, beside an attention fx cannot trace and behind **kwargs: their models fused
+    # nothing. The layer's own code is traced with its children as leaves and its **kwargs as
+    # none given; a call that passes any runs the class's forward, and a forward behind a
+    # wrapper fuse does not know is left alone.
+    torch.manual_seed(61)
+    model = _UntraceableBlocks([_InlineMlpLayer(), _InlineMlpLayer()]).eval()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert [c.kind for c in rep.fused] == ["FusedMLP"] * 2, str(rep)
+    assert any("its own forward traced" in n for n in rep.notes), str(rep)
+    runs = _fused_runs(fused.modules())
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 2
+        runs.clear()
+        layer, twin = fused.mlps[0], model.mlps[0]
+        torch.testing.assert_close(layer(x, None), twin(x, None), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 1  # (a keyword the trace took: served)
+        for args, kwargs in (((x,), {"scale": 2.0}), ((x,), {"mask": None, "scale": 3.0})):
+            runs.clear()
+            torch.testing.assert_close(
+                layer(*args, **kwargs), twin(*args, **kwargs), rtol=1e-5, atol=1e-6
+            )  # fmt: skip
+            assert runs == []  # (the class's forward: the graph took **kwargs as empty)
+    wrapped = _UntraceableBlocks([_WrappedInlineMlpLayer()]).eval()
+    _, rep = fuse(wrapped, report=True)
+    assert rep.fused == [], str(rep)
+
+
+class _CheckpointingLayer(_InlineMlpLayer):
+    """A layer as transformers' GradientCheckpointingLayer makes them (its forward wrapped by a
+    function of transformers/modeling_layers.py, a `gradient_checkpointing` flag), without
+    dropout: its graph holds in both modes."""
+
+    gradient_checkpointing = False
+
+
+def _checkpointing_wrapper(fn):
+    @functools.wraps(fn)
+    def forward_with_checkpointing(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(fn, self, *args, use_reentrant=False, **kwargs)
+        return fn(self, *args, **kwargs)
+
+    # (fuse knows the wrapper by the file that defines it)
+    code = forward_with_checkpointing.__code__
+    forward_with_checkpointing.__code__ = code.replace(
+        co_filename="/site-packages/transformers/modeling_layers.py"
+    )
+    return forward_with_checkpointing
+
+
+_CheckpointingLayer.forward = _checkpointing_wrapper(_InlineMlpLayer.forward)
+
+
+def test_a_layer_that_checkpoints_runs_its_class_forward():
+    torch.manual_seed(62)
+    model = _UntraceableBlocks([_CheckpointingLayer()]).train()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert [c.kind for c in rep.fused] == ["FusedMLP"], str(rep)
+    runs = _fused_runs(fused.modules())
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+    assert len(runs) == 1
+    runs.clear()
+    fused.mlps[0].gradient_checkpointing = True
+    model.mlps[0].gradient_checkpointing = True
+    out = fused(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
+    assert runs == []  # (transformers' wrapper checkpoints: the class's forward ran)
+    out.sum().backward()
