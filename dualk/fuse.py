@@ -322,6 +322,7 @@ class _Tracer(fx.Tracer):
         # (_own_forward's function: traced in place of the class's wrapped forward, its
         # **kwargs as none given)
         self.own_forward = own_forward
+        self.spread = False  # (trace: the own forward's **kwargs passed on whole to children)
 
     def trace(self, root, concrete_args=None):  # type: ignore[override]
         fn = self.own_forward
@@ -329,15 +330,31 @@ class _Tracer(fx.Tracer):
             return super().trace(root, concrete_args)
         cls = type(root)
         concrete = dict(concrete_args or {})
-        for p in inspect.signature(fn).parameters.values():
-            if p.kind is inspect.Parameter.VAR_KEYWORD:
-                concrete["**" + p.name] = {}
+        varkw = next((p.name for p in inspect.signature(fn).parameters.values()
+                      if p.kind is inspect.Parameter.VAR_KEYWORD), None)  # fmt: skip
+        # (not behind a keyword-renaming wrapper: a call by an old name must reach the wrapper,
+        # which only a call outside the graph's names does)
+        self.spread = (
+            varkw is not None and not _renames_keywords(cls) and _spreads_only(fn, varkw, root)
+        )
+        if varkw is not None and not self.spread:
+            concrete["**" + varkw] = {}
         root.__class__ = _unwrapped_class(cls, fn)  # (fx traces type(root).forward)
         try:
             graph = super().trace(root, concrete)
         finally:
             root.__class__ = cls
+        if self.spread:
+            _splice_spreads(graph, "**" + varkw)
         return _plain_codegen(graph)
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+        if getattr(self, "spread", False) and self.own_forward is not None:
+            # **kwargs as one marked keyword holding its placeholder: each call that spreads it
+            # gets that keyword, which _splice_spreads turns back into a spread of the dict
+            args = [*args[:-1], {_SPREAD_KEY: args[-1]}]
+        return fn, args
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if self.all_leaves:
@@ -371,6 +388,17 @@ def _own_forward(cls: type):
     return fn if inspect.isfunction(fn) else None
 
 
+def _renames_keywords(cls: type) -> bool:
+    """Whether a deprecated-keyword wrapper (transformers.utils.deprecation) is around cls.forward."""
+    fn = cls.forward
+    while hasattr(fn, "__wrapped__"):
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename.replace("\\", "/").endswith(_KNOWN_WRAPPERS[1]):
+            return True
+        fn = fn.__wrapped__
+    return False
+
+
 def _unwrapped_class(cls: type, fn) -> type:
     """A subclass of cls whose forward is fn, for one trace (the instance's class is set back
     after). Set after the class is made: transformers' layers wrap a subclass's forward again."""
@@ -381,6 +409,63 @@ def _unwrapped_class(cls: type, fn) -> type:
         sub.forward = fn
         _UNWRAPPED[key] = sub
     return sub
+
+
+_SPREAD_KEY = "_dualk_spread_kwargs"
+
+
+def _spreads_only(fn, varkw: str, root: nn.Module) -> bool:
+    """Whether fn's source uses its **kwargs only to pass them on, whole, to calls of root's
+    child modules (`self.self_attn(h, **kwargs)`, as ALBERT's layer passes position_ids to its
+    attention): a graph can then take any keywords and pass them to those calls as they come.
+    A forward that reads a key (`kwargs.get(...)`), or passes them to a function it runs, would
+    have the trace take the keys as absent."""
+    tree = _method_tree(fn)
+    if tree is None or not tree.args.args:
+        return False
+    me = tree.args.args[0].arg
+    spread = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == varkw:
+                func = node.func
+                if not (
+                    isinstance(func, ast.Attribute)
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id == me
+                    and func.attr in root._modules
+                ):
+                    return False
+                spread.add(id(kw.value))
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == varkw]
+    return bool(spread) and all(id(n) in spread for n in uses)
+
+
+def _spread_call(module, extra: dict, *args, **kwargs):
+    """module(*args, **kwargs, **extra): a child's call that the forward passed its **kwargs."""
+    return module(*args, **kwargs, **extra)
+
+
+def _splice_spreads(graph: fx.Graph, target: str) -> None:
+    """Each call_module node holding the **kwargs placeholder under _SPREAD_KEY becomes a call of
+    _spread_call with that child and the dict; raises where the placeholder went elsewhere."""
+    ph = next(n for n in graph.nodes if n.op == "placeholder" and n.target == target)
+    for user in list(ph.users):
+        others = {k: v for k, v in user.kwargs.items() if k != _SPREAD_KEY}
+        if (
+            user.op != "call_module"
+            or user.kwargs.get(_SPREAD_KEY) is not ph
+            or ph in user.args
+            or ph in others.values()
+        ):
+            raise _TraceCannotHold("its **kwargs reach more than its children's calls")
+        with graph.inserting_before(user):
+            module = graph.get_attr(user.target)
+            call = graph.call_function(_spread_call, (module, ph, *user.args), others)
+        user.replace_all_uses_with(call)
+        graph.erase_node(user)
 
 
 def _plain_codegen(graph: fx.Graph) -> fx.Graph:
@@ -440,7 +525,9 @@ def _trace(
             inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
         positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
         checkpoints = fn is not type(root).forward and hasattr(root, "gradient_checkpointing")
-        gm.meta["dualk_accepts"] = (frozenset(p.name for p in named), positional, checkpoints)
+        # (None: any keyword, the graph passing the others on as the forward does)
+        names = None if tracer.spread else frozenset(p.name for p in named)
+        gm.meta["dualk_accepts"] = (names, positional, checkpoints)
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
         if name.startswith("_tensor_constant"):
@@ -1757,7 +1844,9 @@ class _FusedForward:
     def _accepted(self, accepts: tuple, args: tuple, kwargs: dict) -> bool:
         """Whether the graph serves this call (accepts)."""
         names, positional, checkpoints = accepts
-        if len(args) > positional or (kwargs and not names.issuperset(kwargs)):
+        if len(args) > positional or (
+            kwargs and names is not None and not names.issuperset(kwargs)
+        ):
             return False
         owner = self.owner
         return not (

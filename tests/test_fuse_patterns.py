@@ -2231,9 +2231,11 @@ _DROPOUT_OFF = dict(
     [("gpt2", "LinearGELU"), ("starcoder2", "FusedMLP"), ("mpt", "FusedMLP"),
      ("bloom", "FusedMLP"), ("llama", "LinearGLU"), ("bert", "LinearGELU"),
      # (session 34: MLPs inline in a layer fx could not trace, behind wrappers and **kwargs)
-     ("opt", "FusedMLP"), ("biogpt", "LinearGELU")],
+     # (ALBERT: one layer, its weights shared, run twice; its **kwargs carry position_ids)
+     ("opt", "FusedMLP"), ("biogpt", "LinearGELU"), ("albert", "FusedMLP:1")],
 )  # fmt: skip
 def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
+    kind, _, count = kind.partition(":")
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (the real classes are optional)"
     )
@@ -2246,7 +2248,7 @@ def test_real_transformers_architectures_fuse_their_mlps(model_type, kind):
     torch.manual_seed(56)
     model = transformers.AutoModel.from_config(config).eval()
     fused, rep = fuse(model, report=True)
-    assert [c.kind for c in rep.fused] == [kind] * 2, str(rep)
+    assert [c.kind for c in rep.fused] == [kind] * int(count or 2), str(rep)
     runs = _module_runs(fused.modules(), (FusedMLP, LinearGELU, dualk.nn.GatedBase))
     ids = torch.randint(3, 64, (2, 6))
     with torch.no_grad():
@@ -2524,32 +2526,44 @@ class _WrappedInlineMlpLayer(_InlineMlpLayer):
     forward = _renaming(_InlineMlpLayer.forward)
 
 
+class _KeyReadingLayer(_InlineMlpLayer):
+    """As _InlineMlpLayer, but its forward reads a key of its **kwargs: a trace would take the
+    key as absent, so calls that pass any keyword run the class's forward."""
+
+    def forward(self, h, mask=None, **kwargs):
+        a, _ = self.attn(h, mask, **kwargs)
+        h = h + a * (1.0 if kwargs.get("scale") is None else 0.5)
+        return h + self.fc2(self.act(self.fc1(h)))
+
+
 def test_an_mlp_inline_in_an_untraceable_layer_is_fused_and_other_calls_run_the_class_forward():
-    # OPT's, BioGPT's (and XGLM's, BART's...) decoder layers call fc1, the activation and fc2
-    # inline, beside an attention fx cannot trace and behind **kwargs: their models fused
-    # nothing. The layer's own code is traced with its children as leaves and its **kwargs as
-    # none given; a call that passes any runs the class's forward, and a forward behind a
-    # wrapper fuse does not know is left alone.
+    # OPT's, BioGPT's and ALBERT's layers call fc1, the activation and fc2 inline, beside an
+    # attention fx cannot trace and behind **kwargs: their models fused nothing. The layer's own
+    # code is traced with its children as leaves. Where the forward only passes its **kwargs
+    # on to its children's calls (ALBERT passes position_ids that way), the graph does too, for
+    # any keywords; otherwise it takes them as none given, and a call that passes one runs the
+    # class's forward. A forward behind a wrapper fuse does not know is left alone.
     torch.manual_seed(61)
-    model = _UntraceableBlocks([_InlineMlpLayer(), _InlineMlpLayer()]).eval()
-    fused, rep = fuse(copy.deepcopy(model), report=True)
-    assert [c.kind for c in rep.fused] == ["FusedMLP"] * 2, str(rep)
-    assert any("its own forward traced" in n for n in rep.notes), str(rep)
-    runs = _fused_runs(fused.modules())
-    x = torch.randn(4, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
-        assert len(runs) == 2
-        runs.clear()
-        layer, twin = fused.mlps[0], model.mlps[0]
-        torch.testing.assert_close(layer(x, None), twin(x, None), rtol=1e-5, atol=1e-6)
-        assert len(runs) == 1  # (a keyword the trace took: served)
-        for args, kwargs in (((x,), {"scale": 2.0}), ((x,), {"mask": None, "scale": 3.0})):
+    for layer_type, spread in ((_InlineMlpLayer, True), (_KeyReadingLayer, False)):
+        model = _UntraceableBlocks([layer_type(), layer_type()]).eval()
+        fused, rep = fuse(copy.deepcopy(model), report=True)
+        assert [c.kind for c in rep.fused] == ["FusedMLP"] * 2, str(rep)
+        assert any("its own forward traced" in n for n in rep.notes), str(rep)
+        runs = _fused_runs(fused.modules())
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-6)
+            assert len(runs) == 2
             runs.clear()
-            torch.testing.assert_close(
-                layer(*args, **kwargs), twin(*args, **kwargs), rtol=1e-5, atol=1e-6
-            )  # fmt: skip
-            assert runs == []  # (the class's forward: the graph took **kwargs as empty)
+            layer, twin = fused.mlps[0], model.mlps[0]
+            torch.testing.assert_close(layer(x, None), twin(x, None), rtol=1e-5, atol=1e-6)
+            assert len(runs) == 1  # (a keyword the trace took: served)
+            for kwargs in ({"scale": 2.0}, {"mask": None, "scale": 3.0}):
+                runs.clear()
+                torch.testing.assert_close(
+                    layer(x, **kwargs), twin(x, **kwargs), rtol=1e-5, atol=1e-6
+                )
+                assert len(runs) == (1 if spread else 0), (layer_type, kwargs)
     wrapped = _UntraceableBlocks([_WrappedInlineMlpLayer()]).eval()
     _, rep = fuse(wrapped, report=True)
     assert rep.fused == [], str(rep)
@@ -2597,3 +2611,41 @@ def test_a_layer_that_checkpoints_runs_its_class_forward():
     torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
     assert runs == []  # (transformers' wrapper checkpoints: the class's forward ran)
     out.sum().backward()
+
+
+def _renamed_keyword(fn):
+    """transformers' deprecate_kwarg as it wraps a layer's forward: `past` is the old name of
+    `mask` (fuse knows the wrapper by the file that defines it)."""
+
+    @functools.wraps(fn)
+    def wrapped_func(self, *args, **kwargs):
+        if "past" in kwargs:
+            kwargs["mask"] = kwargs.pop("past")
+        return fn(self, *args, **kwargs)
+
+    wrapped_func.__code__ = wrapped_func.__code__.replace(
+        co_filename="/site-packages/transformers/utils/deprecation.py"
+    )
+    return wrapped_func
+
+
+class _RenamingLayer(_InlineMlpLayer):
+    forward = _renamed_keyword(_InlineMlpLayer.forward)
+
+
+def test_a_call_by_a_deprecated_keyword_runs_the_class_forward():
+    # The graph traces the function under the renaming wrapper, so it does not pass its other
+    # keywords on (a call by the old name would reach the child under that name): such a call
+    # runs the class's forward, which renames it.
+    torch.manual_seed(63)
+    model = _UntraceableBlocks([_RenamingLayer()]).eval()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert [c.kind for c in rep.fused] == ["FusedMLP"], str(rep)
+    runs = _fused_runs(fused.modules())
+    x, mask = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.mlps[0](x, mask=mask), model.mlps[0](x, mask=mask))
+        assert len(runs) == 1
+        runs.clear()
+        torch.testing.assert_close(fused.mlps[0](x, past=mask), model.mlps[0](x, past=mask))
+        assert runs == []
