@@ -316,6 +316,9 @@ class _Tracer(fx.Tracer):
             ops.linear_gelu,
             ops.fused_mlp,
             ops.linear_glu,
+            # (a fused graph traced again, as fx's unpickling does: one call, not into its
+            # spread of a Proxy)
+            _spread_call,
         )
         super().__init__(autowrap_functions=funcs)
         self.all_leaves = all_leaves
@@ -335,15 +338,20 @@ class _Tracer(fx.Tracer):
         # (not behind a keyword-renaming wrapper: a call by an old name must reach the wrapper,
         # which only a call outside the graph's names does)
         self.spread = (
-            varkw is not None and not _renames_keywords(cls) and _spreads_only(fn, varkw, root)
+            varkw is not None and not _renamed_keywords(cls) and _spreads_only(fn, varkw, root)
         )
         if varkw is not None and not self.spread:
             concrete["**" + varkw] = {}
-        root.__class__ = _unwrapped_class(cls, fn)  # (fx traces type(root).forward)
+        # fx traces getattr(type(root), traced_func_name): the function set on the class for the
+        # trace only. (Not a subclass set as the instance's class: the forward's own type(self)
+        # checks would see it, and so would other threads calling the module meanwhile.)
+        setattr(cls, _OWN_FORWARD, fn)
+        self.traced_func_name = _OWN_FORWARD
         try:
             graph = super().trace(root, concrete)
         finally:
-            root.__class__ = cls
+            self.traced_func_name = "forward"
+            delattr(cls, _OWN_FORWARD)
         if self.spread:
             _splice_spreads(graph, "**" + varkw)
         return _plain_codegen(graph)
@@ -372,7 +380,7 @@ class _Tracer(fx.Tracer):
 # the layer checkpoints: _FusedForward.accepts sends those calls to the class's forward) and its
 # deprecated-keyword renames (a call by an old name is a keyword the graph does not accept).
 _KNOWN_WRAPPERS = ("transformers/modeling_layers.py", "transformers/utils/deprecation.py")
-_UNWRAPPED: dict = {}  # (class, function) -> a subclass whose forward is the function
+_OWN_FORWARD = "_dualk_own_forward"  # (the class attribute _Tracer traces, for one trace)
 
 
 def _own_forward(cls: type):
@@ -388,27 +396,21 @@ def _own_forward(cls: type):
     return fn if inspect.isfunction(fn) else None
 
 
-def _renames_keywords(cls: type) -> bool:
-    """Whether a deprecated-keyword wrapper (transformers.utils.deprecation) is around cls.forward."""
+def _renamed_keywords(cls: type) -> frozenset | None:
+    """The old names that deprecated-keyword wrappers (transformers.utils.deprecation) around
+    cls.forward rename (a call by one must reach its wrapper), or None where such a wrapper's
+    old name cannot be read."""
+    names = set()
     fn = cls.forward
     while hasattr(fn, "__wrapped__"):
         code = getattr(fn, "__code__", None)
         if code is not None and code.co_filename.replace("\\", "/").endswith(_KNOWN_WRAPPERS[1]):
-            return True
+            old = inspect.getclosurevars(fn).nonlocals.get("old_name")
+            if not isinstance(old, str):
+                return None
+            names.add(old)
         fn = fn.__wrapped__
-    return False
-
-
-def _unwrapped_class(cls: type, fn) -> type:
-    """A subclass of cls whose forward is fn, for one trace (the instance's class is set back
-    after). Set after the class is made: transformers' layers wrap a subclass's forward again."""
-    key = (cls, fn)
-    sub = _UNWRAPPED.get(key)
-    if sub is None:
-        sub = type(cls.__name__, (cls,), {"__module__": cls.__module__})
-        sub.forward = fn
-        _UNWRAPPED[key] = sub
-    return sub
+    return frozenset(names)
 
 
 _SPREAD_KEY = "_dualk_spread_kwargs"
@@ -443,7 +445,7 @@ def _spreads_only(fn, varkw: str, root: nn.Module) -> bool:
     return bool(spread) and all(id(n) in spread for n in uses)
 
 
-def _spread_call(module, extra: dict, *args, **kwargs):
+def _spread_call(module, extra: dict, /, *args, **kwargs):
     """module(*args, **kwargs, **extra): a child's call that the forward passed its **kwargs."""
     return module(*args, **kwargs, **extra)
 
@@ -494,9 +496,11 @@ def _trace(
     forward's own function under known wrappers (_own_forward) with any **kwargs as none given:
     meta["dualk_accepts"] says which calls the graph serves (_FusedForward.accepts)."""
     fn = None
+    renamed: frozenset | None = frozenset()
     if own:
         fn = _own_forward(type(root))
-        if fn is None:
+        renamed = _renamed_keywords(type(root))
+        if fn is None or renamed is None:
             raise _TraceCannotHold("its forward is wrapped by a function fuse does not know")
     written = _self_write(root, all_leaves)
     if written is not None:  # (checked before tracing: the trace would run the write once)
@@ -526,7 +530,8 @@ def _trace(
         positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
         checkpoints = fn is not type(root).forward and hasattr(root, "gradient_checkpointing")
         # (None: any keyword, the graph passing the others on as the forward does)
-        names = None if tracer.spread else frozenset(p.name for p in named)
+        # (a deprecated name that is still a parameter too: only its wrapper renames it)
+        names = None if tracer.spread else frozenset(p.name for p in named) - renamed
         gm.meta["dualk_accepts"] = (names, positional, checkpoints)
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state

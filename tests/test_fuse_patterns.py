@@ -2617,10 +2617,12 @@ def _renamed_keyword(fn):
     """transformers' deprecate_kwarg as it wraps a layer's forward: `past` is the old name of
     `mask` (fuse knows the wrapper by the file that defines it)."""
 
+    old_name, new_name = "past", "mask"  # (deprecate_kwarg's closure: fuse reads old_name)
+
     @functools.wraps(fn)
     def wrapped_func(self, *args, **kwargs):
-        if "past" in kwargs:
-            kwargs["mask"] = kwargs.pop("past")
+        if old_name in kwargs:
+            kwargs[new_name] = kwargs.pop(old_name)
         return fn(self, *args, **kwargs)
 
     wrapped_func.__code__ = wrapped_func.__code__.replace(
@@ -2649,3 +2651,81 @@ def test_a_call_by_a_deprecated_keyword_runs_the_class_forward():
         runs.clear()
         torch.testing.assert_close(fused.mlps[0](x, past=mask), model.mlps[0](x, past=mask))
         assert runs == []
+
+
+class _SelfTypedLayer(_InlineMlpLayer):
+    """Reads its own type in forward, and passes a keyword named as _spread_call's parameters."""
+
+    def forward(self, h, mask=None, **kwargs):
+        a, _ = self.attn(h, mask, extra=None, module=None, **kwargs)
+        if type(self) is _SelfTypedLayer:  # (the trace must see the instance's own class)
+            h = h + a
+        return h + self.fc2(self.act(self.fc1(h)))
+
+
+def test_an_inline_mlp_layer_keeps_its_type_pickles_and_passes_any_keyword_names():
+    # Review of the own-forward trace: the trace swapped the instance's class, so `type(self)`
+    # read another class and the graph froze the other branch (a silent wrong answer); a fused
+    # graph that passes **kwargs on could not be unpickled (fx traced its spread of a Proxy);
+    # a child's keyword named `extra` or `module` collided with the spreading call's own.
+    torch.manual_seed(64)
+    model = _UntraceableBlocks([_SelfTypedLayer(), _SelfTypedLayer()]).eval()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    assert [c.kind for c in rep.fused] == ["FusedMLP"] * 2, str(rep)
+    assert type(fused.mlps[0]) is _SelfTypedLayer
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-6)
+        loaded = pickle.loads(pickle.dumps(fused))
+        runs = _fused_runs(loaded.modules())
+        torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-6)
+        assert len(runs) == 2
+        runs.clear()
+        layer, twin = loaded.mlps[0], model.mlps[0]
+        torch.testing.assert_close(layer(x, scale=2.0), twin(x, scale=2.0), rtol=1e-5, atol=1e-6)
+        assert len(runs) == 1  # (passed on to the attention by the graph)
+
+
+class _OldNameLayer(_InlineMlpLayer):
+    """A deprecated keyword that is still a parameter of the forward (`old_scale` renamed to
+    `scale` by the wrapper)."""
+
+    def forward(self, h, old_scale=None, scale=None, **kwargs):
+        a, _ = self.attn(h, None, scale)
+        return h + a + self.fc2(self.act(self.fc1(h)))
+
+
+def _renamed_mask(fn):
+    old_name, new_name = "old_scale", "scale"
+
+    @functools.wraps(fn)
+    def wrapped_func(self, *args, **kwargs):
+        if old_name in kwargs:
+            kwargs[new_name] = kwargs.pop(old_name)
+        return fn(self, *args, **kwargs)
+
+    wrapped_func.__code__ = wrapped_func.__code__.replace(
+        co_filename="/site-packages/transformers/utils/deprecation.py"
+    )
+    return wrapped_func
+
+
+_OldNameLayer.forward = _renamed_mask(_OldNameLayer.forward)
+
+
+def test_a_deprecated_keyword_that_is_still_a_parameter_reaches_its_wrapper():
+    # `layer(x, mask=m)` matched a parameter of the traced function, so the graph ran without
+    # the wrapper's rename (a silent wrong answer): the wrapper's old names are not the graph's.
+    torch.manual_seed(65)
+    model = _UntraceableBlocks([_OldNameLayer()]).eval()
+    fused = fuse(copy.deepcopy(model))
+    runs = _fused_runs(fused.modules())
+    x, m = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.no_grad():
+        for kwargs, served in (({"scale": m}, 1), ({"old_scale": m}, 0)):
+            runs.clear()
+            torch.testing.assert_close(
+                fused.mlps[0](x, **kwargs), model.mlps[0](x, **kwargs), rtol=1e-5, atol=1e-6
+            )  # fmt: skip
+            assert len(runs) == served, kwargs
