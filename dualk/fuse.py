@@ -513,6 +513,7 @@ def _trace(
     mode = None
     try:
         _check_none_defaults(root, graph, all_leaves, fn)
+        _check_scalar_defaults(root, graph, all_leaves, fn)
         mode = _check_training_mode(root, graph, all_leaves, mode_guard, fn)
     finally:  # the check traces' tensor constants, set on the root as each trace names them
         for name in set(vars(root)) - attributes:
@@ -545,20 +546,37 @@ def _is_assert_is_none(target) -> bool:
     return getattr(target, "__name__", "") == "_assert_is_none"
 
 
-def _graph_signature(graph: fx.Graph, as_none: Sequence[str] = ()) -> list[tuple]:
+def _graph_signature(
+    graph: fx.Graph, as_none: Sequence[str] = (), as_value: dict | None = None
+) -> list[tuple]:
     """The graph's computation, comparable between two traces of one forward: every call and
     the output with their arguments; nodes by position, tensor constants by kind (each trace
     names them anew); the placeholders of the arguments in `as_none` as None, so an optional
-    argument that is only passed on compares equal to a trace where it is None."""
+    argument that is only passed on compares equal to a trace where it is None, and those in
+    `as_value` as their value there (a trace given the argument takes it as a constant)."""
     tokens: dict[fx.Node, object] = {}
     signature: list[tuple] = []
+    as_value = as_value or {}
+    # (a trace given a non-None argument checks it: `_assert(eq(flag, True), "flag has been
+    # specialized...")`, not a computation; fx of torch 2.13 writes it)
+    checks = set()
     for n in graph.nodes:
-        if n.op == "call_function" and _is_assert_is_none(n.target):
+        if n.op == "call_function" and n.target is torch._assert:
+            checks.add(n)
+            if isinstance(cond := n.args[0], fx.Node) and len(cond.users) == 1:
+                checks.add(cond)
+    for n in graph.nodes:
+        if n in checks or (n.op == "call_function" and _is_assert_is_none(n.target)):
             continue
         if n.op == "placeholder":  # a trace with concrete args names them `mask_1`
-            base = re.sub(r"_\d+$", "", str(n.target))
-            optional = str(n.target) in as_none or base in as_none
-            tokens[n] = None if optional else ("arg", str(n.target))
+            name = str(n.target)
+            base = re.sub(r"_\d+$", "", name)
+            if name in as_none or base in as_none:
+                tokens[n] = None
+            elif name in as_value or base in as_value:
+                tokens[n] = as_value[name if name in as_value else base]
+            else:
+                tokens[n] = ("arg", name)
             continue
         if n.op == "get_attr":
             tokens[n] = ("attr", re.sub(r"_tensor_constant\d+", "_tensor_constant", str(n.target)))
@@ -595,6 +613,29 @@ def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool, fn=
         raise _TraceCannotHold(
             f"its forward computes otherwise when {', '.join(optional)} is None, and one traced "
             "graph cannot hold both"
+        )
+
+
+def _check_scalar_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool, fn=None) -> None:
+    """Raises where the forward computes otherwise when an argument with a scalar default
+    (bool, int, float, str) takes it: fx traces the argument as a Proxy, and an identity or type
+    test on it (`if residual is True:`) takes one branch for good, which the default call need
+    not take (a silent wrong answer). Compared with a trace given the defaults, where the
+    graph's uses of the argument read as its value."""
+    scalars = (bool, int, float, str)
+    defaults = {p.name: p.default for p in _forward_parameters(root) if type(p.default) in scalars
+                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               inspect.Parameter.KEYWORD_ONLY)}  # fmt: skip
+    if not defaults:
+        return
+    try:
+        given = _Tracer(all_leaves, fn).trace(root, concrete_args=dict(defaults))
+    except Exception:  # (fails with the defaults: calls need other values, as traced)
+        return
+    if _graph_signature(given) != _graph_signature(graph, as_value=defaults):
+        raise _TraceCannotHold(
+            f"its forward computes otherwise when {', '.join(defaults)} take their defaults "
+            "(an identity or type test on an argument), and one traced graph cannot hold both"
         )
 
 

@@ -2729,3 +2729,31 @@ def test_a_deprecated_keyword_that_is_still_a_parameter_reaches_its_wrapper():
                 fused.mlps[0](x, **kwargs), model.mlps[0](x, **kwargs), rtol=1e-5, atol=1e-6
             )  # fmt: skip
             assert len(runs) == served, kwargs
+
+
+class _IdentityTestMlp(nn.Module):
+    """An MLP whose forward tests an argument with a scalar default by identity: fx's Proxy is
+    never `True`, so a trace takes the other branch for good."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)
+
+    def forward(self, h, residual=True):
+        out = self.fc2(self.act(self.fc1(h)))
+        return h + out if residual is True else out
+
+
+def test_an_identity_test_on_a_scalar_default_is_not_frozen_into_the_graph():
+    # `residual is True` read False on the Proxy: the fused graph dropped the residual in the
+    # default call (a silent wrong answer, older than session 34 and reachable from the
+    # whole-model trace too). A trace given the scalar defaults is compared now; where it
+    # computes otherwise, the forward is not traced.
+    torch.manual_seed(66)
+    model = _IdentityTestMlp().eval()
+    fused, rep = fuse(copy.deepcopy(model), report=True)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for kwargs in ({}, {"residual": True}, {"residual": False}):
+            torch.testing.assert_close(fused(x, **kwargs), model(x, **kwargs))
+    assert any("take their defaults" in n for n in rep.notes), str(rep)
