@@ -53,7 +53,6 @@ import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -308,7 +307,7 @@ class _Tracer(fx.Tracer):
     """fx's tracer, with dualk's modules as leaves (fuse() of a fused model works) and dualk's
     public ops recorded as calls when a forward calls them by a global name."""
 
-    def __init__(self, all_leaves: bool = False, own_forward=None):
+    def __init__(self, all_leaves: bool = False, own: _OwnForward | None = None):
         funcs = (
             ops.add,
             ops.relu_scale,
@@ -322,25 +321,16 @@ class _Tracer(fx.Tracer):
         )
         super().__init__(autowrap_functions=funcs)
         self.all_leaves = all_leaves
-        # (_own_forward's function: traced in place of the class's wrapped forward, its
-        # **kwargs as none given)
-        self.own_forward = own_forward
-        self.spread = False  # (trace: the own forward's **kwargs passed on whole to children)
+        # (_own_forward's: its function traced in place of the class's wrapped forward)
+        self.own = own
 
     def trace(self, root, concrete_args=None):  # type: ignore[override]
-        fn = self.own_forward
-        if fn is None:
+        own = self.own
+        if own is None:
             return super().trace(root, concrete_args)
-        cls = type(root)
+        fn, varkw, cls = own.fn, own.varkw, type(root)
         concrete = dict(concrete_args or {})
-        varkw = next((p.name for p in inspect.signature(fn).parameters.values()
-                      if p.kind is inspect.Parameter.VAR_KEYWORD), None)  # fmt: skip
-        # (not behind a keyword-renaming wrapper: a call by an old name must reach the wrapper,
-        # which only a call outside the graph's names does)
-        self.spread = (
-            varkw is not None and not _renamed_keywords(cls) and _spreads_only(fn, varkw, root)
-        )
-        if varkw is not None and not self.spread:
+        if varkw is not None and not own.spread:
             concrete["**" + varkw] = {}
         # fx traces getattr(type(root), traced_func_name): the function set on the class for the
         # trace only. (Not a subclass set as the instance's class: the forward's own type(self)
@@ -352,13 +342,13 @@ class _Tracer(fx.Tracer):
         finally:
             self.traced_func_name = "forward"
             delattr(cls, _OWN_FORWARD)
-        if self.spread:
+        if own.spread:
             _splice_spreads(graph, "**" + varkw)
         return _plain_codegen(graph)
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
-        if getattr(self, "spread", False) and self.own_forward is not None:
+        if self.own is not None and self.own.spread:
             # **kwargs as one marked keyword holding its placeholder: each call that spreads it
             # gets that keyword, which _splice_spreads turns back into a spread of the dict
             args = [*args[:-1], {_SPREAD_KEY: args[-1]}]
@@ -383,34 +373,39 @@ _KNOWN_WRAPPERS = ("transformers/modeling_layers.py", "transformers/utils/deprec
 _OWN_FORWARD = "_dualk_own_forward"  # (the class attribute _Tracer traces, for one trace)
 
 
-def _own_forward(cls: type):
-    """The function of cls.forward under the _KNOWN_WRAPPERS around it (itself where none), or
-    None where another wrapper is there (what it does to a call is unknown)."""
-    fn = cls.forward
+class _OwnForward(NamedTuple):
+    """A module's forward as its own code (_own_forward)."""
+
+    fn: object  # the function under the known wrappers
+    varkw: str | None  # its **kwargs parameter's name
+    renamed: frozenset  # the old names deprecated-keyword wrappers rename (never the graph's)
+    spread: bool  # its **kwargs only passed on, whole, to its children's calls (_spreads_only)
+
+
+def _own_forward(root: nn.Module) -> _OwnForward | None:
+    """type(root).forward's function under the _KNOWN_WRAPPERS around it (itself where none),
+    or None where another wrapper is there (what it does to a call is unknown), or where a
+    deprecated-keyword wrapper's old name cannot be read (a call by it must reach the wrapper)."""
+    fn, renamed = type(root).forward, set()
     while hasattr(fn, "__wrapped__"):
         code = getattr(fn, "__code__", None)
         where = "" if code is None else code.co_filename.replace("\\", "/")
         if not where.endswith(_KNOWN_WRAPPERS):
             return None
-        fn = fn.__wrapped__
-    return fn if inspect.isfunction(fn) else None
-
-
-def _renamed_keywords(cls: type) -> frozenset | None:
-    """The old names that deprecated-keyword wrappers (transformers.utils.deprecation) around
-    cls.forward rename (a call by one must reach its wrapper), or None where such a wrapper's
-    old name cannot be read."""
-    names = set()
-    fn = cls.forward
-    while hasattr(fn, "__wrapped__"):
-        code = getattr(fn, "__code__", None)
-        if code is not None and code.co_filename.replace("\\", "/").endswith(_KNOWN_WRAPPERS[1]):
+        if where.endswith(_KNOWN_WRAPPERS[1]):
             old = inspect.getclosurevars(fn).nonlocals.get("old_name")
             if not isinstance(old, str):
                 return None
-            names.add(old)
+            renamed.add(old)
         fn = fn.__wrapped__
-    return frozenset(names)
+    if not inspect.isfunction(fn):
+        return None
+    varkw = next((p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind is inspect.Parameter.VAR_KEYWORD), None)  # fmt: skip
+    # (not behind a keyword-renaming wrapper: a call by an old name must reach the wrapper,
+    # which only a call outside the graph's names does)
+    spread = varkw is not None and not renamed and _spreads_only(fn, varkw, root)
+    return _OwnForward(fn, varkw, frozenset(renamed), spread)
 
 
 _SPREAD_KEY = "_dualk_spread_kwargs"
@@ -495,26 +490,23 @@ def _trace(
     recorded as the GraphModule's meta["dualk_mode"] (_check_training_mode). With `own`, the
     forward's own function under known wrappers (_own_forward) with any **kwargs as none given:
     meta["dualk_accepts"] says which calls the graph serves (_FusedForward.accepts)."""
-    fn = None
-    renamed: frozenset | None = frozenset()
+    own_forward = None
     if own:
-        fn = _own_forward(type(root))
-        renamed = _renamed_keywords(type(root))
-        if fn is None or renamed is None:
+        own_forward = _own_forward(root)
+        if own_forward is None:
             raise _TraceCannotHold("its forward is wrapped by a function fuse does not know")
     written = _self_write(root, all_leaves)
     if written is not None:  # (checked before tracing: the trace would run the write once)
         raise _TraceCannotHold(
             f"its forward assigns to {written}, which a traced graph would not repeat"
         )
-    tracer = _Tracer(all_leaves, fn)
+    tracer = _Tracer(all_leaves, own_forward)
     graph = tracer.trace(root)
     attributes = set(vars(root))
     mode = None
     try:
-        _check_none_defaults(root, graph, all_leaves, fn)
-        _check_scalar_defaults(root, graph, all_leaves, fn)
-        mode = _check_training_mode(root, graph, all_leaves, mode_guard, fn)
+        _check_defaults(root, graph, all_leaves, own_forward)
+        mode = _check_training_mode(root, graph, all_leaves, mode_guard, own_forward)
     finally:  # the check traces' tensor constants, set on the root as each trace names them
         for name in set(vars(root)) - attributes:
             if name.startswith("_tensor_constant"):
@@ -524,7 +516,8 @@ def _trace(
         gm.meta["dualk_mode"] = mode
     if all_leaves:  # (what the trace read: the root's forward alone)
         gm.meta["dualk_all_leaves"] = True
-    if fn is not None:
+    if own_forward is not None:
+        fn = own_forward.fn
         params = list(inspect.signature(fn).parameters.values())[1:]
         named = [p for p in params if p.kind in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
@@ -532,7 +525,9 @@ def _trace(
         checkpoints = fn is not type(root).forward and hasattr(root, "gradient_checkpointing")
         # (None: any keyword, the graph passing the others on as the forward does)
         # (a deprecated name that is still a parameter too: only its wrapper renames it)
-        names = None if tracer.spread else frozenset(p.name for p in named) - renamed
+        names = (
+            None if own_forward.spread else frozenset(p.name for p in named) - own_forward.renamed
+        )
         gm.meta["dualk_accepts"] = (names, positional, checkpoints)
     _keep_unreferenced_state(tracer.root, gm)
     for name in gm._buffers:  # tensors the forward makes (torch.ones(8)): not the model's state
@@ -546,14 +541,12 @@ def _is_assert_is_none(target) -> bool:
     return getattr(target, "__name__", "") == "_assert_is_none"
 
 
-def _graph_signature(
-    graph: fx.Graph, as_none: Sequence[str] = (), as_value: dict | None = None
-) -> list[tuple]:
+def _graph_signature(graph: fx.Graph, as_value: dict | None = None) -> list[tuple]:
     """The graph's computation, comparable between two traces of one forward: every call and
     the output with their arguments; nodes by position, tensor constants by kind (each trace
-    names them anew); the placeholders of the arguments in `as_none` as None, so an optional
-    argument that is only passed on compares equal to a trace where it is None, and those in
-    `as_value` as their value there (a trace given the argument takes it as a constant)."""
+    names them anew); the placeholders of the arguments in `as_value` as their values there,
+    so an argument a trace took as given compares equal to a trace given it as that value (an
+    optional one only passed on, None)."""
     tokens: dict[fx.Node, object] = {}
     signature: list[tuple] = []
     as_value = as_value or {}
@@ -571,9 +564,7 @@ def _graph_signature(
         if n.op == "placeholder":  # a trace with concrete args names them `mask_1`
             name = str(n.target)
             base = re.sub(r"_\d+$", "", name)
-            if name in as_none or base in as_none:
-                tokens[n] = None
-            elif name in as_value or base in as_value:
+            if name in as_value or base in as_value:
                 tokens[n] = as_value[name if name in as_value else base]
             else:
                 tokens[n] = ("arg", name)
@@ -596,51 +587,44 @@ def _forward_parameters(root: nn.Module) -> list[inspect.Parameter]:
         return []
 
 
-def _check_none_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool, fn=None) -> None:
-    """Raises where the forward computes otherwise when an argument that defaults to None is
-    omitted (`if mask is not None:`): fx traces the argument as given, so the one graph would
-    fail or compute otherwise without it. Compared with a trace where those arguments are None
-    (a forward that fails that way needs the argument anyway: its graph stands)."""
-    optional = [p.name for p in _forward_parameters(root) if p.default is None and p.kind in (
+def _check_defaults(
+    root: nn.Module, graph: fx.Graph, all_leaves: bool, own: _OwnForward | None = None
+) -> None:
+    """Raises where the forward computes otherwise when its arguments take their defaults: fx
+    traces each argument as given (a Proxy), so the one graph would fail or compute otherwise
+    without it. Those that default to None (`if mask is not None:`), then those with another
+    scalar default (an identity or type test on the Proxy, `if residual is True:`, takes one
+    branch for good, which the default call need not take: a silent wrong answer), each set
+    compared with a trace given those defaults, where the graph's uses of the arguments read as
+    their values (a forward that fails that way needs the arguments anyway: its graph stands)."""
+    named = [p for p in _forward_parameters(root) if p.kind in (
         inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]  # fmt: skip
-    if not optional:
-        return
-    try:
-        as_none = _Tracer(all_leaves, fn).trace(root, concrete_args=dict.fromkeys(optional))
-    except Exception:
-        return
-    if _graph_signature(as_none, optional) != _graph_signature(graph, optional):
-        raise _TraceCannotHold(
-            f"its forward computes otherwise when {', '.join(optional)} is None, and one traced "
-            "graph cannot hold both"
-        )
-
-
-def _check_scalar_defaults(root: nn.Module, graph: fx.Graph, all_leaves: bool, fn=None) -> None:
-    """Raises where the forward computes otherwise when an argument with a scalar default
-    (bool, int, float, str) takes it: fx traces the argument as a Proxy, and an identity or type
-    test on it (`if residual is True:`) takes one branch for good, which the default call need
-    not take (a silent wrong answer). Compared with a trace given the defaults, where the
-    graph's uses of the argument read as its value."""
-    scalars = (bool, int, float, str)
-    defaults = {p.name: p.default for p in _forward_parameters(root) if type(p.default) in scalars
-                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                               inspect.Parameter.KEYWORD_ONLY)}  # fmt: skip
-    if not defaults:
-        return
-    try:
-        given = _Tracer(all_leaves, fn).trace(root, concrete_args=dict(defaults))
-    except Exception:  # (fails with the defaults: calls need other values, as traced)
-        return
-    if _graph_signature(given) != _graph_signature(graph, as_value=defaults):
-        raise _TraceCannotHold(
-            f"its forward computes otherwise when {', '.join(defaults)} take their defaults "
-            "(an identity or type test on an argument), and one traced graph cannot hold both"
-        )
+    nones = {p.name: None for p in named if p.default is None}
+    scalars = {p.name: p.default for p in named
+               if p.default is not None and type(p.default) in _SCALARS}  # fmt: skip
+    for defaults, when in (
+        (nones, "is None"),
+        (scalars, "take their defaults (an identity or type test on an argument)"),
+    ):
+        if not defaults:
+            continue
+        try:
+            given = _Tracer(all_leaves, own).trace(root, concrete_args=dict(defaults))
+        except Exception:
+            continue
+        if _graph_signature(given, defaults) != _graph_signature(graph, defaults):
+            raise _TraceCannotHold(
+                f"its forward computes otherwise when {', '.join(defaults)} {when}, and one "
+                "traced graph cannot hold both"
+            )
 
 
 def _check_training_mode(
-    root: nn.Module, graph: fx.Graph, all_leaves: bool, mode_guard: bool = False, fn=None
+    root: nn.Module,
+    graph: fx.Graph,
+    all_leaves: bool,
+    mode_guard: bool = False,
+    own: _OwnForward | None = None,
 ) -> bool | None:
     """Raises where the forward reads `self.training` (F.dropout(x, p, self.training), `if
     self.training:`): fx would freeze the mode the model had when fused. Compared with a trace
@@ -662,7 +646,7 @@ def _check_training_mode(
         try:
             for m in modes:
                 m.training = mode_of(m)
-            return _Tracer(all_leaves, fn).trace(root)
+            return _Tracer(all_leaves, own).trace(root)
         finally:
             for m, mode in modes.items():
                 m.training = mode
@@ -2668,9 +2652,14 @@ def _trace_for_fusing(module: nn.Module, ctx: _Context) -> fx.GraphModule:
     return gm
 
 
+def _chains_unreported(gm: fx.GraphModule, ctx: _Context) -> list[_Chain]:
+    """The chains gm has, found with a report of their own (ctx's is left alone)."""
+    return _find_chains(gm, _Context(ctx.backend, ctx.min_layers, FuseReport()), "")
+
+
 def _all_chains_in_children(gm: fx.GraphModule, ctx: _Context) -> bool:
     """Whether gm has chains and each one's modules all lie inside one child of gm's root."""
-    chains = _find_chains(gm, _Context(ctx.backend, ctx.min_layers, FuseReport()), "")
+    chains = _chains_unreported(gm, ctx)
     for chain in chains:
         paths = [str(n.target).split(".") for n in chain.nodes if n.op == "call_module"]
         if any(len(p) < 2 for p in paths) or len({p[0] for p in paths}) != 1:
@@ -2707,7 +2696,7 @@ def _fuse_own_forward(module: nn.Module, ctx: _Context, path: str) -> bool:
         gm = _trace(module, all_leaves=True, mode_guard=True, own=True)
     except Exception:
         return False
-    if not _find_chains(gm, _Context(ctx.backend, ctx.min_layers, FuseReport()), ""):
+    if not _chains_unreported(gm, ctx):
         return False
     _fuse_in_place(module, gm, ctx, path)
     if len(ctx.report.fused) == before:
