@@ -2512,7 +2512,7 @@ class _InlineMlpLayer(nn.Module):
         return h + self.fc2(self.act(self.fc1(h)))
 
 
-def _renaming(fn):
+def _unknown_wrapper(fn):
     """A wrapper fuse does not know (it could change any call)."""
 
     @functools.wraps(fn)
@@ -2522,8 +2522,27 @@ def _renaming(fn):
     return wrapper
 
 
+def _as_if_in(wrapper, path: str):
+    """`wrapper` as if defined in transformers' file `path` (fuse knows wrappers by their file)."""
+    wrapper.__code__ = wrapper.__code__.replace(co_filename=f"/site-packages/transformers/{path}")
+    return wrapper
+
+
+def _deprecated_keyword(fn, old_name: str, new_name: str):
+    """transformers' deprecate_kwarg as it wraps a layer's forward (fuse reads `old_name` from
+    its closure)."""
+
+    @functools.wraps(fn)
+    def wrapped_func(self, *args, **kwargs):
+        if old_name in kwargs:
+            kwargs[new_name] = kwargs.pop(old_name)
+        return fn(self, *args, **kwargs)
+
+    return _as_if_in(wrapped_func, "utils/deprecation.py")
+
+
 class _WrappedInlineMlpLayer(_InlineMlpLayer):
-    forward = _renaming(_InlineMlpLayer.forward)
+    forward = _unknown_wrapper(_InlineMlpLayer.forward)
 
 
 class _KeyReadingLayer(_InlineMlpLayer):
@@ -2584,12 +2603,7 @@ def _checkpointing_wrapper(fn):
             return torch.utils.checkpoint.checkpoint(fn, self, *args, use_reentrant=False, **kwargs)
         return fn(self, *args, **kwargs)
 
-    # (fuse knows the wrapper by the file that defines it)
-    code = forward_with_checkpointing.__code__
-    forward_with_checkpointing.__code__ = code.replace(
-        co_filename="/site-packages/transformers/modeling_layers.py"
-    )
-    return forward_with_checkpointing
+    return _as_if_in(forward_with_checkpointing, "modeling_layers.py")
 
 
 _CheckpointingLayer.forward = _checkpointing_wrapper(_InlineMlpLayer.forward)
@@ -2613,26 +2627,8 @@ def test_a_layer_that_checkpoints_runs_its_class_forward():
     out.sum().backward()
 
 
-def _renamed_keyword(fn):
-    """transformers' deprecate_kwarg as it wraps a layer's forward: `past` is the old name of
-    `mask` (fuse knows the wrapper by the file that defines it)."""
-
-    old_name, new_name = "past", "mask"  # (deprecate_kwarg's closure: fuse reads old_name)
-
-    @functools.wraps(fn)
-    def wrapped_func(self, *args, **kwargs):
-        if old_name in kwargs:
-            kwargs[new_name] = kwargs.pop(old_name)
-        return fn(self, *args, **kwargs)
-
-    wrapped_func.__code__ = wrapped_func.__code__.replace(
-        co_filename="/site-packages/transformers/utils/deprecation.py"
-    )
-    return wrapped_func
-
-
 class _RenamingLayer(_InlineMlpLayer):
-    forward = _renamed_keyword(_InlineMlpLayer.forward)
+    forward = _deprecated_keyword(_InlineMlpLayer.forward, "past", "mask")
 
 
 def test_a_call_by_a_deprecated_keyword_runs_the_class_forward():
@@ -2696,22 +2692,7 @@ class _OldNameLayer(_InlineMlpLayer):
         return h + a + self.fc2(self.act(self.fc1(h)))
 
 
-def _renamed_mask(fn):
-    old_name, new_name = "old_scale", "scale"
-
-    @functools.wraps(fn)
-    def wrapped_func(self, *args, **kwargs):
-        if old_name in kwargs:
-            kwargs[new_name] = kwargs.pop(old_name)
-        return fn(self, *args, **kwargs)
-
-    wrapped_func.__code__ = wrapped_func.__code__.replace(
-        co_filename="/site-packages/transformers/utils/deprecation.py"
-    )
-    return wrapped_func
-
-
-_OldNameLayer.forward = _renamed_mask(_OldNameLayer.forward)
+_OldNameLayer.forward = _deprecated_keyword(_OldNameLayer.forward, "old_scale", "scale")
 
 
 def test_a_deprecated_keyword_that_is_still_a_parameter_reaches_its_wrapper():
