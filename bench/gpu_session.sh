@@ -34,7 +34,9 @@
 #                                        # "compact": fused_mlp's staged compact last layer (its test,
 #                                        # experiments/compact_probe.py off / on); "sync":
 #                                        # experiments/module_sync_probe.py; "harness": issue 36's
-#                                        # GEMM harness (carried build/harness, HARNESS_ARGS)
+#                                        # GEMM harness (carried build/harness, HARNESS_ARGS);
+#                                        # "default": the default bench suite (DEFAULT_OPS), its
+#                                        # criteria and auto-vs-best tables
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -332,6 +334,34 @@ steps)
       fi
       grep -E "correctness|failures" "$OUT/gemm_harness.txt"; sed -n '/== summary/,$p' "$OUT/gemm_harness.txt" | head -80
       ;;
+    default)
+      # issue 36: the default bench suite, every backend and peer, one op per invocation (a JSON
+      # each, so an op cut by the limit loses only itself), merged into default.json; then
+      # bench/criteria.py and bench/auto_table.py on it. DEFAULT_OPS picks the ops.
+      for op in ${DEFAULT_OPS:-add relu_scale matmul linear_gelu fused_mlp linear_glu}; do
+        t1=$(date +%s)
+        timeout ${DEFAULT_TIMEOUT:-300} $PY -m dualk bench --suite default --all-backends --op $op \
+          --json "$OUT/default-$op.json" > "$OUT/default-$op.txt" 2>&1
+        say "dualk bench --op $op: rc=$? in $(( $(date +%s) - t1 )) s"
+      done
+      $PY - "$OUT" <<'MERGE'
+import glob, json, sys
+parts = sorted(glob.glob(sys.argv[1] + "/default-*.json"))
+runs = [json.load(open(p)) for p in parts]
+if runs:
+    merged = {"env": runs[0]["env"], "ceilings": runs[0]["ceilings"],
+              "rows": [r for run in runs for r in run["rows"]]}
+    json.dump(merged, open(sys.argv[1] + "/default.json", "w"), indent=1)
+    print("merged", len(merged["rows"]), "rows of", len(parts), "ops")
+MERGE
+      { $PY bench/criteria.py "$OUT/default.json"; echo; $PY bench/auto_table.py "$OUT/default.json"; } \
+        > "$OUT/default-report.txt" 2>&1
+      parts=$(cd "$OUT" && for op in ${DEFAULT_OPS:-add relu_scale matmul linear_gelu fused_mlp linear_glu}; do
+        ls default-$op.json default-$op.txt 2>/dev/null; done)
+      [ -n "$parts" ] && (cd "$OUT" && tar cJf default-parts.tar.xz $parts && rm -f $parts)
+      grep -E "MISS|WRONG|criteria" "$OUT/default-report.txt" | tail -n 30
+      grep -E "\*\*no\*\*|case\(s\)" "$OUT/default-report.txt"
+      ;;
     sync)
       timeout ${SYNC_TIMEOUT:-150} $PY experiments/module_sync_probe.py --json "$OUT/module_sync.json" > /tmp/module_sync.log 2>&1
       say "module_sync_probe: rc=$? in $(( $(date +%s) - t0 )) s"
@@ -363,4 +393,11 @@ house)
   tar cJf "$OUT/host_cost_house.tar.xz" -C /tmp hc
   ;;
 esac
+# At most 8 files come back from a call (device README): past that, all but the prebuilt and
+# this log travel in one archive.
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 7 ]; then
+  (cd "$OUT" && extra=$(ls -p | grep -v / | grep -v -e '^prebuilt.tar.xz$' -e "^session-$STAGE.log$" -e '^rest.tar.xz$') \
+    && tar cJf rest.tar.xz $extra && rm -f $extra)
+  say "packed the other files into rest.tar.xz"
+fi
 say "done"

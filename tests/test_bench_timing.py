@@ -149,3 +149,43 @@ def test_a_slow_launch_is_not_timed_as_kernel_time():
     slow_us, _ = dualk.tools.bench.time_device(slow_launch, rep_ms=20.0)
     assert 0 < kernel_us < 50
     assert slow_us < kernel_us + 20, (slow_us, kernel_us)
+
+
+def test_auto_is_timed_after_its_background_work_settles(monkeypatch):
+    """`dualk bench` times "auto" once nothing its decision waits for runs in the background: the
+    row's calls made while pending keep going until the tuner is done, then a few more (so auto
+    decides again with every backend), and the row says how long that took. A run that does not
+    settle in time says so in the row's note."""
+    bench = dualk.tools.bench
+    tune = bench.triton_tune
+    pending = {"polls": 3}
+
+    def background_pending():
+        pending["polls"] -= 1
+        return pending["polls"] >= 0
+
+    def settle(call, limit_s):
+        while background_pending():
+            call()
+        return True
+
+    calls = []
+    monkeypatch.setattr(tune, "background_pending", background_pending)
+    monkeypatch.setattr(tune, "settle", settle)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
+    assert bench._settle_auto(lambda: calls.append(1), row) is True
+    assert len(calls) == 2 + 3  # two calls while pending, three after it settled
+    assert row.settle_s is not None and row.settle_s >= 0
+
+    # nothing pending: no extra calls, no settle time
+    calls.clear()
+    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
+    assert bench._settle_auto(lambda: calls.append(1), row) is True
+    assert calls == [] and row.settle_s is None
+
+    # never settles within the limit: reported as such
+    monkeypatch.setattr(tune, "background_pending", lambda: True)
+    monkeypatch.setattr(tune, "settle", lambda call, limit_s: False)
+    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
+    assert bench._settle_auto(lambda: calls.append(1), row) is False
