@@ -36,7 +36,8 @@
 #                                        # experiments/module_sync_probe.py; "harness": issue 36's
 #                                        # GEMM harness (carried build/harness, HARNESS_ARGS);
 #                                        # "default": the default bench suite (DEFAULT_OPS), its
-#                                        # criteria and auto-vs-best tables
+#                                        # criteria and auto-vs-best tables; "gemmhost":
+#                                        # experiments/host_gemm_pieces.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -361,6 +362,11 @@ MERGE
       [ -n "$parts" ] && (cd "$OUT" && tar cJf default-parts.tar.xz $parts && rm -f $parts)
       grep -E "MISS|WRONG|criteria" "$OUT/default-report.txt" | tail -n 30
       grep -E "\*\*no\*\*|case\(s\)" "$OUT/default-report.txt"
+      ;;
+    gemmhost)
+      timeout 150 $PY experiments/host_gemm_pieces.py --json "$OUT/host_gemm_pieces.json" > "$OUT/host_gemm_pieces.txt" 2>&1
+      say "host_gemm_pieces: rc=$? in $(( $(date +%s) - t0 )) s"
+      sed -n 1,16p "$OUT/host_gemm_pieces.txt"
       ;;
     sync)
       timeout ${SYNC_TIMEOUT:-150} $PY experiments/module_sync_probe.py --json "$OUT/module_sync.json" > /tmp/module_sync.log 2>&1
