@@ -298,7 +298,7 @@ steps)
       grep -E "ops\)|host_us|wall_us" "$OUT/zoo_probe.log" | head -30
       ;;
     gap)
-      timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
+      timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py ${GAP_ARGS:-} --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
       say "glu_gap_probe: rc=$? in $(( $(date +%s) - t0 )) s"
       tail -n 6 "$OUT/glu_gap.log"
       ;;
