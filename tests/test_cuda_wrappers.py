@@ -28,6 +28,7 @@ class _Launcher:
 
     def __init__(self):
         self.calls: list[str] = []
+        self.served_new: list[str] = []  # calls whose output the extension made
 
     def _check(self, a3, b3, out):
         assert out.is_contiguous(), "the output must be contiguous"
@@ -66,6 +67,47 @@ class _Launcher:
         act = {1: torch.relu, 2: lambda v: F.gelu(v, approximate="tanh"), 3: F.gelu, 4: F.silu}
         self.calls.append("linear_glu")
         out.copy_((act[activation](pre[0]) * pre[1]).to(out.dtype))
+
+    # The calls whose output binding_gemm.cpp makes (linear_gelu_new, linear_glu_new): None where
+    # x's rows need a copy or a reshape (not 2-dim with unit stride along k, nor contiguous), a
+    # weight lacks unit stride along both dims, a bias is strided, or nothing is to be computed;
+    # else the output (rows, n), NaN-filled when poisoning, through the launcher's own contract,
+    # returned as (..., n).
+    @staticmethod
+    def _rows(x):
+        if x.dim() < 2 or x.shape[-1] == 0 or x.numel() == 0:
+            return None
+        if x.dim() == 2:
+            return x if _unit(x, 1) else None
+        return x.view(-1, x.shape[-1]) if x.is_contiguous() else None
+
+    def _new(self, x, weights, biases, poison):
+        rows = self._rows(x)
+        if rows is None or any(w.dim() != 2 or w.shape[0] == 0 or not (_unit(w, 1) or _unit(w, 0))
+                               for w in weights):  # fmt: skip
+            return None, None
+        if any(b is not None and not b.is_contiguous() for b in biases):
+            return None, None
+        out = torch.empty(rows.shape[0], weights[0].shape[0], dtype=x.dtype)
+        if poison:
+            out.fill_(float("nan"))
+        return rows, out
+
+    def linear_gelu_new(self, x, weight, bias, activation, allow_tf32, poison):
+        rows, out = self._new(x, [weight], [bias], poison)
+        if rows is None:
+            return None
+        self.linear_gelu(rows, weight, bias, out, activation, allow_tf32)
+        self.served_new.append("linear_gelu")
+        return out.view(*x.shape[:-1], out.shape[1])
+
+    def linear_glu_new(self, x, wg, wu, bg, bu, activation, allow_tf32, poison):
+        rows, out = self._new(x, [wg, wu], [bg, bu], poison)
+        if rows is None:
+            return None
+        self.linear_glu(rows, wg, wu, bg, bu, out, activation, allow_tf32)
+        self.served_new.append("linear_glu")
+        return out.view(*x.shape[:-1], out.shape[1])
 
 
 @pytest.fixture
@@ -126,6 +168,9 @@ def test_linear_gelu_wrapper_hands_the_launcher_valid_operands(launcher, case, a
     assert out.shape == expected.shape and out.is_contiguous()
     torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
     assert launcher.calls == ["linear_gelu"]
+    # the common layouts take the extension's own allocation, the rest Python's copies / reshapes
+    common = case in ("2d", "no bias", "batched x", "weight transposed view")
+    assert launcher.served_new == (["linear_gelu"] if common else [])
 
 
 GLU_CASES = {
@@ -160,6 +205,30 @@ def test_linear_glu_wrapper_hands_the_launcher_valid_operands(
     assert out.shape == expected.shape and out.is_contiguous()
     torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
     assert launcher.calls == ["linear_glu"]
+    common = case in ("separate", "packed [gate; up]", "gate bias only", "batched x",
+                      "weights transposed views")  # fmt: skip
+    assert launcher.served_new == (["linear_glu"] if common else [])
+
+
+def test_outputs_made_by_the_extension_are_poisoned_in_test_mode(launcher, monkeypatch):
+    """With dualk's output poisoning on, the extension's own allocation is poisoned too (the
+    launcher then overwrites every element; a kernel that skipped some would leave NaN)."""
+    from dualk.core import alloc
+
+    seen = []
+    real = launcher._new
+
+    def spy(x, weights, biases, poison):
+        seen.append(poison)
+        return real(x, weights, biases, poison)
+
+    monkeypatch.setattr(launcher, "_new", spy)
+    monkeypatch.setattr(alloc, "_poison", True)
+    out = cuda_backend.linear_gelu(_r(2, 4, 7), _r(3, 7), _r(3))
+    assert out.shape == (2, 4, 3) and not out.isnan().any()
+    monkeypatch.setattr(alloc, "_poison", False)
+    cuda_backend.linear_glu(_r(5, 7), _r(3, 7), _r(3, 7))
+    assert seen == [True, False] and launcher.served_new == ["linear_gelu", "linear_glu"]
 
 
 def test_empty_results_launch_nothing(launcher):
