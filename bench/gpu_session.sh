@@ -271,7 +271,7 @@ steps)
       ;;
     tests)
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
-        > "$OUT/pytest-steps.log" 2>&1
+        ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1
       say "pytest: rc=$? in $(( $(date +%s) - t0 )) s"
       grep -E "^(FAILED|ERROR)" "$OUT/pytest-steps.log" | head -20; tail -n 1 "$OUT/pytest-steps.log"
       ;;

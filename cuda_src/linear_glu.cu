@@ -16,6 +16,9 @@
 //     fp32 FMAs of both products in one pass, any stride and alignment.
 // Every route rounds once from fp32, as the torch reference does per GEMM (the product of two
 // rounded GEMM outputs in eager PyTorch rounds three times).
+#include <cstdlib>
+#include <cstring>
+
 #include "gemm.cuh"
 
 namespace dualk {
@@ -126,9 +129,16 @@ __global__ void __launch_bounds__(kSimtThreads)
 // rows of the weights (both k-major), as one B tile of 2 kHalfN rows; the output tile is
 // kBlockM x kHalfN. Two consumer warpgroups (cooperative, kBlockM / 2 = 64 rows each) and one
 // producer warpgroup, one CTA per SM, persistent over output tiles (gemm_sm90's tile order).
-template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTile {
+// kCluster = 2: CTA pairs (a thread-block cluster) on vertically adjacent tiles of one tile column
+// (tile rows 2 i and 2 i + 1), which read the same weight rows: rank 0 loads the gate box, rank 1
+// the up box, each multicast into both CTAs' rings, so the weights leave L2 once per pair (as
+// gemm_sm90's Tile128x256TmaC2 does with B). A stage is refilled only when the consumers of both
+// CTAs have released it.
+template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_, int kCluster_ = 1>
+struct GluTile {
   static constexpr int kBlockM = kBlockM_, kHalfN = kHalfN_, kStages = kStages_;
   static constexpr bool kTmaStore = kTmaStore_;
+  static constexpr int kCluster = kCluster_;  // CTAs along m sharing the weight boxes
   static constexpr int kBlockN = 2 * kHalfN;  // accumulator columns: [gate | up]
   static constexpr int kBlockK = 64;          // 64 x 2 bytes = one 128-byte swizzle row
   static constexpr int kConsumerWGs = 2;
@@ -138,7 +148,8 @@ template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTi
   static constexpr int kStageBytesA = kBlockM * kBlockK * 2;
   static constexpr int kHalfBytesB = kHalfN * kBlockK * 2;
   static constexpr int kStageBytes = kStageBytesA + 2 * kHalfBytesB;
-  static constexpr int kEmptyArrivals = 4 * kConsumerWGs;  // lane 0 of every consumer warp
+  // Lane 0 of every consumer warp of every CTA whose producer writes into the ring (pairs: both).
+  static constexpr int kEmptyArrivals = 4 * kConsumerWGs * kCluster;
   // One staging buffer per consumer: kWgRows x kHalfN as kHalfN / 64 boxes of kWgRows x 128 B.
   static constexpr int kCBufBytes = kTmaStore ? kWgRows * kHalfN * 2 : 0;
   // Ring, C staging, full[] and empty[]; +1024 for aligning the dynamic base to 1024 bytes.
@@ -155,6 +166,7 @@ template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTi
   static_assert(kHalfN % 8 == 0 && kHalfBytesB % 1024 == 0, "the up half starts on a swizzle atom");
   static_assert(!kTmaStore || kHalfN % 64 == 0, "TMA stores write boxes of 64 columns");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
+  static_assert(kCluster == 1 || kCluster == 2, "single CTAs or pairs along m");
 };
 
 // The configs (host choice: choose_tiles). Wide: 128 x (2 x 128), the accumulator of the
@@ -172,6 +184,11 @@ template <int kBlockM_, int kHalfN_, int kStages_, bool kTmaStore_> struct GluTi
 using GluWide = GluTile<128, 128, 4, true>;
 using GluMid = GluTile<128, 112, 5, false>;
 using GluNarrow = GluTile<128, 32, 8, false>;
+// The wide tile in CTA pairs (the same 226 KB): each SM pulls half of the weights' bytes per tile
+// from L2. The H200 runs 8192-row prefill at its power limit, where fewer L2 -> SM bytes per tile
+// may buy clock; taken only under DUALK_GLU_CLUSTER=1 until a GPU A/B decides
+// (experiments/NOTES-linear-glu.md, session 35).
+using GluWideC2 = GluTile<128, 128, 4, true, 2>;
 
 struct Sm90Params {
   const void* bias_gate;  // (n,) or nullptr
@@ -200,21 +217,25 @@ template <typename T> __device__ __forceinline__ float bias_at(const void* bias,
   return bias != nullptr ? to_float<T>(static_cast<const T*>(bias)[col]) : 0.f;
 }
 
-// The same grouped order as gemm_sm90 (kGroupM tile rows walked column by column).
-__device__ __forceinline__ void glu_tile_coord(int tile, const Sm90Params& p, int& tile_m,
+// The same grouped order as gemm_sm90 (kGroupM tile rows walked column by column). Pairs walk
+// cluster tiles as gemm_sm90's tile_coord does: p.tiles_m counts pairs of tile rows, and rank r
+// takes tile row kCluster i + r (past the last row: a tile of zeros, stored nowhere).
+template <int kCluster>
+__device__ __forceinline__ void glu_tile_coord(int tile, const Sm90Params& p, int rank, int& tile_m,
                                                int& tile_n) {
   constexpr int kGroupM = gemm_sm90::kGroupM;
   const int per_group = kGroupM * p.tiles_n;
   const int first_m = (tile / per_group) * kGroupM;
   const int group_rows = min(p.tiles_m - first_m, kGroupM);
   const int in_group = tile - (tile / per_group) * per_group;
-  tile_m = first_m + in_group % group_rows;
+  tile_m = (first_m + in_group % group_rows) * kCluster + rank;
   tile_n = in_group / group_rows;
 }
 
 // Maps: x (k, m) box 64 x kBlockM; Wg and Wu (k, n) box 64 x kHalfN; out (n, m) box 64 x kWgRows
 // (kTmaStore). The ring, the barriers, the descriptors and the main loop are gemm_sm90_kernel's
-// cooperative, unclustered, k-major-B case; only the producer's B loads and the epilogue differ.
+// cooperative, k-major-B case (pairs: its kClusterM = 2 case, with the gate box as one half of B
+// and the up box as the other); only the producer's B loads and the epilogue differ.
 template <typename T, typename Cfg, Activation kAct>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     linear_glu_sm90_kernel(const __grid_constant__ CUtensorMap tmap_x,
@@ -240,32 +261,65 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     fence_barrier_init();
   }
-  __syncthreads();
+  // Pairs: the peer's multicast and arrivals may target this CTA's barriers once it passes here.
+  if constexpr (Cfg::kCluster > 1)
+    cluster_sync();
+  else
+    __syncthreads();
+  // Pairs walk cluster tiles (blocks 2 c and 2 c + 1 form cluster c), both CTAs the same ones.
+  const int rank = Cfg::kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int first_tile = blockIdx.x / Cfg::kCluster, tile_stride = gridDim.x / Cfg::kCluster;
 
   if (wg == 0) {
-    // ---------------- producer: one thread, x's box and both weights' boxes per stage
+    // ---------------- producer: one thread, x's box and both weights' boxes per stage (pairs:
+    // x's box and one weight's box, which lands in both CTAs)
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid_wg != 0) return;
     prefetch_tensor_map(&tmap_x);
-    prefetch_tensor_map(&tmap_g);
-    prefetch_tensor_map(&tmap_u);
+    // Pairs: rank 0 loads the gate box into B's first half, rank 1 the up box into its second.
+    const CUtensorMap* my_weight = rank == 0 ? &tmap_g : &tmap_u;
+    if constexpr (Cfg::kCluster > 1) {
+      prefetch_tensor_map(my_weight);
+    } else {
+      prefetch_tensor_map(&tmap_g);
+      prefetch_tensor_map(&tmap_u);
+    }
     int stage = 0;
     uint32_t phase = 0;
-    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    for (int tile = first_tile; tile < p.num_tiles; tile += tile_stride) {
       int tile_m, tile_n;
-      glu_tile_coord(tile, p, tile_m, tile_n);
+      glu_tile_coord<Cfg::kCluster>(tile, p, rank, tile_m, tile_n);
       const int m0 = tile_m * Cfg::kBlockM;
       const int n0 = tile_n * Cfg::kHalfN;
       for (int kt = 0; kt < p.k_tiles; ++kt) {
-        mbar_wait(empty_bar + 8 * stage, phase ^ 1);  // released by the consumers (round r - 1)
+        // Released by the consumers (round r - 1); pairs: by both CTAs' consumers, since this
+        // producer's weight box lands in both rings.
+        mbar_wait(empty_bar + 8 * stage, phase ^ 1);
         const uint32_t bar = full_bar + 8 * stage;
-        mbar_arrive_expect_tx(bar, Cfg::kStageBytes);  // whole boxes count, zero-filled parts too
+        // Whole boxes count, zero-filled parts too; pairs: the peer's weight box completes its
+        // half of the bytes on this barrier.
+        mbar_arrive_expect_tx(bar, Cfg::kStageBytes);
         const uint32_t sa = smem + stage * Cfg::kStageBytes;
         const uint32_t sb = sa + Cfg::kStageBytesA;
         const int k0 = kt * Cfg::kBlockK;
         tma_load_2d(sa, &tmap_x, k0, m0, bar);
-        tma_load_2d(sb, &tmap_g, k0, n0, bar);                     // B rows [0, kHalfN): gate
-        tma_load_2d(sb + Cfg::kHalfBytesB, &tmap_u, k0, n0, bar);  // B rows [kHalfN, 2 kHalfN): up
+        if constexpr (Cfg::kCluster > 1) {
+          tma_load_2d_mc(sb + rank * Cfg::kHalfBytesB, my_weight, k0, n0, bar, 0x3);
+        } else {
+          tma_load_2d(sb, &tmap_g, k0, n0, bar);                     // B rows [0, kHalfN): gate
+          tma_load_2d(sb + Cfg::kHalfBytesB, &tmap_u, k0, n0, bar);  // [kHalfN, 2 kHalfN): up
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if constexpr (Cfg::kCluster > 1) {
+      // Stay until every stage's last round was released by the consumers of both CTAs: the
+      // peer's arrivals on this CTA's empty barriers must land before it exits.
+      for (int i = 0; i < kStages; ++i) {
+        mbar_wait(empty_bar + 8 * stage, phase ^ 1);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -280,6 +334,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int warp = tid_wg / 32;
     const int lane = tid_wg % 32;
     T* __restrict__ c = static_cast<T*>(p.c);
+    // A stage this warp has read may be refilled: tell every CTA whose producer writes it (pairs:
+    // both; a tile of zeros too, or its peer would wait forever).
+    auto release_stage = [](uint32_t bar) {
+      if constexpr (Cfg::kCluster > 1) {
+        mbar_arrive_cluster(bar, 0);
+        mbar_arrive_cluster(bar, 1);
+      } else {
+        mbar_arrive(bar);
+      }
+    };
     const uint64_t desc_a0 = make_desc(smem + row0 * 128, 16, 1024);
     const uint64_t desc_b0 = make_desc(smem + Cfg::kStageBytesA, 16, 1024);
     constexpr uint32_t kStepB = 32;             // bytes per k16 step inside a k-major row
@@ -288,9 +352,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     float acc[Cfg::kAccRegs];
-    for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    for (int tile = first_tile; tile < p.num_tiles; tile += tile_stride) {
       int tile_m, tile_n;
-      glu_tile_coord(tile, p, tile_m, tile_n);
+      glu_tile_coord<Cfg::kCluster>(tile, p, rank, tile_m, tile_n);
 #pragma unroll
       for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
@@ -310,7 +374,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         fence_acc(acc);
         if (kt > 0) {
           wgmma_wait<1>();  // the group of k tile kt-1 has retired: its stage can be refilled
-          if (lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+          if (lane == 0) release_stage(empty_bar + 8 * prev_stage);
         }
         prev_stage = stage;
         if (++stage == kStages) {
@@ -320,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       wgmma_wait<0>();
       fence_acc(acc);
-      if (p.k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+      if (p.k_tiles > 0 && lane == 0) release_stage(empty_bar + 8 * prev_stage);
 
       // Gated epilogue from registers. Thread (warp w, lane l) holds rows 16 w + l / 4 (+ 8) and,
       // per n8 block j < kHalfCols, gate columns 8 j + 2 (l % 4) (+ 1) in acc[4 j + 2 h + e]
@@ -362,7 +426,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           fence_proxy_async();
           named_barrier(1 + cw, 128);
-          if (tid_wg == 0 && row0 < m_left) {  // the second consumer's rows may lie below C
+          // The second consumer's rows may lie below C (a pair's tile of zeros: all rows).
+          if (tid_wg == 0 && row0 < m_left) {
             const int m0 = tile_m * Cfg::kBlockM + row0;
 #pragma unroll
             for (int b = 0; b < Cfg::kHalfN / 64; ++b) {
@@ -449,12 +514,49 @@ inline bool can_run_sm90(const GluArgs& args) {
   return encode_tiled_fn() != nullptr;
 }
 
+// DUALK_GLU_CLUSTER=1: the wide tile runs in CTA pairs (GluWideC2); unset or anything else, the
+// single-CTA configs only. Read at every launch (and by the route name), so one process can time
+// both (experiments/glu_gap_probe.py --cluster-ab). Off by default until a GPU A/B decides.
+inline bool cta_pairs_switched_on() {
+  const char* value = std::getenv("DUALK_GLU_CLUSTER");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// Pairs are tried where the switch is on and there is a second tile row to pair with (else every
+// pair's second CTA would only compute zeros, as gemm_sm90's choose_tiles avoids too).
+inline bool cta_pairs_requested(int64_t m) {
+  return m > GluWideC2::kBlockM && cta_pairs_switched_on();
+}
+
+// How many clusters of Cfg fit on the device at once (the cached occupancy query; it grants the
+// shared memory first); 0 where the grant or the query fails: the caller falls back to single
+// CTAs.
+template <typename T, typename Cfg, Activation kAct> int resident_clusters() {
+  static_assert(Cfg::kCluster > 1, "single CTAs need no cluster query");
+  const void* kernel = reinterpret_cast<const void*>(linear_glu_sm90_kernel<T, Cfg, kAct>);
+  if (ensure_dynamic_smem(kernel, Cfg::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();  // the fallback's own launch decides what to report
+    return 0;
+  }
+  return max_active_clusters(kernel, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kCluster);
+}
+
+// One config: encodes the maps and launches a persistent grid (<= one CTA per SM; pairs: as many
+// pairs as are resident at once). Clusters that cannot run (none fits, a failed grant or query):
+// cudaErrorInvalidConfiguration before any map is encoded, and launch_sm90 runs the single config.
 template <typename T, typename Cfg, Activation kAct>
 cudaError_t launch_sm90_config(const GluArgs& args, cudaStream_t stream) {
   using gemm_sm90::detail::make_operand_map;
   auto kernel = linear_glu_sm90_kernel<T, Cfg, kAct>;
-  cudaError_t err = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  int max_clusters = 0;
+  if constexpr (Cfg::kCluster > 1) {
+    max_clusters = resident_clusters<T, Cfg, kAct>();
+    if (max_clusters < 1) return cudaErrorInvalidConfiguration;
+  } else {
+    const cudaError_t err =
+        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
   const GemmArgs& g = args.gate;
   CUtensorMap map_x, map_g, map_u, map_c{};
   if (!make_operand_map(&map_x, g.dtype, g.a, g.k, g.m, g.stride_am, false, 1, 0, Cfg::kBlockM) ||
@@ -477,22 +579,46 @@ cudaError_t launch_sm90_config(const GluArgs& args, cudaStream_t stream) {
   p.m = static_cast<int>(g.m);
   p.n = static_cast<int>(g.n);
   p.k_tiles = static_cast<int>(ceil_div(g.k, Cfg::kBlockK));
-  p.tiles_m = static_cast<int>(ceil_div(g.m, Cfg::kBlockM));
+  // Pairs: tile rows counted in pairs (an odd last row's second CTA computes zeros).
+  p.tiles_m = static_cast<int>(ceil_div(ceil_div(g.m, Cfg::kBlockM), Cfg::kCluster));
   p.tiles_n = static_cast<int>(ceil_div(g.n, Cfg::kHalfN));
   const int64_t num_tiles = int64_t{p.tiles_m} * p.tiles_n;
   if (num_tiles > gemm_sm90::detail::kMaxInt) return cudaErrorInvalidValue;
   p.num_tiles = static_cast<int>(num_tiles);
   p.c_vec = ((reinterpret_cast<uintptr_t>(g.c) & 3) | (g.m > 1 ? g.stride_cm & 1 : 0)) == 0;
   p.c_tma = c_tma;
-  const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_x, map_g, map_u, map_c, p);
-  return cudaGetLastError();
+  if constexpr (Cfg::kCluster == 1) {
+    const int grid = static_cast<int>(std::min<int64_t>(num_tiles, device_props().num_sms));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_x, map_g, map_u, map_c, p);
+    return cudaGetLastError();
+  } else {
+    // As gemm_sm90's launch_config: cluster dims by launch attribute, the grid a whole number of
+    // clusters, all of them resident at once (the persistent loop strides over cluster tiles).
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Cfg::kCluster;
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.gridDim =
+        dim3(static_cast<unsigned>(Cfg::kCluster * std::min<int64_t>(num_tiles, max_clusters)));
+    return cudaLaunchKernelEx(&config, kernel, map_x, map_g, map_u, map_c, p);
+  }
 }
 
 template <typename T, Activation kAct>
 cudaError_t launch_sm90(const GluArgs& args, cudaStream_t stream) {
   switch (choose_tiles(args.gate.m, args.gate.n, device_props().num_sms)) {
     case GluTiles::kWide:
+      if (cta_pairs_requested(args.gate.m)) {
+        const cudaError_t err = launch_sm90_config<T, GluWideC2, kAct>(args, stream);
+        if (err != cudaErrorInvalidConfiguration) return err;
+        cudaGetLastError();  // no pair fits: the single wide config below
+      }
       return launch_sm90_config<T, GluWide, kAct>(args, stream);
     case GluTiles::kMid:
       return launch_sm90_config<T, GluMid, kAct>(args, stream);
@@ -500,6 +626,16 @@ cudaError_t launch_sm90(const GluArgs& args, cudaStream_t stream) {
       break;
   }
   return launch_sm90_config<T, GluNarrow, kAct>(args, stream);
+}
+
+// Whether launch_sm90 would run the wide tile in pairs (the route name's question; the occupancy
+// does not depend on the activation: every instantiation has the same threads, registers and
+// shared memory, so silu's answers for all).
+inline bool takes_cta_pairs(const GluArgs& args) {
+  if (!cta_pairs_requested(args.gate.m)) return false;
+  return (args.gate.dtype == DType::kFloat16
+              ? resident_clusters<__half, GluWideC2, Activation::kSilu>()
+              : resident_clusters<__nv_bfloat16, GluWideC2, Activation::kSilu>()) > 0;
 }
 
 // Which route serves the call (host logic; the workspace size and the launcher agree on it).
@@ -604,7 +740,8 @@ const char* linear_glu_route_name(const GluArgs& args) {
     case glu::Route::kSm90:
       switch (glu::choose_tiles(args.gate.m, args.gate.n, device_props().num_sms)) {
         case glu::GluTiles::kWide:
-          return "sm90 wgmma 128x(2x128)";
+          return glu::takes_cta_pairs(args) ? "sm90 wgmma 128x(2x128), CTA pairs"
+                                            : "sm90 wgmma 128x(2x128)";
         case glu::GluTiles::kMid:
           return "sm90 wgmma 128x(2x112)";
         case glu::GluTiles::kNarrow:

@@ -13,12 +13,21 @@ packed_dualk is short too, it is the GEMM's main loop on this shape.
     python3 experiments/glu_gap_probe.py --json OUT.json
     python3 experiments/glu_gap_probe.py --ncu-cases   # for experiments/ncu_glu.sh: 8192 x 14336,
                                                        # dualk's GEMM then the gated kernel, twice
+    python3 experiments/glu_gap_probe.py --cluster-ab --json OUT.json
+
+--cluster-ab (session 35): the gated kernel with DUALK_GLU_CLUSTER=0 (single CTAs) and =1 (the
+wide tile in CTA pairs multicasting the weight boxes), and eager, in the same rounds of one
+process (the launcher reads the variable on every call), at rows 8192 / 2048 / 512: isolated
+calls (L2 flushed, as above) and sustained ones (back to back between two events: the H200 is
+power-bound there, and that is where the pairs should show). Shapes whose route is not the wide
+tile (the mid tile at 512 rows) run the same kernel in both arms: an A/A control of the noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -43,15 +52,153 @@ def device_us(fn, reps=15, rounds=3):
     return statistics.median(per_round) * 1e3, [round(v * 1e3, 1) for v in per_round]
 
 
+def sustained_us(fn, calls=20, warm=10):
+    """Device us per call over `calls` back-to-back calls between two CUDA events, after `warm`
+    untimed ones in the same burst (no flush, no synchronise between them): the clocks and power a
+    model's stream of such calls runs at, which isolated calls with sleeps between them miss."""
+    for _ in range(warm):
+        fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / calls
+
+
+def gpu_state():
+    """SM clock (MHz) and board power (W) as NVML last sampled them ({} without pynvml)."""
+    try:
+        return {"sm_mhz": torch.cuda.clock_rate(), "power_w": round(torch.cuda.power_draw() / 1e3)}
+    except Exception:  # pynvml missing or the query refused: the times stand alone
+        return {}
+
+
+CLUSTER_ENV = "DUALK_GLU_CLUSTER"
+
+
+def cluster_ab(rounds):
+    """The A/B of --cluster-ab: per shape, a correctness check, then `rounds` rounds of the three
+    arms, each timed isolated (device_us) and sustained (sustained_us). The order rotates, and
+    reverses every third round, so that over 6 rounds each arm runs in each position twice and
+    each arm runs before each other as often as after it (a GPU that heats up favours none)."""
+    from dualk.backends import cuda as cuda_backend
+
+    dt = torch.bfloat16
+    before = os.environ.get(CLUSTER_ENV)
+    rows_out = []
+    torch.manual_seed(0)
+    try:
+        with torch.no_grad():
+            for n in (11008, 14336):
+                wg = torch.randn(n, 4096, device="cuda", dtype=dt) * 0.02
+                wu = torch.randn(n, 4096, device="cuda", dtype=dt) * 0.02
+                for m in (8192, 2048, 512):
+                    x = torch.randn(m, 4096, device="cuda", dtype=dt)
+                    glu = lambda: dualk.linear_glu(x, wg, wu, backend="cuda")  # noqa: E731
+                    eager = lambda: F.silu(F.linear(x, wg)) * F.linear(x, wu)  # noqa: E731
+                    arms = {"single": (glu, "0"), "pairs": (glu, "1"), "eager": (eager, "0")}
+                    row = {"rows": m, "n": n, "k": 4096}
+                    for name in ("single", "pairs"):
+                        os.environ[CLUSTER_ENV] = arms[name][1]
+                        row["route_" + name] = cuda_backend.linear_glu_route(x, wg, wu)
+                    # The two arms' outputs: the same wgmma over the same tiles, so equal; else
+                    # each within bf16 tolerance of eager (which rounds three times, we once).
+                    os.environ[CLUSTER_ENV] = "0"
+                    single = glu()
+                    os.environ[CLUSTER_ENV] = "1"
+                    pairs = glu()
+                    ref = eager().float()
+                    row["pairs_equal_single"] = bool(torch.equal(single, pairs))
+                    close = [
+                        torch.allclose(o.float(), ref, rtol=2e-2, atol=2e-2)
+                        for o in (single, pairs)
+                    ]
+                    row["max_abs_vs_eager"] = {
+                        k: round((o.float() - ref).abs().max().item(), 4)
+                        for k, o in (("single", single), ("pairs", pairs))
+                    }
+                    row["agree"] = row["pairs_equal_single"] or all(close)
+                    del single, pairs, ref
+                    names = list(arms)
+                    iso = {k: [] for k in names}
+                    sus = {k: [] for k in names}
+                    state = {k: [] for k in names}
+                    for r in range(rounds):
+                        order = names[r % 3 :] + names[: r % 3]
+                        for name in order[::-1] if (r // 3) % 2 else order:
+                            fn, value = arms[name]
+                            os.environ[CLUSTER_ENV] = value
+                            iso[name].append(round(device_us(fn, reps=10, rounds=2)[0], 1))
+                            sus[name].append(round(sustained_us(fn), 1))
+                            state[name].append(gpu_state())
+                    row["isolated_us"] = iso
+                    row["sustained_us"] = sus
+                    row["gpu_after_sustained"] = state
+                    for kind, times in (("isolated", iso), ("sustained", sus)):
+                        med = {k: statistics.median(v) for k, v in times.items()}
+                        row[kind + "_median_us"] = med
+                        # > 1: the pairs are faster (single CTAs' time over the pairs')
+                        row[kind + "_single_over_pairs"] = round(med["single"] / med["pairs"], 4)
+                        row[kind + "_eager_over_pairs"] = round(med["eager"] / med["pairs"], 4)
+                        row[kind + "_eager_over_single"] = round(med["eager"] / med["single"], 4)
+                    print_ab_row(row)
+                    rows_out.append(row)
+    finally:
+        if before is None:
+            os.environ.pop(CLUSTER_ENV, None)
+        else:
+            os.environ[CLUSTER_ENV] = before
+    return rows_out
+
+
+def print_ab_row(row):
+    if not hasattr(print_ab_row, "header"):
+        print_ab_row.header = True
+        print(
+            f"{'rows x N':>14} {'pairs route':>12} | {'isolated us: single':>19} {'pairs':>8} "
+            f"{'eager':>8} {'s/p':>6} | {'sustained us: single':>20} {'pairs':>8} {'eager':>8} "
+            f"{'s/p':>6} {'e/p':>6} | agree"
+        )
+    paired = row["route_pairs"].endswith("CTA pairs")
+    im, sm = row["isolated_median_us"], row["sustained_median_us"]
+    print(
+        f"{row['rows']:>6} x {row['n']:>5} {'pairs' if paired else 'A/A (same)':>12} | "
+        f"{im['single']:>19.1f} {im['pairs']:>8.1f} {im['eager']:>8.1f} "
+        f"{row['isolated_single_over_pairs']:>6.3f} | {sm['single']:>20.1f} {sm['pairs']:>8.1f} "
+        f"{sm['eager']:>8.1f} {row['sustained_single_over_pairs']:>6.3f} "
+        f"{row['sustained_eager_over_pairs']:>6.3f} | "
+        f"{'equal' if row['pairs_equal_single'] else ('close' if row['agree'] else 'NO')}",
+        flush=True,
+    )
+    if not row["agree"]:
+        print(f"  !! outputs disagree: max |out - eager| {row['max_abs_vs_eager']}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
     p.add_argument(
         "--ncu-cases", action="store_true", help="two launches of each kernel, no timing"
     )
+    p.add_argument(
+        "--cluster-ab",
+        action="store_true",
+        help="DUALK_GLU_CLUSTER=0 vs 1 (CTA pairs) vs eager, isolated and sustained",
+    )
+    p.add_argument("--rounds", type=int, default=6, help="--cluster-ab rounds per shape")
     a = p.parse_args()
     if a.ncu_cases:
         ncu_cases()
+        return
+    if a.cluster_ab:
+        out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+               "date": time.strftime("%Y-%m-%d %H:%M"), "cluster_ab": cluster_ab(a.rounds)}  # fmt: skip
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=1)
         return
     dt = torch.bfloat16
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

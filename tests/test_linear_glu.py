@@ -730,6 +730,92 @@ def test_cuda_route_names():
     assert route(64, 33, 64, torch.float16) == "portable: one-pass SIMT"
 
 
+# ---- CTA pairs (DUALK_GLU_CLUSTER=1, GPU only): the wide tile's clustered variant GluWideC2
+WIDE_ROUTE = "sm90 wgmma 128x(2x128)"
+PAIRS_ROUTE = "sm90 wgmma 128x(2x128), CTA pairs"
+# (rows, k, n, the tile on 132 SMs), k off 64 and n off 128 throughout. 4136 rows = 33 tile rows:
+# the last pair's first CTA has 40 rows, its second lies past the last row (computes zeros, stores
+# nothing); 4264 = 34 tile rows: the last pair's second CTA has 40 rows (its second consumer none).
+# Mid and narrow shapes: the switch on must leave them as they are.
+PAIR_SHAPES = [
+    (4136, 520, 1000, "wide"),  # 17 x 8 = 136 pair tiles: 3 rounds of an H200's 66 pairs
+    (4136, 200, 1928, "wide"),
+    (4264, 200, 1800, "wide"),
+    (4136, 136, 2056, "mid"),
+    (300, 136, 5640, "mid"),
+    (16, 520, 5000, "narrow"),
+]
+TILE_ROUTES = {
+    "wide": WIDE_ROUTE,
+    "mid": "sm90 wgmma 128x(2x112)",
+    "narrow": "sm90 wgmma 128x(2x32)",
+}
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("activation,approximate", ACTIVATIONS[:2], ids=lambda v: v)
+@pytest.mark.parametrize("rows,k,n,tile", PAIR_SHAPES, ids=lambda v: str(v))
+def test_cuda_cta_pairs(rows, k, n, tile, activation, approximate, bias, dtype, monkeypatch):
+    """DUALK_GLU_CLUSTER=1 (read by the launcher on every call): the float64 reference's answer
+    (outputs poisoned: a pair's CTA past the last row must store nothing), and bit for bit the
+    single-CTA answer (the same wgmma sequence over the same shared-memory tiles, the same
+    epilogue); the route names the pairs exactly where the wide tile runs."""
+    g = _gen("cta-pairs", rows, k, n, dtype, activation, approximate, bias)
+    s = 1.0 / math.sqrt(k)
+    x = randn((rows, k), dtype, DEVICE, g)
+    wg, wu = randn((n, k), dtype, DEVICE, g, s), randn((n, k), dtype, DEVICE, g, s)
+    bg = randn(n, dtype, DEVICE, g, 0.5) if bias else None
+    bu = randn(n, dtype, DEVICE, g, 0.5) if bias else None
+    sample = Sample(
+        (x, wg, wu, bg, bu), {"activation": activation, "approximate": approximate},
+        f"{rows}x{k}->{n} pairs",
+    )  # fmt: skip
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "0")
+    single_route = _cuda_route(x, wg, wu)
+    single = dualk.linear_glu(*sample.args, **sample.kwargs, backend="cuda")
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "1")
+    route = _cuda_route(x, wg, wu)
+    out = dualk.linear_glu(*sample.args, **sample.kwargs, backend="cuda")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    if hopper and torch.cuda.get_device_properties(DEVICE).multi_processor_count == 132:
+        assert single_route == TILE_ROUTES[tile], single_route  # (the shapes are for 132 SMs)
+    assert route == (PAIRS_ROUTE if single_route == WIDE_ROUTE else single_route), route
+    assert out.shape == (rows, n) and out.dtype == dtype
+    verdict = judge(SPEC, sample, out, float64_reference(SPEC, sample))
+    assert verdict.ok, f"[{sample.label}] {dtype} {route}: {verdict.message}"
+    assert torch.equal(out, single), f"[{sample.label}] {dtype}: pairs differ from single CTAs"
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
+def test_cuda_route_names_with_cta_pairs(monkeypatch):
+    """The switch is read on every call: "1" names the pairs where the wide tile runs (LLaMA's
+    8192 rows), not the mid or narrow tiles, nor a wide tile of one tile row (nothing to pair
+    with); "0" and unset give today's names."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+
+    def route(m, k, n):
+        x = torch.zeros(m, k, device=DEVICE, dtype=torch.bfloat16)
+        w = torch.zeros(n, k, device=DEVICE, dtype=torch.bfloat16)
+        return _cuda_route(x, w, w)
+
+    monkeypatch.delenv("DUALK_GLU_CLUSTER", raising=False)
+    unset = route(8192, 4096, 11008)
+    assert (unset == WIDE_ROUTE) if hopper else unset.startswith("portable"), unset
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "1")
+    if hopper:
+        assert route(8192, 4096, 11008) == PAIRS_ROUTE
+        assert route(8192, 4096, 14336) == PAIRS_ROUTE
+        assert route(512, 4096, 11008) == "sm90 wgmma 128x(2x112)"
+        assert route(16, 4096, 11008) == "sm90 wgmma 128x(2x32)"
+        assert route(128, 64, 16896) != PAIRS_ROUTE  # 132 wide tiles of one tile row
+    else:
+        assert route(8192, 4096, 11008) == unset
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "0")
+    assert route(8192, 4096, 11008) == unset
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
 def test_untimed_heuristic_asks_the_real_route():
     """auto's untimed rule (capture, DUALK_AUTOTUNE=0) asks the CUDA planner for its route: the
