@@ -186,8 +186,7 @@ using GluMid = GluTile<128, 112, 5, false>;
 using GluNarrow = GluTile<128, 32, 8, false>;
 // The wide tile in CTA pairs (the same 226 KB): each SM pulls half of the weights' bytes per tile
 // from L2. The H200 runs 8192-row prefill at its power limit, where fewer L2 -> SM bytes per tile
-// may buy clock; taken only under DUALK_GLU_CLUSTER=1 until a GPU A/B decides
-// (experiments/NOTES-linear-glu.md, session 35).
+// may buy clock; taken unless DUALK_GLU_CLUSTER=0 (experiments/NOTES-linear-glu.md, session 35).
 using GluWideC2 = GluTile<128, 128, 4, true, 2>;
 
 struct Sm90Params {
@@ -514,12 +513,15 @@ inline bool can_run_sm90(const GluArgs& args) {
   return encode_tiled_fn() != nullptr;
 }
 
-// DUALK_GLU_CLUSTER=1: the wide tile runs in CTA pairs (GluWideC2); unset or anything else, the
-// single-CTA configs only. Read at every launch (and by the route name), so one process can time
-// both (experiments/glu_gap_probe.py --cluster-ab). Off by default until a GPU A/B decides.
+// The wide tile runs in CTA pairs (GluWideC2) unless DUALK_GLU_CLUSTER=0 (the single-CTA configs
+// only). Read at every launch (and by the route name), so one process can time both
+// (experiments/glu_gap_probe.py --cluster-ab). On by default since session 35's H200 A/B: in
+// back-to-back calls at 2048-8192 rows the pairs ran 1.6-5.8% faster in 5 of 5 rows over two runs
+// (isolated calls: -1.3% to +2%, within the A/A rows' 3-4% spread), and bench/linear_glu_llama.py
+// with them gave 1.11-1.13x eager at 8192 rows (1.06x before; experiments/NOTES-linear-glu.md).
 inline bool cta_pairs_switched_on() {
   const char* value = std::getenv("DUALK_GLU_CLUSTER");
-  return value != nullptr && std::strcmp(value, "1") == 0;
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 // Pairs are tried where the switch is on and there is a second tile row to pair with (else every

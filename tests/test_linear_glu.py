@@ -730,7 +730,8 @@ def test_cuda_route_names():
     assert route(64, 33, 64, torch.float16) == "portable: one-pass SIMT"
 
 
-# ---- CTA pairs (DUALK_GLU_CLUSTER=1, GPU only): the wide tile's clustered variant GluWideC2
+# ---- CTA pairs (the default; DUALK_GLU_CLUSTER=0 turns them off; GPU only): the wide tile's
+# clustered variant GluWideC2
 WIDE_ROUTE = "sm90 wgmma 128x(2x128)"
 PAIRS_ROUTE = "sm90 wgmma 128x(2x128), CTA pairs"
 # (rows, k, n, the tile on 132 SMs), k off 64 and n off 128 throughout. 4136 rows = 33 tile rows:
@@ -790,9 +791,9 @@ def test_cuda_cta_pairs(rows, k, n, tile, activation, approximate, bias, dtype, 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
 def test_cuda_route_names_with_cta_pairs(monkeypatch):
-    """The switch is read on every call: "1" names the pairs where the wide tile runs (LLaMA's
-    8192 rows), not the mid or narrow tiles, nor a wide tile of one tile row (nothing to pair
-    with); "0" and unset give today's names."""
+    """The switch is read on every call: unset (the default) and "1" name the pairs where the
+    wide tile runs (LLaMA's 8192 rows), not the mid or narrow tiles, nor a wide tile of one tile
+    row (nothing to pair with); "0" names the single-CTA wide tile."""
     hopper = torch.cuda.get_device_capability() == (9, 0)
 
     def route(m, k, n):
@@ -800,9 +801,11 @@ def test_cuda_route_names_with_cta_pairs(monkeypatch):
         w = torch.zeros(n, k, device=DEVICE, dtype=torch.bfloat16)
         return _cuda_route(x, w, w)
 
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "0")
+    off = route(8192, 4096, 11008)
+    assert (off == WIDE_ROUTE) if hopper else off.startswith("portable"), off
     monkeypatch.delenv("DUALK_GLU_CLUSTER", raising=False)
-    unset = route(8192, 4096, 11008)
-    assert (unset == WIDE_ROUTE) if hopper else unset.startswith("portable"), unset
+    assert route(8192, 4096, 11008) == (PAIRS_ROUTE if hopper else off)
     monkeypatch.setenv("DUALK_GLU_CLUSTER", "1")
     if hopper:
         assert route(8192, 4096, 11008) == PAIRS_ROUTE
@@ -811,9 +814,7 @@ def test_cuda_route_names_with_cta_pairs(monkeypatch):
         assert route(16, 4096, 11008) == "sm90 wgmma 128x(2x32)"
         assert route(128, 64, 16896) != PAIRS_ROUTE  # 132 wide tiles of one tile row
     else:
-        assert route(8192, 4096, 11008) == unset
-    monkeypatch.setenv("DUALK_GLU_CLUSTER", "0")
-    assert route(8192, 4096, 11008) == unset
+        assert route(8192, 4096, 11008) == off
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
