@@ -2518,6 +2518,26 @@ def audit_verdicts(model: nn.Module) -> dict[str, int]:
     return counts
 
 
+def audit_times(model: nn.Module) -> list[tuple[str, float, float]]:
+    """The in-model checks' verdicts in `model` that were reached, each once: (the path kept,
+    the median period on dualk's path, the median period on the original path), in ms; the
+    numbers behind audit_verdicts' counts (identical owners share one verdict)."""
+    seen: list[tuple[str, float, float]] = []
+    for m in model.modules():
+        forward = m.__dict__.get("forward")
+        if type(forward) is _FusedForward:
+            audits, audit = forward.audits, forward.audit
+            if audit is not None and audit.verdict is not None:
+                audits = {**audits, audit.sig: audit.verdict}
+        else:
+            audits = _RESTORED.get(m, {})
+        for verdict in audits.values():
+            entry = (verdict[0], float(verdict[1]), float(verdict[2]))
+            if entry not in seen:
+                seen.append(entry)
+    return seen
+
+
 # Every _FusedForward by id(): _children_unchanged finds one while Dynamo traces.
 # Where to give an owner back its original forward (_FusedForward._restore); a module constant
 # that tests lower.

@@ -1435,6 +1435,9 @@ def test_in_model_check_keeps_the_faster_path(measured, monkeypatch, fused_cost,
     # all chose the original path
     assert [fuse_module.forward_restored(b) for b in fused.mlps] == [kept == "original"] * 2
     assert fuse_module.audit_verdicts(fused) == {kept: 2}  # (restored owners' verdicts too)
+    # the medians behind the verdict (the zoo's note): one check shared by the identical owners
+    ((path, fused_ms, original_ms),) = fuse_module.audit_times(fused)
+    assert path == kept and (fused_ms < original_ms) == (kept == "fused")
     # training calls are not checked (module_choice times forward + backward there)
     x_grad = torch.randn(4, 8, requires_grad=True)
     fused.train()

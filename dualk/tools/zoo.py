@@ -63,7 +63,7 @@ import dualk
 from .. import module_choice
 from ..core import timing
 from ..dispatch import autotune, triton_tune
-from ..fuse import FUSED_TYPES, audit_verdicts, forward_restored, fuse, linear_like
+from ..fuse import FUSED_TYPES, audit_times, audit_verdicts, forward_restored, fuse, linear_like
 from ..nn import choice_final
 from ..testing import gemm_error_budget
 from .zoo_models import MODELS, ModelSpec, unavailable
@@ -367,6 +367,10 @@ def _measure(
             result.note,
             "in-model check kept: " + ", ".join(f"{k} {n}" for k, n in sorted(checks.items())),
         )
+        # the medians behind them (ms per period of the model's calls: fused / original)
+        times = "; ".join(f"{path} ({f:.3f} / {o:.3f} ms)" for path, f, o in audit_times(fused))
+        if times:
+            result.note = _join(result.note, f"check medians fused / original: {times}")
     if mode == "eager":  # what kept an owner on its fused forward (read from the JSON)
         finals = Counter(
             str(choice_final(m)) for m in fused.modules() if isinstance(m, FUSED_TYPES)
