@@ -23,29 +23,20 @@ import json
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import dualk  # noqa: E402
 from dualk.backends import cuda as cuda_backend  # noqa: E402
+from host_cost import host_us  # noqa: E402  (bench/host_cost.py's timer)
 
 CALLS = 200
 REPEATS = 9
-
-
-def host_us(fn, calls: int = CALLS) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def interleaved(rows: dict) -> dict:
@@ -56,7 +47,7 @@ def interleaved(rows: dict) -> dict:
     torch.cuda.synchronize()
     for _ in range(REPEATS):
         for name, fn in rows.items():
-            samples[name].append(host_us(fn))
+            samples[name].append(host_us(fn, CALLS))
     return {name: round(statistics.median(s), 2) for name, s in samples.items()}
 
 

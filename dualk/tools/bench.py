@@ -355,10 +355,9 @@ def run_case(spec: OpSpec, case, dtype, backends, *, with_peers=True, with_compi
             out = fn()  # builds, compiles, tunes ("auto"): the first call, not timed below
             torch.cuda.synchronize()
             row.first_call_s = time.perf_counter() - t0
-            settled = True
-            if backend == "auto" and triton_tune.background_pending():
-                settled = _settle_auto(fn, row)
-                out = fn()  # the settled choice's answer is the one judged (and timed)
+            settled = _settle_auto(fn, row) if backend == "auto" else True
+            if row.settle_s is not None:  # it waited: the settled choice's answer is judged
+                out = fn()
                 torch.cuda.synchronize()
             verdict = judge(spec, sample, out, ref)
             row.rel_err, row.ok = verdict.rel_err, verdict.ok
