@@ -201,19 +201,25 @@ bool linear_weight_ok(const at::Tensor& w) {
 
 bool bias_ok(const std::optional<at::Tensor>& b) { return !b.has_value() || b->is_contiguous(); }
 
-// The output (rows, n) for x (..., k); NaN-filled where dualk's test mode poisons outputs.
-at::Tensor new_rows(const at::Tensor& x, const Dims3& rows, int64_t n, bool poison) {
-  at::Tensor out = at::empty({rows.size[1], n}, x.options());
+// The output (..., n) for x (..., k), NaN-filled where dualk's test mode poisons outputs; made
+// in its own shape, not as a view of a (rows, n) tensor: a view returned from the autograd
+// Function cannot be modified in place (y.add_(1) under autograd raises).
+at::Tensor new_output(const at::Tensor& x, int64_t n, bool poison) {
+  at::Tensor out;
+  if (x.dim() == 2) {
+    out = at::empty({x.size(0), n}, x.options());
+  } else {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    out = at::empty(shape, x.options());
+  }
   if (poison) out.fill_(std::numeric_limits<float>::quiet_NaN());
   return out;
 }
 
-// (rows, n) as (..., n) after x's leading dims.
-at::Tensor shaped_like(const at::Tensor& x, const at::Tensor& out) {
-  if (x.dim() == 2) return out;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = out.size(1);
-  return out.view(shape);
+// The output as the launchers write it: (rows, n).
+at::Tensor as_rows_out(const at::Tensor& out, const Dims3& rows) {
+  return out.dim() == 2 ? out : out.view({rows.size[1], out.size(-1)});
 }
 
 std::optional<at::Tensor> linear_gelu_new(const at::Tensor& x, const at::Tensor& weight,
@@ -221,9 +227,10 @@ std::optional<at::Tensor> linear_gelu_new(const at::Tensor& x, const at::Tensor&
                                           bool allow_tf32, bool poison) {
   const std::optional<Dims3> rows = rows_of(x);
   if (!rows || !linear_weight_ok(weight) || !bias_ok(bias)) return std::nullopt;
-  at::Tensor out = new_rows(x, *rows, weight.size(0), poison);
-  linear_gelu_rows(x, *rows, weight, bias, out, activation, allow_tf32);
-  return shaped_like(x, out);
+  at::Tensor out = new_output(x, weight.size(0), poison);
+  at::Tensor out_rows = as_rows_out(out, *rows);
+  linear_gelu_rows(x, *rows, weight, bias, out_rows, activation, allow_tf32);
+  return out;
 }
 
 std::optional<at::Tensor> linear_glu_new(const at::Tensor& x, const at::Tensor& weight_gate,
@@ -235,11 +242,12 @@ std::optional<at::Tensor> linear_glu_new(const at::Tensor& x, const at::Tensor& 
   if (!rows || !linear_weight_ok(weight_gate) || !linear_weight_ok(weight_up) ||
       !bias_ok(bias_gate) || !bias_ok(bias_up))
     return std::nullopt;
-  at::Tensor out = new_rows(x, *rows, weight_gate.size(0), poison);
-  dualk::GluArgs args =
-      glu_args(x, *rows, weight_gate, weight_up, bias_gate, bias_up, out, activation, allow_tf32);
-  launch_glu(args, out);
-  return shaped_like(x, out);
+  at::Tensor out = new_output(x, weight_gate.size(0), poison);
+  const at::Tensor out_rows = as_rows_out(out, *rows);
+  dualk::GluArgs args = glu_args(x, *rows, weight_gate, weight_up, bias_gate, bias_up, out_rows,
+                                 activation, allow_tf32);
+  launch_glu(args, out_rows);
+  return out;
 }
 
 }  // namespace

@@ -445,9 +445,11 @@ def fused_mlp(
     biases: Sequence[torch.Tensor | None],
     *,
     activation: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The MLP y = L_n(act(... act(L_1(x2d)))) with L_i(h) = h @ weights[i].T + biases[i], in one
-    kernel launch; returns a new contiguous (M, weights[-1].shape[0]) tensor of x2d's dtype.
+    kernel launch; returns a new contiguous (M, weights[-1].shape[0]) tensor of x2d's dtype, or
+    ``out`` (such a tensor) written.
 
     x2d (M, in) with any strides; weights[i] (out_i, in_i) in nn.Linear layout, biases[i]
     (out_i,) or None; 1 to 8 layers; one dtype among fp32/fp16/bf16 (validated by dualk, and
@@ -466,7 +468,8 @@ def fused_mlp(
     if consts is None:
         consts = _plans[plan_key] = _plan(list(widths), dtype, activation_id(activation), bias_mask)
     M = x2d.shape[0]
-    out = _alloc.empty((M, widths[-1]), dtype, x2d.device)  # NaN under DUALK_POISON
+    if out is None:
+        out = _alloc.empty((M, widths[-1]), dtype, x2d.device)  # NaN under DUALK_POISON
     if M == 0:
         return out
 

@@ -20,8 +20,10 @@ def linear_gelu(
     *,
     approximate: str,
     allow_tf32: bool,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """gelu(x2d @ weight.T + bias, approximate=approximate) as a new contiguous (M, N) tensor.
+    """gelu(x2d @ weight.T + bias, approximate=approximate) as a new contiguous (M, N) tensor,
+    or written into ``out`` (a contiguous (M, N) tensor) and returned.
 
     x2d (M, K), weight (N, K) in nn.Linear layout, bias (N,) or None; any strides, one dtype
     among fp32/fp16/bf16 (validated by dualk). ``approximate``: "tanh" or "none" (erf), as in
@@ -30,16 +32,16 @@ def linear_gelu(
     activation = _GELU_ACTIVATIONS[approximate]
     M, K = x2d.shape
     N = weight.shape[0]
+    c = _alloc.empty((M, N), x2d.dtype, x2d.device) if out is None else out  # NaN when poisoned
     if M == 0 or N == 0:
-        return torch.empty((M, N), dtype=x2d.dtype, device=x2d.device)
+        return c
     if K == 0:
         # x2d @ weight.T is all zeros: the result is gelu(bias) on every row (gelu(0) = 0).
         if bias is None:
-            return torch.zeros((M, N), dtype=x2d.dtype, device=x2d.device)
+            return c.zero_()
         row = torch.nn.functional.gelu(bias.float(), approximate=approximate).to(x2d.dtype)
-        return row.expand(M, N).contiguous()
+        return c.copy_(row.expand(M, N))
 
-    c = _alloc.empty((M, N), x2d.dtype, x2d.device)  # NaN under DUALK_POISON
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # (N,): the kernel reads it with unit stride
     # weight.t() is B (K, N) with stride_bk = weight.stride(1) (1 for a contiguous weight): the

@@ -214,6 +214,7 @@ def linear_glu(
     approximate: str,
     allow_tf32: bool,
     store_pre: bool = False,
+    out: torch.Tensor | None = None,
 ):
     """act(x2d @ weight_gate.T + bias_gate) * (x2d @ weight_up.T + bias_up) as a new contiguous
     (M, N) tensor. x2d (M, K), both weights (N, K) (any strides: views of one packed weight
@@ -221,13 +222,15 @@ def linear_glu(
     activation: "silu", "gelu" (`approximate` "tanh" or "none") or "relu".
     store_pre (the training forward): (out, gate, up) instead, gate and up the pre-activations
     (biases added) in x2d's dtype, new contiguous (M, N) tensors written by the same launch from
-    the same accumulators (out is the store_pre=False answer bit for bit)."""
+    the same accumulators (out is the store_pre=False answer bit for bit).
+    out: a contiguous (M, N) tensor to write the answer into, or None for a new one."""
     act = _ACTIVATIONS[(activation, approximate)]
     M, K = x2d.shape
     N = weight_gate.shape[0]
     dtype, device = x2d.dtype, x2d.device
+    if out is None:
+        out = _alloc.empty((M, N), dtype, device)  # NaN under DUALK_POISON
     if M == 0 or N == 0:
-        out = torch.empty((M, N), dtype=dtype, device=device)
         return (out, torch.empty_like(out), torch.empty_like(out)) if store_pre else out
     if K == 0:  # both products are zero: act(bias_gate) * bias_up on every row
         from dualk.backends.torch_ref import glu_activation
@@ -236,12 +239,11 @@ def linear_glu(
         g = bias_gate.float() if bias_gate is not None else zeros
         u = bias_up.float() if bias_up is not None else zeros
         row = (glu_activation(g, activation, approximate) * u).to(dtype)
-        out = row.expand(M, N).contiguous()
+        out.copy_(row.expand(M, N))
         if not store_pre:
             return out
         return out, g.to(dtype).expand(M, N).contiguous(), u.to(dtype).expand(M, N).contiguous()
 
-    out = _alloc.empty((M, N), dtype, device)  # NaN under DUALK_POISON
     gate = _alloc.empty((M, N), dtype, device) if store_pre else out
     up = _alloc.empty((M, N), dtype, device) if store_pre else out
     bias_gate = bias_gate.contiguous() if bias_gate is not None else None

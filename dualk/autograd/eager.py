@@ -110,7 +110,7 @@ class _FusedMlpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, activation: str, backend: str, layers: int, *params):
         weights, biases = list(params[:layers]), list(params[layers:])
-        out = library.fresh(run_fused_mlp(x, weights, biases, activation, backend))
+        out = library.owned(run_fused_mlp(x, weights, biases, activation, backend))
         ctx.save_for_backward(x, *params)  # None biases are saved as None
         ctx.activation, ctx.backend, ctx.layers = activation, backend, layers
         return out

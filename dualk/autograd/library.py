@@ -44,9 +44,18 @@ def fresh(out: torch.Tensor) -> torch.Tensor:
     return out if out.is_contiguous() else out.contiguous()
 
 
+def owned(out: torch.Tensor) -> torch.Tensor:
+    """An op's output as the user gets it: contiguous and not a view, which an autograd Function
+    cannot return for in-place use (`y.add_(1)` raises; PyTorch's F.linear returns a view for a
+    (..., k) input with a bias on the CPU). dualk's kernels make such tensors: no copy there."""
+    if out._base is not None:
+        return out.clone(memory_format=torch.contiguous_format)
+    return out if out.is_contiguous() else out.contiguous()
+
+
 # ---------------------------------------------------------------------------------------- add
 def run_add(a, b, alpha, backend):
-    return fresh(operators.run_add(a, b, alpha, backend))
+    return owned(operators.run_add(a, b, alpha, backend))
 
 
 @torch.library.custom_op(f"{LIB}::add", mutates_args=())
@@ -83,7 +92,7 @@ add.register_autograd(add_formula, setup_context=add_setup)
 
 # ---------------------------------------------------------------------------------- relu_scale
 def run_relu_scale(x, scale, backend):
-    return fresh(operators.run_relu_scale(x, scale, backend))
+    return owned(operators.run_relu_scale(x, scale, backend))
 
 
 @torch.library.custom_op(f"{LIB}::relu_scale", mutates_args=())
@@ -114,7 +123,7 @@ relu_scale.register_autograd(relu_scale_formula, setup_context=relu_scale_setup)
 
 # -------------------------------------------------------------------------------------- matmul
 def run_matmul(a, b, backend):
-    return fresh(operators.run_matmul(a, b, backend))
+    return owned(operators.run_matmul(a, b, backend))
 
 
 @torch.library.custom_op(f"{LIB}::matmul", mutates_args=())
@@ -161,7 +170,7 @@ matmul.register_autograd(matmul_formula, setup_context=matmul_setup)
 
 # --------------------------------------------------------------------------------- linear_gelu
 def run_linear_gelu(x, weight, bias, approximate, backend):
-    return fresh(operators.run_linear_gelu(x, weight, bias, approximate, backend))
+    return owned(operators.run_linear_gelu(x, weight, bias, approximate, backend))
 
 
 @torch.library.custom_op(f"{LIB}::linear_gelu", mutates_args=())
@@ -228,7 +237,7 @@ def _unpack_biases(layers: int, biases, bias_mask: int) -> list:
 
 def run_fused_mlp(x, weights, biases, bias_mask, activation, backend):
     full = _unpack_biases(len(weights), biases, bias_mask)
-    return fresh(operators.run_fused_mlp(x, list(weights), full, activation, backend))
+    return owned(operators.run_fused_mlp(x, list(weights), full, activation, backend))
 
 
 @torch.library.custom_op(f"{LIB}::fused_mlp", mutates_args=())
@@ -383,7 +392,7 @@ cuda_backend.set_mlp_op_hooks(operators.planned_usable, run_fused_mlp_full)
 
 # ---------------------------------------------------------------------------------- linear_glu
 def run_linear_glu(x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend):
-    return fresh(
+    return owned(
         operators.run_linear_glu(
             x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
         )
@@ -559,7 +568,7 @@ def run_linear_glu_train(
     out, gate, up = operators.run_linear_glu_train(
         x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate, backend
     )
-    return fresh(out), fresh(gate), fresh(up)
+    return owned(out), fresh(gate), fresh(up)
 
 
 @torch.library.custom_op(f"{LIB}::linear_glu_train", mutates_args=())

@@ -1114,17 +1114,15 @@ def linear_gelu(
     if out is not None:
         return out
     x2d = as_rows(x)
-    out = _alloc.empty((x2d.shape[0], weight.shape[0]), x.dtype, x.device)
+    out, out_rows = _alloc.rows_output(x, weight.shape[0])
     if out.numel():
         if not (_unit_stride(weight, 1) or _unit_stride(weight, 0)):
             weight = weight.contiguous()  # B = weight^T needs unit stride along k or n
         bias = None if bias is None else bias.contiguous()
         extension("gemm").linear_gelu(
-            _as_gemm_a(x2d), weight, bias, out, act, allow_tf32(x.dtype)
+            _as_gemm_a(x2d), weight, bias, out_rows, act, allow_tf32(x.dtype)
         )  # fmt: skip
-    if x.dim() == 2:
-        return out
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out
 
 
 # linear_glu's gate activations as launchers.h numbers them, by (activation, approximate).
@@ -1158,8 +1156,7 @@ def linear_glu(
     if out is not None:
         return out
     x2d = as_rows(x)
-    n = wg.shape[0]
-    out = _alloc.empty((x2d.shape[0], n), x.dtype, x.device)
+    out, out_rows = _alloc.rows_output(x, wg.shape[0])
     if out.numel():
         # As linear_gelu: B = W^T needs unit stride along k or n; the biases contiguous.
         wg, wu = (
@@ -1168,11 +1165,9 @@ def linear_glu(
         bg = None if bg is None else bg.contiguous()
         bu = None if bu is None else bu.contiguous()
         extension("gemm").linear_glu(
-            _as_gemm_a(x2d), wg, wu, bg, bu, out, act, allow_tf32(x.dtype)
+            _as_gemm_a(x2d), wg, wu, bg, bu, out_rows, act, allow_tf32(x.dtype)
         )  # fmt: skip
-    if x.dim() == 2:
-        return out
-    return out.reshape(*x.shape[:-1], n)
+    return out
 
 
 def linear_glu_route(
@@ -1280,9 +1275,7 @@ def fused_mlp(
     activation: str = "relu",
 ) -> torch.Tensor:
     x2d, weights, biases = _mlp_operands(x, weights, biases)
-    out = _alloc.empty((x2d.shape[0], weights[-1].shape[0]), x.dtype, x.device)
+    out, out_rows = _alloc.rows_output(x, weights[-1].shape[0])
     if out.numel():
-        extension("mlp").fused_mlp(x2d, weights, biases, out, ACTIVATION_CODES[activation])
-    if x.dim() == 2:  # the common case: no reshape (a dispatcher call) on the hot path
-        return out
-    return out.reshape(*x.shape[:-1], weights[-1].shape[0])
+        extension("mlp").fused_mlp(x2d, weights, biases, out_rows, ACTIVATION_CODES[activation])
+    return out

@@ -104,11 +104,13 @@ def linear_gelu(
     approximate: str = "tanh",
 ) -> torch.Tensor:
     x2d = as_rows(x)
+    out, out_rows = _alloc.rows_output(x, weight.shape[0])
     with _device_guard(x):
-        out = kernel_module("linear_gelu").linear_gelu(
-            x2d, weight, bias, approximate=approximate, allow_tf32=allow_tf32(x.dtype)
-        )
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+        kernel_module("linear_gelu").linear_gelu(
+            x2d, weight, bias, approximate=approximate, allow_tf32=allow_tf32(x.dtype),
+            out=out_rows,
+        )  # fmt: skip
+    return out
 
 
 def fused_mlp_unsupported_reason(widths: Sequence[int], dtype: torch.dtype) -> str | None:
@@ -122,9 +124,12 @@ def fused_mlp(
     activation: str = "relu",
 ) -> torch.Tensor:
     x2d = as_rows(x)
+    out, out_rows = _alloc.rows_output(x, weights[-1].shape[0])
     with _device_guard(x):
-        out = kernel_module("fused_mlp").fused_mlp(x2d, weights, biases, activation=activation)
-    return out.reshape(*x.shape[:-1], weights[-1].shape[0])
+        kernel_module("fused_mlp").fused_mlp(
+            x2d, weights, biases, activation=activation, out=out_rows
+        )  # fmt: skip
+    return out
 
 
 def linear_glu(
@@ -138,12 +143,13 @@ def linear_glu(
 ) -> torch.Tensor:
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     x2d = as_rows(x)
+    out, out_rows = _alloc.rows_output(x, wg.shape[0])
     with _device_guard(x):
-        out = kernel_module("linear_glu").linear_glu(
+        kernel_module("linear_glu").linear_glu(
             x2d, wg, wu, bg, bu, activation=activation, approximate=approximate,
-            allow_tf32=allow_tf32(x.dtype),
+            allow_tf32=allow_tf32(x.dtype), out=out_rows,
         )  # fmt: skip
-    return out.reshape(*x.shape[:-1], wg.shape[0])
+    return out
 
 
 def linear_glu_train(
@@ -159,13 +165,14 @@ def linear_glu_train(
     also stores both pre-activations (out is linear_glu's answer bit for bit)."""
     wg, wu, bg, bu = split_glu_parameters(weight_gate, weight_up, bias_gate, bias_up)
     x2d = as_rows(x)
+    out, out_rows = _alloc.rows_output(x, wg.shape[0])
     with _device_guard(x):
-        out, gate, up = kernel_module("linear_glu").linear_glu(
+        _, gate, up = kernel_module("linear_glu").linear_glu(
             x2d, wg, wu, bg, bu, activation=activation, approximate=approximate,
-            allow_tf32=allow_tf32(x.dtype), store_pre=True,
+            allow_tf32=allow_tf32(x.dtype), store_pre=True, out=out_rows,
         )  # fmt: skip
     shape = (*x.shape[:-1], wg.shape[0])
-    return out.reshape(shape), gate.reshape(shape), up.reshape(shape)
+    return out, gate.reshape(shape), up.reshape(shape)
 
 
 def linear_glu_grad_pre(

@@ -4,6 +4,7 @@ cannot pass a comparison."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -43,3 +44,15 @@ def empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
     if _poison:
         out.fill_(float("nan"))
     return out
+
+
+def rows_output(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output (..., n) of an op on x (..., k), and the same memory as (rows, n) for the
+    kernel to write. The output is made in its own shape, not as a view of a (rows, n) tensor:
+    a view returned from dualk's autograd Function cannot be modified in place (`y.add_(1)`
+    under autograd raises), where PyTorch's own ops return a plain tensor."""
+    if x.dim() == 2:
+        out = empty((x.shape[0], n), x.dtype, x.device)
+        return out, out
+    out = empty((*x.shape[:-1], n), x.dtype, x.device)
+    return out, out.view(math.prod(x.shape[:-1]), n)
