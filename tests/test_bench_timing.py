@@ -12,6 +12,7 @@ from conftest import HAS_CUDA
 
 import dualk.core.timing
 import dualk.tools.bench
+from dualk.registry import OPS
 
 
 def test_time_device_sleeps_past_the_host_time_and_reports_the_interquartile_mean(monkeypatch):
@@ -153,12 +154,13 @@ def test_a_slow_launch_is_not_timed_as_kernel_time():
 
 def test_auto_is_timed_after_its_background_work_settles(monkeypatch):
     """`dualk bench` times "auto" once nothing its decision waits for runs in the background: the
-    row's calls made while pending keep going until the tuner is done, then a few more (so auto
-    decides again with every backend), and the row says how long that took. A run that does not
-    settle in time says so in the row's note."""
+    row's calls made while pending keep going until the tuner is done, then until the decision
+    is no longer provisional, then a few more, and the row says how long that took. A run that
+    does not settle in time says so in the row's note."""
     bench = dualk.tools.bench
     tune = bench.triton_tune
     pending = {"polls": 3}
+    provisional = {"left": 0}
 
     def background_pending():
         pending["polls"] -= 1
@@ -169,23 +171,48 @@ def test_auto_is_timed_after_its_background_work_settles(monkeypatch):
             call()
         return True
 
+    def still_provisional(spec, args):
+        provisional["left"] -= 1
+        return provisional["left"] >= 0
+
     calls = []
     monkeypatch.setattr(tune, "background_pending", background_pending)
     monkeypatch.setattr(tune, "settle", settle)
+    monkeypatch.setattr(bench.autotune, "provisional", still_provisional)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
-    assert bench._settle_auto(lambda: calls.append(1), row) is True
-    assert len(calls) == 2 + 3  # two calls while pending, three after it settled
+    spec, sample = OPS["linear_gelu"], types.SimpleNamespace(args=())
+
+    def settle_row():
+        row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
+        return bench._settle_auto(lambda: calls.append(1), row, spec, sample), row
+
+    settled, row = settle_row()
+    assert settled is True
+    # two calls while pending, one more (final after it), three after it settled
+    assert len(calls) == 2 + 1 + 3
     assert row.settle_s is not None and row.settle_s >= 0
 
     # nothing pending: no extra calls, no settle time
     calls.clear()
-    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
-    assert bench._settle_auto(lambda: calls.append(1), row) is True
-    assert calls == [] and row.settle_s is None
+    settled, row = settle_row()
+    assert settled is True and calls == [] and row.settle_s is None
+
+    # nothing in the background, but the decision provisional for the first 4 checks (the
+    # first is _settle_auto's own): called until it is final, then three more
+    calls.clear()
+    provisional["left"] = 4
+    settled, row = settle_row()
+    assert settled is True and len(calls) == 4 + 3 and row.settle_s is not None
+
+    # provisional for ever: stops after SETTLE_CALLS calls and says it did not settle
+    calls.clear()
+    provisional["left"] = 10**6
+    settled, row = settle_row()
+    assert settled is False and len(calls) == bench.SETTLE_CALLS + 3
 
     # never settles within the limit: reported as such
     monkeypatch.setattr(tune, "background_pending", lambda: True)
     monkeypatch.setattr(tune, "settle", lambda call, limit_s: False)
-    row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
-    assert bench._settle_auto(lambda: calls.append(1), row) is False
+    provisional["left"] = 0
+    settled, row = settle_row()
+    assert settled is False
