@@ -37,7 +37,8 @@
 #                                        # GEMM harness (carried build/harness, HARNESS_ARGS);
 #                                        # "default": the default bench suite (DEFAULT_OPS), its
 #                                        # criteria and auto-vs-best tables; "gemmhost":
-#                                        # experiments/host_gemm_pieces.py
+#                                        # experiments/host_gemm_pieces.py; "llama":
+#                                        # experiments/llama_mlp_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -296,6 +297,13 @@ steps)
       timeout ${PROBE_TIMEOUT:-150} $PY experiments/zoo_bias_probe.py --parts ${PROBE_PARTS:-c} --json "$OUT/zoo_probe.json" > "$OUT/zoo_probe.log" 2>&1
       say "zoo_bias_probe (${PROBE_PARTS:-c}): rc=$? in $(( $(date +%s) - t0 )) s"
       grep -E "ops\)|host_us|wall_us" "$OUT/zoo_probe.log" | head -30
+      ;;
+    llama)
+      # the zoo's LLaMA: original vs the gated MLP pinned to dualk vs dualk.fuse (its in-model
+      # check's medians), device and host per forward, kernel breakdowns
+      timeout ${LLAMA_TIMEOUT:-300} $PY experiments/llama_mlp_probe.py --json "$OUT/llama_probe.json" > "$OUT/llama_probe.log" 2>&1
+      say "llama_mlp_probe: rc=$? in $(( $(date +%s) - t0 )) s"
+      cat "$OUT/llama_probe.log" | grep -v Warning | head -60
       ;;
     gap)
       timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py ${GAP_ARGS:-} --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
