@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import dualk
-from dualk import fuse as fuse_module
+from dualk.fuse import audit_times, audit_verdicts
 from dualk.core import timing
 from dualk.tools.zoo_models import MODELS
 
@@ -98,8 +98,8 @@ def main() -> None:
             torch.cuda.synchronize()
             err = (out.last_hidden_state.float() - ref).abs().max().item()
             print(f"{name}: max abs diff vs original {err:.3e}", flush=True)
-        result["audit_times"] = [list(t) for t in fuse_module.audit_times(fused)]
-        result["audit_verdicts"] = fuse_module.audit_verdicts(fused)
+        result["audit_times"] = [list(t) for t in audit_times(fused)]
+        result["audit_verdicts"] = audit_verdicts(fused)
         print("fused: in-model check (path, fused ms, original ms):", result["audit_times"])
         print("fused: verdicts", result["audit_verdicts"])
         flush = torch.empty(64 << 20, dtype=torch.int32, device=device)
@@ -131,6 +131,15 @@ def main() -> None:
             mlp_dev.setdefault(name, []).extend(timing.timed_calls(lambda m=m: m(x), 10, flush, 0))
         result["mlp_alone_ms"] = {n: round(statistics.median(v), 4) for n, v in mlp_dev.items()}
         print("one MLP alone (device ms):", result["mlp_alone_ms"])
+        # Host us per call of one layer's MLP: the original, the pinned call, and the fused
+        # model's owner (what dualk.fuse put in the layer: its wrapper's cost shows here)
+        owners = (("original", mlp0), ("pinned_cuda", pin0), ("fused_owner", fused.layers[0].mlp))
+        mlp_host: dict[str, list] = defaultdict(list)
+        for _ in range(5):
+            for name, m in owners:
+                mlp_host[name].append(timing.burst_host_ms(lambda m=m: m(x), 50) * 1e3)
+        result["mlp_host_us"] = {n: round(statistics.median(v), 2) for n, v in mlp_host.items()}
+        print("one MLP's host us per call:", result["mlp_host_us"])
         result["kernels"] = {}
         for name in ("original", "pinned_cuda"):
             m = variants[name]
