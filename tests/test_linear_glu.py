@@ -708,9 +708,11 @@ def test_cuda_odd_shapes_and_routes(activation, approximate, rows, k, n, weights
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason=NO_GPU)
-def test_cuda_route_names():
+def test_cuda_route_names(monkeypatch):
     """On Hopper, aligned 16-bit calls take the wgmma kernel (wide or mid tiles at LLaMA's
-    prefill, narrow at decode); fp32 and rows off 16 bytes take the portable routes; anywhere else, portable."""
+    prefill, narrow at decode); fp32 and rows off 16 bytes take the portable routes; anywhere
+    else, portable. (With the CTA pairs off: test_cuda_route_names_with_cta_pairs has them.)"""
+    monkeypatch.setenv("DUALK_GLU_CLUSTER", "0")
     bf16 = torch.bfloat16
     hopper = torch.cuda.get_device_capability() == (9, 0)
 
@@ -722,7 +724,7 @@ def test_cuda_route_names():
     if hopper:
         # 344 wide tiles are 2.6 rounds of 132 SMs, 396 mid ones 3 whole rounds of 7/8 the work
         assert route(512, 4096, 11008) == "sm90 wgmma 128x(2x112)"
-        assert route(8192, 4096, 11008) == "sm90 wgmma 128x(2x128)"
+        assert route(8192, 4096, 11008) == WIDE_ROUTE
         assert route(16, 4096, 11008) == "sm90 wgmma 128x(2x32)"
     else:
         assert route(512, 4096, 11008).startswith("portable")
