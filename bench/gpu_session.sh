@@ -271,10 +271,12 @@ steps)
       prebuilt_from /tmp/pre/prebuilt
       ;;
     tests)
-      timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -q -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
+      # -v: xdist prints each test's outcome as it ends ("[gw3] [ 35%] FAILED tests/..."), so a
+      # run cut by the timeout still names its failures (session 36 lost one to a -q log)
+      timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -v -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1
       say "pytest: rc=$? in $(( $(date +%s) - t0 )) s"
-      grep -E "^(FAILED|ERROR)" "$OUT/pytest-steps.log" | head -20; tail -n 1 "$OUT/pytest-steps.log"
+      grep -E "(^| )(FAILED|ERROR) " "$OUT/pytest-steps.log" | head -20; tail -n 1 "$OUT/pytest-steps.log"
       ;;
     host)
       timeout 200 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > /dev/null 2>&1

@@ -122,6 +122,14 @@ def main() -> None:
         result["audit_verdicts"] = audit_verdicts(fused)
         print("fused: in-model check (path, fused ms, original ms):", result["audit_times"])
         print("fused: verdicts", result["audit_verdicts"])
+        # What auto runs for the layers' gated call, and what the fused owner's module chose
+        h = torch.randn(8, 512, 2048, device=device, dtype=torch.bfloat16)
+        mlp = model.layers[0].mlp
+        explained = dualk.explain(
+            "linear_glu", h, mlp.gate_proj.weight, mlp.up_proj.weight, activation="silu"
+        )
+        result["auto"] = f"{explained.backend} ({explained.source}); {explained.notes}"
+        print("auto for the gated call:", result["auto"])
         flush = torch.empty(64 << 20, dtype=torch.int32, device=device)
         dev: dict[str, list] = defaultdict(list)
         host: dict[str, list] = defaultdict(list)
@@ -172,7 +180,7 @@ def main() -> None:
         print("\nthe fused owner, 300 calls under cProfile (tottime):")
         print("\n".join(line[:150] for line in text.getvalue().splitlines()[6:40]))
         result["kernels"] = {}
-        for name in ("original", "pinned_cuda"):
+        for name in variants:
             m = variants[name]
             total, top = kernel_breakdown(lambda m=m: m(*a, **kw))
             result["kernels"][name] = {"total_us": round(total, 1), "top": top}
