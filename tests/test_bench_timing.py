@@ -180,7 +180,8 @@ def test_auto_is_timed_after_its_background_work_settles(monkeypatch):
     monkeypatch.setattr(tune, "settle", settle)
     monkeypatch.setattr(bench.autotune, "provisional", still_provisional)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    spec, sample = OPS["linear_gelu"], types.SimpleNamespace(args=())
+    spec = OPS["linear_gelu"]
+    sample = spec.cases[0].make(torch.float32, torch.device("cpu"), torch.Generator())
 
     def settle_row():
         row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
@@ -216,3 +217,26 @@ def test_auto_is_timed_after_its_background_work_settles(monkeypatch):
     provisional["left"] = 0
     settled, row = settle_row()
     assert settled is False
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_settle_asks_auto_with_the_key_arguments(op, monkeypatch):
+    """The settle asks autotune.provisional with the implementation's positional arguments, as
+    auto keys its decisions: every op's sample (keyword arguments included: linear_glu's
+    activation) gives a key. Session 36's first version passed the sample's positional arguments
+    alone and every GPU "auto" row of the default suite failed (IndexError, ValueError)."""
+    bench = dualk.tools.bench
+    asked = []
+
+    def provisional(spec, args):
+        asked.append(spec.key(args))
+        return False
+
+    monkeypatch.setattr(bench.triton_tune, "background_pending", lambda: False)
+    monkeypatch.setattr(bench.autotune, "provisional", provisional)
+    spec = OPS[op]
+    for case in spec.cases[:2]:
+        sample = case.make(torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+        row = bench.Row(op, case.name, sample.label, "float32", "dualk:auto", "dualk")
+        assert bench._settle_auto(lambda: None, row, spec, sample) is True
+    assert len(asked) == min(2, len(spec.cases)) and all(asked)

@@ -29,6 +29,7 @@ from .. import registry
 from ..backends import unavailable_reason
 from ..core import timing
 from ..dispatch import autotune, triton_tune
+from ..ops import implementation_args
 from ..registry import OPS, OpSpec, Sample
 from ..testing import float64_reference, judge
 
@@ -412,13 +413,16 @@ def _settle_auto(fn: Callable[[], object], row: Row, spec: OpSpec, sample: Sampl
     (H200, session 35). A decision still provisional once the background work is done takes a
     few more calls (one loads Triton's kernel, the next decides again): called until it is final,
     at most SETTLE_CALLS times. Returns whether it settled within SETTLE_S and SETTLE_CALLS."""
-    if not triton_tune.background_pending() and not autotune.provisional(spec, sample.args):
+    # (the implementation's positional arguments, which spec.key reads: the sample's keyword
+    # arguments such as linear_glu's activation included)
+    key_args = implementation_args(spec.name, *sample.args, **sample.kwargs)[0]
+    if not triton_tune.background_pending() and not autotune.provisional(spec, key_args):
         return True
     t0 = time.perf_counter()
     settled = triton_tune.settle(lambda: (fn(), torch.cuda.synchronize()), SETTLE_S)
     for _ in range(SETTLE_CALLS):
         fn()
-        if not autotune.provisional(spec, sample.args):
+        if not autotune.provisional(spec, key_args):
             break
     else:
         settled = False
