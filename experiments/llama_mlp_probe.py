@@ -179,6 +179,36 @@ def main() -> None:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(24)
         print("\nthe fused owner, 300 calls under cProfile (tottime):")
         print("\n".join(line[:150] for line in text.getvalue().splitlines()[6:40]))
+        # The whole forward's Python on the host, original vs fused: the functions whose time
+        # or call count differ most (the fused model's host per forward read higher than the
+        # original's in the zoo although each owner's call alone is cheaper; session 36).
+        stats = {}
+        for name in ("original", "fused"):
+            m = variants[name]
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(20):
+                m(*a, **kw)
+            prof.disable()
+            torch.cuda.synchronize()
+            st = pstats.Stats(prof).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
+            stats[name] = {f"{k[0].split('/')[-1]}:{k[1]}({k[2]})": (v[1] / 20, v[2] / 20 * 1e6)
+                           for k, v in st.items()}  # fmt: skip
+        diffs = []
+        for fn in set(stats["original"]) | set(stats["fused"]):
+            oc, ot = stats["original"].get(fn, (0, 0.0))
+            fc, ft = stats["fused"].get(fn, (0, 0.0))
+            diffs.append((ft - ot, fn, oc, fc, ot, ft))
+        diffs.sort(key=lambda d: -abs(d[0]))
+        result["host_profile_diff"] = [
+            {"fn": fn, "calls": [oc, fc], "tottime_us": [round(ot, 1), round(ft, 1)]}
+            for _, fn, oc, fc, ot, ft in diffs[:30]
+        ]
+        total = {n: sum(t for _, t in v.values()) for n, v in stats.items()}
+        print(f"\nhost per forward under cProfile: original {total['original']:.0f} us, fused "
+              f"{total['fused']:.0f} us; largest differences (fused - original tottime us; calls):")  # fmt: skip
+        for d, fn, oc, fc, _ot, _ft in diffs[:30]:
+            print(f"  {d:+8.1f}  {fn[:100]}  calls {oc:g} -> {fc:g}")
         result["kernels"] = {}
         for name in variants:
             m = variants[name]
