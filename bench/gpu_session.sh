@@ -276,7 +276,10 @@ steps)
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -v -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1
       say "pytest: rc=$? in $(( $(date +%s) - t0 )) s"
-      grep -E "(^| )(FAILED|ERROR) " "$OUT/pytest-steps.log" | head -20; tail -n 1 "$OUT/pytest-steps.log"
+      # the summary's lines, else (a run cut by the timeout) the progress lines
+      grep -E "^(FAILED|ERROR) " "$OUT/pytest-steps.log" | head -20 | grep . \
+        || grep -E " (FAILED|ERROR) " "$OUT/pytest-steps.log" | head -20
+      tail -n 1 "$OUT/pytest-steps.log"
       ;;
     host)
       timeout 200 $PY bench/host_cost.py --profile-compiled --json "$OUT/host_cost.json" > /dev/null 2>&1

@@ -68,3 +68,31 @@ def test_batched_output_is_not_a_view(op, backend, grad):
     grads_ref = torch.autograd.grad(ref.square().sum(), [x, *params])
     for g, r in zip(grads, grads_ref):
         torch.testing.assert_close(g, r, rtol=2e-3, atol=2e-3)
+
+
+def test_training_forward_adds_no_copy_of_the_output(monkeypatch):
+    """The views PyTorch's own paths return (F.linear with a bias on a (..., k) input; fused_mlp's
+    per-layer chain, taken where the fused kernels do not fit, ends in a reshape) are relabelled,
+    not cloned: a training forward copies no full output to make it a tensor of its own."""
+    clones = []
+    real_clone = torch.Tensor.clone
+
+    def spy(self, *args, **kwargs):
+        clones.append(tuple(self.shape))
+        return real_clone(self, *args, **kwargs)
+
+    torch.manual_seed(0)
+    wide = _layers((8, 300, 4), 5)  # 300 wide: past Triton's fused kernel, the per-layer chain
+    ws, bs = [m.weight for m in wide], [m.bias for m in wide]
+    (lin,) = _layers((8, 12), 6)
+    monkeypatch.setattr(torch.Tensor, "clone", spy)
+    for shape in ((4, 8), (2, 3, 8)):
+        x = torch.randn(*shape, device=DEVICE, requires_grad=True)
+        for backend in ("torch", "triton"):
+            y = dualk.fused_mlp(x, ws, bs, activation="relu", backend=backend)
+            z = dualk.linear_gelu(x, lin.weight, lin.bias, backend=backend)
+            assert y._base is None and z._base is None
+            y.add_(1.0)
+            z.add_(1.0)
+            (y.sum() + z.sum()).backward()
+    assert clones == []

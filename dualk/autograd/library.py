@@ -46,11 +46,18 @@ def fresh(out: torch.Tensor) -> torch.Tensor:
 
 def owned(out: torch.Tensor) -> torch.Tensor:
     """An op's output as the user gets it: contiguous and not a view, which an autograd Function
-    cannot return for in-place use (`y.add_(1)` raises; PyTorch's F.linear returns a view for a
-    (..., k) input with a bias on the CPU). dualk's kernels make such tensors: no copy there."""
-    if out._base is not None:
-        return out.clone(memory_format=torch.contiguous_format)
-    return out if out.is_contiguous() else out.contiguous()
+    cannot return for in-place use (`y.add_(1)` raises). dualk's kernels make such tensors; the
+    torch backend's F.linear (a (..., k) input with a bias) and the per-layer MLP chain end in a
+    reshape, a view: re-labelled without a copy (aten._unsafe_view, as torch.matmul returns its
+    own), since nothing else holds the tensor it views. A strided view is copied."""
+    if out._base is None:
+        return out if out.is_contiguous() else out.contiguous()
+    if out.is_contiguous():
+        return _unsafe_view(out, out.shape)
+    return out.clone(memory_format=torch.contiguous_format)
+
+
+_unsafe_view = torch.ops.aten._unsafe_view
 
 
 # ---------------------------------------------------------------------------------------- add

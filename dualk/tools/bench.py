@@ -367,7 +367,10 @@ def run_case(spec: OpSpec, case, dtype, backends, *, with_peers=True, with_compi
             elif backend == "auto":
                 row.note = f"ran {_auto_choice(spec, sample)}"
                 if not settled:
-                    row.note += f"; timed before its background work settled ({SETTLE_S:.0f} s)"
+                    row.note += (
+                        f"; timed before its decision settled ({SETTLE_S:.0f} s, "
+                        f"{SETTLE_CALLS} calls)"
+                    )
         except Exception as exc:  # one broken implementation must not stop the run
             row.note = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             continue
@@ -419,13 +422,22 @@ def _settle_auto(fn: Callable[[], object], row: Row, spec: OpSpec, sample: Sampl
     if not triton_tune.background_pending() and not autotune.provisional(spec, key_args):
         return True
     t0 = time.perf_counter()
-    settled = triton_tune.settle(lambda: (fn(), torch.cuda.synchronize()), SETTLE_S)
-    for _ in range(SETTLE_CALLS):
+    deadline = t0 + SETTLE_S
+
+    def call():
         fn()
-        if not autotune.provisional(spec, key_args):
+        torch.cuda.synchronize()
+
+    settled = triton_tune.settle(call, SETTLE_S)
+    calls = 0
+    while settled and autotune.provisional(spec, key_args):
+        if calls == SETTLE_CALLS:
+            settled = False
             break
-    else:
-        settled = False
+        fn()
+        calls += 1
+        if triton_tune.background_pending():  # (a kernel's load sent the class back to the tuner)
+            settled = triton_tune.settle(call, max(0.0, deadline - time.perf_counter()))
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
