@@ -59,6 +59,17 @@ def pinned(model: nn.Module, backend: str) -> nn.Module:
     return out
 
 
+def profiled(run, calls: int, stream=None) -> pstats.Stats:
+    """cProfile's statistics of `calls` calls of `run` (the GPU synchronised after)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        run()
+    prof.disable()
+    torch.cuda.synchronize()
+    return pstats.Stats(prof, stream=stream)
+
+
 def kernel_breakdown(run, forwards: int = 3) -> tuple[float, list]:
     """(device us per forward, [(kernel name, us per forward)] top 12) from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -169,14 +180,8 @@ def main() -> None:
         result["mlp_host_us"] = {n: round(statistics.median(v), 2) for n, v in mlp_host.items()}
         print("one MLP's host us per call:", result["mlp_host_us"])
         owner = fused.layers[0].mlp
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            owner(x)
-        prof.disable()
-        torch.cuda.synchronize()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(24)
+        profiled(lambda: owner(x), 300, text).sort_stats("tottime").print_stats(24)
         print("\nthe fused owner, 300 calls under cProfile (tottime):")
         print("\n".join(line[:150] for line in text.getvalue().splitlines()[6:40]))
         # The whole forward's Python on the host, original vs fused: the functions whose time
@@ -185,13 +190,8 @@ def main() -> None:
         stats = {}
         for name in ("original", "fused"):
             m = variants[name]
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(20):
-                m(*a, **kw)
-            prof.disable()
-            torch.cuda.synchronize()
-            st = pstats.Stats(prof).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
+            # {(file, line, fn): (cc, nc, tt, ct, callers)}
+            st = profiled(lambda m=m: m(*a, **kw), 20).stats
             stats[name] = {f"{k[0].split('/')[-1]}:{k[1]}({k[2]})": (v[1] / 20, v[2] / 20 * 1e6)
                            for k, v in st.items()}  # fmt: skip
         diffs = []
@@ -204,9 +204,9 @@ def main() -> None:
             {"fn": fn, "calls": [oc, fc], "tottime_us": [round(ot, 1), round(ft, 1)]}
             for _, fn, oc, fc, ot, ft in diffs[:30]
         ]
-        total = {n: sum(t for _, t in v.values()) for n, v in stats.items()}
-        print(f"\nhost per forward under cProfile: original {total['original']:.0f} us, fused "
-              f"{total['fused']:.0f} us; largest differences (fused - original tottime us; calls):")  # fmt: skip
+        host = {n: sum(t for _, t in v.values()) for n, v in stats.items()}
+        print(f"\nhost per forward under cProfile: original {host['original']:.0f} us, fused "
+              f"{host['fused']:.0f} us; largest differences (fused - original tottime us; calls):")  # fmt: skip
         for d, fn, oc, fc, _ot, _ft in diffs[:30]:
             print(f"  {d:+8.1f}  {fn[:100]}  calls {oc:g} -> {fc:g}")
         result["kernels"] = {}

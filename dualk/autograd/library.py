@@ -48,11 +48,13 @@ def owned(out: torch.Tensor) -> torch.Tensor:
     """An op's output as the user gets it: contiguous and not a view, which an autograd Function
     cannot return for in-place use (`y.add_(1)` raises). dualk's kernels make such tensors; the
     torch backend's F.linear (a (..., k) input with a bias) and the per-layer MLP chain end in a
-    reshape, a view: re-labelled without a copy (aten._unsafe_view, as torch.matmul returns its
-    own), since nothing else holds the tensor it views. A strided view is copied."""
-    if out._base is None:
+    reshape, a view of all of a fresh tensor: re-labelled without a copy (aten._unsafe_view, as
+    torch.matmul returns its own). A view of part of a tensor (which would pin, and share, the
+    rest) or a strided one is copied."""
+    base = out._base
+    if base is None:
         return out if out.is_contiguous() else out.contiguous()
-    if out.is_contiguous():
+    if out.is_contiguous() and out.numel() == base.numel() and base.is_contiguous():
         return _unsafe_view(out, out.shape)
     return out.clone(memory_format=torch.contiguous_format)
 

@@ -4,10 +4,11 @@ cannot pass a comparison."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
+
+from .layout import row_count
 
 _poison = os.environ.get("DUALK_POISON", "") not in ("", "0")
 
@@ -55,4 +56,4 @@ def rows_output(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         out = empty((x.shape[0], n), x.dtype, x.device)
         return out, out
     out = empty((*x.shape[:-1], n), x.dtype, x.device)
-    return out, out.view(math.prod(x.shape[:-1]), n)
+    return out, out.view(row_count(x), n)
