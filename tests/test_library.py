@@ -687,7 +687,9 @@ def test_fx_symbolic_trace_of_fused_models_and_dualk_modules():
         assert {id(p) for p in traced.parameters()} <= {id(p) for p in fused.parameters()}
         x = torch.randn(5, 8, device=DEVICE)
         with torch.no_grad():
-            torch.testing.assert_close(traced(x), fused(x), rtol=0, atol=0)
+            # (not bit-equal to fused(x): on a GPU the fused model's in-model check may run the
+            # original modules for this shape, which the traced graph does not)
+            torch.testing.assert_close(traced(x), fused(x), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
 
 
