@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import cProfile
+import gc
 import io
 import json
 import pstats
@@ -59,15 +60,34 @@ def pinned(model: nn.Module, backend: str) -> nn.Module:
     return out
 
 
-def profiled(run, calls: int, stream=None) -> pstats.Stats:
-    """cProfile's statistics of `calls` calls of `run` (the GPU synchronised after)."""
+def profiled(run, calls: int, stream=None, isolated: bool = False) -> pstats.Stats:
+    """cProfile's statistics of `calls` calls of `run` (the GPU synchronised after); isolated:
+    the GPU synchronised after each call too, so that no launch waits for room in a full launch
+    queue (in a device-bound burst those waits land on whichever launch comes next)."""
     prof = cProfile.Profile()
+    sync = torch.cuda.synchronize
     prof.enable()
     for _ in range(calls):
         run()
+        if isolated:
+            sync()
     prof.disable()
     torch.cuda.synchronize()
     return pstats.Stats(prof, stream=stream)
+
+
+def isolated_host_ms(run, calls: int) -> list[float]:
+    """Host ms of each of `calls` calls started on an idle GPU (synchronised before each): the
+    host's own cost of one forward, which no full launch queue can stretch (burst_host_ms's
+    back-to-back calls of a device-bound forward wait for the GPU once the queue is full)."""
+    out = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return out
 
 
 def kernel_breakdown(run, forwards: int = 3) -> tuple[float, list]:
@@ -144,6 +164,8 @@ def main() -> None:
         flush = torch.empty(64 << 20, dtype=torch.int32, device=device)
         dev: dict[str, list] = defaultdict(list)
         host: dict[str, list] = defaultdict(list)
+        alone: dict[str, list] = defaultdict(list)  # isolated_host_ms
+        alone_nogc: dict[str, list] = defaultdict(list)  # the same with the collector off
         for r in range(args.rounds):
             order = list(variants.items())
             if r % 2:
@@ -152,13 +174,22 @@ def main() -> None:
                 run = lambda m=m: m(*a, **kw)  # noqa: E731
                 dev[name] += timing.timed_calls(run, args.reps, flush, 0)
                 host[name].append(timing.burst_host_ms(run, args.reps))
+                alone[name] += isolated_host_ms(run, args.reps)
+                gc.disable()
+                try:
+                    alone_nogc[name] += isolated_host_ms(run, args.reps)
+                finally:
+                    gc.enable()
         base = statistics.median(dev["original"])
         rows = {}
         for name in variants:
             d, h = statistics.median(dev[name]), statistics.median(host[name])
+            i, g = statistics.median(alone[name]), statistics.median(alone_nogc[name])
             rows[name] = {"device_ms": round(d, 4), "host_ms": round(h, 4),
+                          "isolated_host_ms": round(i, 4), "isolated_host_nogc_ms": round(g, 4),
                           "device_ratio": round(base / d, 4)}  # fmt: skip
-            print(f"{name:12s} device {d:.3f} ms  host {h:.3f} ms  original/this (device) "
+            print(f"{name:12s} device {d:.3f} ms  host {h:.3f} ms (burst), {i:.3f} ms (one "
+                  f"forward on an idle GPU; {g:.3f} with gc off)  original/this (device) "
                   f"{base / d:.3f}x", flush=True)  # fmt: skip
         result["rows"] = rows
         # The MLP alone at the model's shape, and its share of the forward.
@@ -186,14 +217,15 @@ def main() -> None:
         print("\n".join(line[:150] for line in text.getvalue().splitlines()[6:40]))
         # The whole forward's Python on the host, original vs fused: the functions whose time
         # or call count differ most (the fused model's host per forward read higher than the
-        # original's in the zoo although each owner's call alone is cheaper; session 36).
+        # original's in the zoo although each owner's call alone is cheaper; session 36), each
+        # forward started on an idle GPU (profiled's isolated).
         stats = {}
         for name in ("original", "fused"):
             m = variants[name]
             # {(file, line, fn): (cc, nc, tt, ct, callers)}
-            st = profiled(lambda m=m: m(*a, **kw), 20).stats
+            st = profiled(lambda m=m: m(*a, **kw), 20, isolated=True).stats
             stats[name] = {f"{k[0].split('/')[-1]}:{k[1]}({k[2]})": (v[1] / 20, v[2] / 20 * 1e6)
-                           for k, v in st.items()}  # fmt: skip
+                           for k, v in st.items() if "synchronize" not in k[2]}  # fmt: skip
         diffs = []
         for fn in set(stats["original"]) | set(stats["fused"]):
             oc, ot = stats["original"].get(fn, (0, 0.0))
