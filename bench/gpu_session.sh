@@ -273,8 +273,11 @@ steps)
     tests)
       # -v: xdist prints each test's outcome as it ends ("[gw3] [ 35%] FAILED tests/..."), so a
       # run cut by the timeout still names its failures (session 36 lost one to a -q log)
+      # tests/test_fuzz.py (hypothesis, minutes on a GPU: session 37's whole-suite runs were cut
+      # in it) runs only where TESTS names it; the "suite" stage gives it a budget of its own
+      fuzz="--ignore=tests/test_fuzz.py"; case "${TESTS:-}" in *test_fuzz*) fuzz="" ;; esac
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -v -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
-        ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1
+        $fuzz ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1
       say "pytest: rc=$? in $(( $(date +%s) - t0 )) s"
       # the summary's lines, else (a run cut by the timeout) the progress lines
       grep -E "^(FAILED|ERROR) " "$OUT/pytest-steps.log" | head -20 | grep . \
