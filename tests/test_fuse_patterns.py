@@ -826,7 +826,7 @@ def test_a_copy_of_a_fused_graph_module_keeps_its_fused_forward_and_its_call(
     seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     gm = fuse(copy.deepcopy(seq))
     twin = copy_of(gm)
-    assert type(gm).__call__ is type(twin).__call__ is fuse_module._fused_graph_call
+    assert type(gm).__call__.dualk_graph_call and type(twin).__call__.dualk_graph_call
     ff, tf = _fused_forward(gm), _fused_forward(twin)
     assert tf is not ff and tf.owner is twin and tf.graph is twin
     assert tf.original.get_submodule("0") is twin.get_submodule("0") is not gm.get_submodule("0")
@@ -862,7 +862,7 @@ def test_a_shallow_copy_of_a_fused_graph_module_keeps_the_model_state_and_its_fo
     twin = copy.copy(gm)
     assert list(twin.state_dict()) == list(gm.state_dict()) == list(seq.state_dict())
     assert twin.get_submodule("0") is gm.get_submodule("0")
-    assert type(twin).__call__ is fuse_module._fused_graph_call
+    assert type(twin).__call__.dualk_graph_call
     ff, tf = _fused_forward(gm), _fused_forward(twin)
     assert tf is not ff and tf.owner is twin and tf.graph is twin and tf.audits is not ff.audits
     x = torch.randn(5, 8)
@@ -2741,3 +2741,38 @@ def test_an_identity_test_on_a_scalar_default_is_not_frozen_into_the_graph():
         for kwargs in ({}, {"residual": True}, {"residual": False}):
             torch.testing.assert_close(fused(x, **kwargs), model(x, **kwargs))
     assert any("take their defaults" in n for n in rep.notes), str(rep)
+
+
+def test_fused_models_of_many_classes_each_compile():
+    # Dynamo keeps at most recompile_limit compiled entries per code object. Every fused
+    # whole-model GraphModule's call shared one code object, so with the default limit (8) the
+    # 9th fused model compiled in a process ran eagerly while its original (its own class's
+    # forward) compiled. Each GraphModule class now has its own copy of the call.
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    source = (
+        "class Mlp{i}(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc2(self.act(self.fc1(x)))\n"
+    )
+    torch.manual_seed(21)
+    x = torch.randn(3, 8)
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    with config.patch(**{limit: 2}), torch.no_grad():
+        for i in range(4):  # twice the limit
+            scope = {"nn": nn}
+            exec(compile(source.format(i=i), f"<mlp{i}>", "exec"), scope)
+            model = scope[f"Mlp{i}"]().eval()
+            fused = fuse(copy.deepcopy(model))
+            assert type(fused).__call__.dualk_graph_call
+            out = torch.compile(fused, backend=counter)(x)
+            torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
+            assert counter.frame_count == i + 1, (i, counter.frame_count)
+    torch._dynamo.reset()
