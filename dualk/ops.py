@@ -118,6 +118,19 @@ def _fx_node(fn, operands: tuple, args: tuple, kwargs: dict):
 _dualk = torch.ops.dualk  # the registered ops (dualk/autograd/library.py registers them)
 
 
+def _compiled_inference(*tensors) -> bool:
+    """Whether Dynamo is tracing a call that needs no gradient: the compiled graph then calls the
+    operator's `<op>_infer` op, without custom_op's autograd and backend wrappers on every call
+    (dualk/autograd/library.py). Exports keep the autograd op (strict ones on torch < 2.13
+    excepted: route.exporting cannot tell them from a compile)."""
+    return (
+        _is_compiling()
+        and _is_dynamo_compiling()
+        and not _exporting()
+        and not (_is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    )
+
+
 def _library_pack_biases(biases) -> tuple[list, int]:
     """fused_mlp's biases as the registered op takes them (dualk/autograd/library.py pack_biases)."""
     present = [b for b in biases if b is not None]
@@ -223,6 +236,8 @@ def linear_gelu(
     validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
     if _recorded(x, weight, bias):
         return eager_autograd.apply("linear_gelu", x, weight, bias, approximate, backend)
+    if _compiled_inference(x, weight, bias):
+        return _dualk.linear_gelu_infer(x, weight, bias, approximate, backend)
     _check_before_op(backend, _check_linear, "linear_gelu", x, weight, bias)
     return _dualk.linear_gelu(x, weight, bias, approximate, backend)
 
@@ -269,6 +284,8 @@ def linear_glu(
     # instead of recomputing the two forward GEMMs first.
     if _recorded(x, weight_gate, weight_up, bias_gate, bias_up):
         return eager_autograd.linear_glu(*args, backend)
+    if _compiled_inference(x, weight_gate, weight_up, bias_gate, bias_up):
+        return _dualk.linear_glu_infer(*args, backend)
     _check_before_op(backend, _check_linear_glu, *args)
     # torch.export (a graph to deploy, not to train) keeps the plain op, whose backward reruns
     # the training forward for any caller that does differentiate it.
@@ -323,18 +340,8 @@ def fused_mlp(
     validate.choice("fused_mlp", "activation", activation, MLP_ACTIVATIONS)
     if _recorded(x, *weights, *biases):
         return eager_autograd.fused_mlp(x, weights, biases, activation, backend)
-    if (
-        _is_compiling()
-        and _is_dynamo_compiling()
-        and not _exporting()
-        and not (
-            _is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (x, *weights, *biases))
-        )
-    ):
-        # A compiled inference graph: the op without autograd wrappers, whose CUDA kernel is
-        # C++ (dualk/autograd/library.py fused_mlp_infer). Exports keep the op below (strict
-        # ones on torch < 2.13 excepted: route.exporting cannot tell them from a compile).
+    if _compiled_inference(x, *weights, *biases):
+        # (its CUDA kernel is C++: dualk/autograd/library.py fused_mlp_infer)
         return _dualk.fused_mlp_infer(x, weights, biases, activation, backend)
     _check_before_op(backend, _check_mlp, x, weights, biases, activation)
     present, mask = _library_pack_biases(biases)

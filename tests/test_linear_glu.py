@@ -272,7 +272,8 @@ def test_opcheck_training_op(backend):
 
 def test_compile_records_the_training_op_only_when_training():
     """Under torch.compile, a call whose inputs need gradients records dualk::linear_glu_train
-    (so the compiled backward reads its saved pre-activations); under no_grad the plain op."""
+    (so the compiled backward reads its saved pre-activations); under no_grad the inference op
+    (dualk::linear_glu_infer: no autograd wrappers per call)."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -288,7 +289,7 @@ def test_compile_records_the_training_op_only_when_training():
     with torch.no_grad():
         torch.testing.assert_close(fn(*args), out.detach(), rtol=0, atol=0)
     assert any("dualk.linear_glu_train" in t for t in graphs[0]), graphs[0]
-    assert any(t in ("dualk.linear_glu", "dualk.linear_glu.default") for t in graphs[1])
+    assert any(t in ("dualk.linear_glu_infer", "dualk.linear_glu_infer.default") for t in graphs[1])
     assert not any("linear_glu_train" in t for t in graphs[1]), graphs[1]
     out.sum().backward()
     assert all(a.grad is not None for a in args if isinstance(a, torch.Tensor))
