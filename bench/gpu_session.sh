@@ -38,7 +38,8 @@
 #                                        # "default": the default bench suite (DEFAULT_OPS), its
 #                                        # criteria and auto-vs-best tables; "gemmhost":
 #                                        # experiments/host_gemm_pieces.py; "llama":
-#                                        # experiments/llama_mlp_probe.py
+#                                        # experiments/llama_mlp_probe.py; "compiledglu":
+#                                        # experiments/compiled_glu_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -312,6 +313,13 @@ steps)
       timeout ${LLAMA_TIMEOUT:-300} $PY experiments/llama_mlp_probe.py --json "$OUT/llama_probe.json" > "$OUT/llama_probe.log" 2>&1
       say "llama_mlp_probe: rc=$? in $(( $(date +%s) - t0 )) s"
       cat "$OUT/llama_probe.log" | grep -v Warning | head -60
+      ;;
+    compiledglu)
+      # the zoo's LLaMA compiled: original, fused (dualk's compiled choice), fused with the
+      # choice forced to dualk's op (linear_glu_infer in the graph): does the op pay compiled?
+      timeout ${COMPILED_GLU_TIMEOUT:-300} $PY experiments/compiled_glu_probe.py --json "$OUT/compiled_glu.json" > "$OUT/compiled_glu.log" 2>&1
+      say "compiled_glu_probe: rc=$? in $(( $(date +%s) - t0 )) s"
+      grep -v Warning "$OUT/compiled_glu.log" | tail -n 12
       ;;
     gap)
       timeout ${GAP_TIMEOUT:-150} $PY experiments/glu_gap_probe.py ${GAP_ARGS:-} --json "$OUT/glu_gap.json" > "$OUT/glu_gap.log" 2>&1
