@@ -199,3 +199,19 @@ def stand_in_fast_path(
     plan = StandInPlan(*guards, x, planned, served)
     module.__dict__["_fast"] = dualk.nn._FastPath(plan, owner, tf32, 1, alloc.poisoning())
     return True
+
+
+def graph_targets(gm) -> set:
+    """The call_function targets of an fx graph (what a torch.compile backend was handed)."""
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def recording_backend(seen: list):
+    """A torch.compile backend that appends each graph's graph_targets to `seen`, then runs the
+    graph as traced."""
+
+    def backend(gm, example_inputs):
+        seen.append(graph_targets(gm))
+        return gm.forward
+
+    return backend

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE
+from conftest import DEVICE, graph_targets, recording_backend
 from torch import nn
 
 import dualk
@@ -21,18 +21,6 @@ import dualk
 GELU_INFER, GELU = torch.ops.dualk.linear_gelu_infer, torch.ops.dualk.linear_gelu
 GLU_INFER, GLU = torch.ops.dualk.linear_glu_infer, torch.ops.dualk.linear_glu
 GLU_TRAIN = torch.ops.dualk.linear_glu_train
-
-
-def _targets(gm) -> set:
-    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
-
-
-def _recording_backend(seen: list):
-    def backend(gm, example_inputs):
-        seen.append(_targets(gm))
-        return gm.forward
-
-    return backend
 
 
 def _holds(seen_graph: set, op) -> bool:
@@ -72,8 +60,8 @@ def test_compiled_inference_graphs_call_the_infer_ops():
     wg, wu, bg = _glu_operands()
     x = torch.randn(3, 5, 12, device=DEVICE)
     seen: list = []
-    gelu = torch.compile(lambda x: dualk.linear_gelu(x, w, b), backend=_recording_backend(seen))
-    glu = torch.compile(lambda x: dualk.linear_glu(x, wg, wu, bg), backend=_recording_backend(seen))
+    gelu = torch.compile(lambda x: dualk.linear_gelu(x, w, b), backend=recording_backend(seen))
+    glu = torch.compile(lambda x: dualk.linear_glu(x, wg, wu, bg), backend=recording_backend(seen))
     with torch.no_grad():
         out = gelu(x)
         assert _holds(seen[-1], GELU_INFER) and not _holds(seen[-1], GELU), seen[-1]
@@ -82,12 +70,12 @@ def test_compiled_inference_graphs_call_the_infer_ops():
         assert _holds(seen[-1], GLU_INFER) and not _holds(seen[-1], GLU), seen[-1]
         torch.testing.assert_close(out.double(), _glu64(x, wg, wu, bg), rtol=1e-5, atol=1e-5)
     wr = w.detach().requires_grad_()
-    out = torch.compile(lambda x: dualk.linear_gelu(x, wr, b), backend=_recording_backend(seen))(x)
+    out = torch.compile(lambda x: dualk.linear_gelu(x, wr, b), backend=recording_backend(seen))(x)
     assert _holds(seen[-1], GELU) and not _holds(seen[-1], GELU_INFER), seen[-1]
     assert out.grad_fn is not None
     wgr = wg.detach().requires_grad_()
     out = torch.compile(
-        lambda x: dualk.linear_glu(x, wgr, wu, bg), backend=_recording_backend(seen)
+        lambda x: dualk.linear_glu(x, wgr, wu, bg), backend=recording_backend(seen)
     )(x)
     assert _holds(seen[-1], GLU_TRAIN) and not _holds(seen[-1], GLU_INFER), seen[-1]
     assert out.grad_fn is not None
@@ -100,7 +88,7 @@ def test_compiled_gated_module_calls_the_infer_op():
     torch.manual_seed(4)
     mlp = dualk.nn.GatedMLP(12, 20, activation="silu", backend="torch").to(DEVICE).eval()
     seen: list = []
-    compiled = torch.compile(mlp, backend=_recording_backend(seen), fullgraph=True)
+    compiled = torch.compile(mlp, backend=recording_backend(seen), fullgraph=True)
     x = torch.randn(6, 12, device=DEVICE)
     with torch.no_grad():
         out = compiled(x)
@@ -193,6 +181,6 @@ def test_export_keeps_the_autograd_ops():
 
     with torch.no_grad():
         ep = torch.export.export(M(), (torch.randn(5, 12, device=DEVICE),), strict=False)
-    targets = _targets(ep.graph_module)
+    targets = graph_targets(ep.graph_module)
     assert GELU.default in targets and GLU.default in targets, targets
     assert GELU_INFER.default not in targets and GLU_INFER.default not in targets, targets

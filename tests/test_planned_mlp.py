@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, graph_targets, recording_backend
 from torch import nn
 
 import dualk
@@ -30,18 +30,6 @@ from dualk.runtime import operators
 
 INFER = torch.ops.dualk.fused_mlp_infer
 GENERIC = torch.ops.dualk.fused_mlp
-
-
-def _targets(gm) -> set:
-    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
-
-
-def _recording_backend(seen: list):
-    def backend(gm, example_inputs):
-        seen.append(_targets(gm))
-        return gm.forward
-
-    return backend
 
 
 def _mlp(widths=(12, 24, 16, 6), dtype=torch.float32, biases=(True, False, True), seed=0):
@@ -61,14 +49,14 @@ def test_compiled_inference_graph_calls_the_infer_op():
     ws, bs = _mlp()
     x = torch.randn(9, 12, device=DEVICE)
     seen: list = []
-    f = torch.compile(lambda x: dualk.fused_mlp(x, ws, bs), backend=_recording_backend(seen))
+    f = torch.compile(lambda x: dualk.fused_mlp(x, ws, bs), backend=recording_backend(seen))
     with torch.no_grad():
         out = f(x)
     assert INFER.default in seen[-1] or INFER in seen[-1], seen
     assert GENERIC not in seen[-1] and GENERIC.default not in seen[-1]
     torch.testing.assert_close(out, dualk.fused_mlp(x, ws, bs, backend="torch"))
     wg = [w.detach().requires_grad_() for w in ws]
-    g = torch.compile(lambda x: dualk.fused_mlp(x, wg, bs), backend=_recording_backend(seen))
+    g = torch.compile(lambda x: dualk.fused_mlp(x, wg, bs), backend=recording_backend(seen))
     out = g(x)
     assert GENERIC in seen[-1] or GENERIC.default in seen[-1], seen
     assert out.grad_fn is not None
@@ -83,7 +71,7 @@ def test_compiled_fused_module_calls_the_infer_op():
     # PyTorch's ops in the compiled graph: tests/test_fuse_patterns.py covers that choice)
     fused = dualk.fuse(model, backend="cuda" if HAS_CUDA else "auto")
     seen: list = []
-    compiled = torch.compile(fused, backend=_recording_backend(seen), fullgraph=True)
+    compiled = torch.compile(fused, backend=recording_backend(seen), fullgraph=True)
     x = torch.randn(7, 12, device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
@@ -105,7 +93,7 @@ def test_export_keeps_the_autograd_op(strict):
 
     with torch.no_grad():
         ep = torch.export.export(M(), (torch.randn(5, 12, device=DEVICE),), strict=strict)
-    targets = _targets(ep.graph_module)
+    targets = graph_targets(ep.graph_module)
     assert GENERIC.default in targets and INFER.default not in targets, targets
 
 
