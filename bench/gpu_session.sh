@@ -275,7 +275,7 @@ steps)
       # -v: xdist prints each test's outcome as it ends ("[gw3] [ 35%] FAILED tests/..."), so a
       # run cut by the timeout still names its failures (session 36 lost one to a -q log)
       # tests/test_fuzz.py (hypothesis, minutes on a GPU: session 37's whole-suite runs were cut
-      # in it) runs only where TESTS names it; the "suite" stage gives it a budget of its own
+      # in it) runs only where TESTS names it; the "suite" stage runs it within FUZZ_BUDGET s
       fuzz="--ignore=tests/test_fuzz.py"; case "${TESTS:-}" in *test_fuzz*) fuzz="" ;; esac
       timeout ${TESTS_TIMEOUT:-200} $PY -m pytest -v -p no:cacheprovider -n ${XDIST:-6} ${TESTS:-tests/test_nn.py} \
         $fuzz ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-steps.log" 2>&1

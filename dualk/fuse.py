@@ -2194,7 +2194,12 @@ def _install_graph_call(gm: fx.GraphModule) -> None:
     """fuse's whole-model GraphModule's call, deepcopy and pickling, on its class (each
     GraphModule has its own: recompile() and fx's copies restore fx's)."""
     cls = type(gm)
-    cls.__call__ = _graph_call_of_its_own()
+    # (made once per class: a pickle or save reinstalls it over fx's recompile(), and a new code
+    # object there made a compiled model of the class compile again)
+    call = cls.__dict__.get("_dualk_graph_call")
+    if call is None:
+        call = cls._dualk_graph_call = _graph_call_of_its_own()
+    cls.__call__ = call
     cls.__deepcopy__ = _fused_graph_deepcopy
     cls.__copy__ = _fused_graph_copy
     cls.__reduce__ = _fused_graph_reduce
@@ -2207,12 +2212,13 @@ def _graph_call_of_its_own():
     models of different classes sharing one code object ran eagerly from the 9th one compiled in
     a process on (their originals, each class's forward, compiled)."""
     base = _fused_graph_call
-    call = types.FunctionType(base.__code__.replace(), base.__globals__, base.__name__)
-    call.__qualname__, call.__doc__, call.__module__ = (
-        base.__qualname__,
-        base.__doc__,
-        base.__module__,
-    )
+    call = types.FunctionType(
+        base.__code__.replace(), base.__globals__, base.__name__, base.__defaults__,
+        base.__closure__,
+    )  # fmt: skip
+    call.__kwdefaults__, call.__qualname__ = base.__kwdefaults__, base.__qualname__
+    call.__doc__, call.__module__ = base.__doc__, base.__module__
+    call.__dict__.update(base.__dict__)
     call.dualk_graph_call = True  # (what tests and copies recognise)
     return call
 

@@ -81,9 +81,10 @@ _autocast = route.autocast_cast
 
 
 def _reference_under_transform(spec, backend):
-    """What runs under a torch.func transform (callers test `not _is_compiling() and
-    _transforms_active()` inline: one C call on the hot path): the operator's PyTorch reference,
-    which composes with transforms, after the backend name is checked."""
+    """What runs under a torch.func transform (callers test `_transforms_active()` inline: one C
+    call on the hot path), compiled ones included (torch.compile(torch.func.grad(f)) traces the
+    reference; dualk's ops there raised or, as an _infer op, gave zero gradients): the operator's
+    PyTorch reference, which composes with transforms, after the backend name is checked."""
     dispatch.check_name(backend, "the backend= argument")
     return spec.reference
 
@@ -122,11 +123,14 @@ def _compiled_inference(*tensors) -> bool:
     """Whether Dynamo is tracing a call that needs no gradient: the compiled graph then calls the
     operator's `<op>_infer` op, without custom_op's autograd and backend wrappers on every call
     (dualk/autograd/library.py). Exports keep the autograd op (strict ones on torch < 2.13
-    excepted: route.exporting cannot tell them from a compile)."""
+    excepted: route.exporting cannot tell them from a compile). Not under a torch.func
+    transform: a grad transform's tensors report requires_grad False, and an op without
+    autograd gave all-zero gradients (torch.compile(torch.func.grad(f)))."""
     return (
         _is_compiling()
         and _is_dynamo_compiling()
         and not _exporting()
+        and not _transforms_active()
         and not (_is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
     )
 
@@ -156,7 +160,7 @@ def add(
         return _run_add(a, b, alpha, backend)
     if (node := _fx_node(add, (a, b), (a, b), {"alpha": alpha, "backend": backend})) is not None:
         return node
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_add(a, b, alpha)
         return _reference_under_transform(_ADD, backend)(a, b, float(alpha))
     alpha = validate.real_number("add", "alpha", alpha)
@@ -179,7 +183,7 @@ def relu_scale(x: torch.Tensor, scale: float, *, backend: str = "auto") -> torch
         return _run_relu_scale(x, scale, backend)
     if (node := _fx_node(relu_scale, (x,), (x, scale), {"backend": backend})) is not None:
         return node
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_relu_scale(x, scale)
         return _reference_under_transform(_RELU_SCALE, backend)(x, float(scale))
     scale = validate.real_number("relu_scale", "scale", scale)
@@ -197,7 +201,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     cast to its dtype first, as for torch.matmul."""
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(a)) is not None:
         a, b = _autocast(dtype, a), _autocast(dtype, b)
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_matmul(a, b)
         return _reference_under_transform(_MATMUL, backend)(a, b)
     if _direct(a, b):
@@ -224,7 +228,7 @@ def linear_gelu(
     torch.autocast the inputs are cast to its dtype first, as for F.linear."""
     if (_is_compiling() or _any_autocast()) and (dtype := _autocast_dtype(x)) is not None:
         x, weight, bias = _autocast(dtype, x), _autocast(dtype, weight), _autocast(dtype, bias)
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_linear("linear_gelu", x, weight, bias)
         validate.choice("linear_gelu", "approximate", approximate, GELU_APPROXIMATIONS)
         return _reference_under_transform(_LINEAR_GELU, backend)(x, weight, bias, approximate)
@@ -270,7 +274,7 @@ def linear_glu(
             _autocast(dtype, t) for t in (x, weight_gate, weight_up, bias_gate, bias_up)
         )
     args = (x, weight_gate, weight_up, bias_gate, bias_up, activation, approximate)
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_linear_glu(*args)
         return _reference_under_transform(_LINEAR_GLU, backend)(*args)
     if _direct(x, weight_gate, weight_up, bias_gate, bias_up):
@@ -328,7 +332,7 @@ def fused_mlp(
         x = _autocast(dtype, x)
         weights = [_autocast(dtype, w) for w in weights]
         biases = [_autocast(dtype, b) for b in biases]
-    if not _is_compiling() and _transforms_active():
+    if _transforms_active():
         _check_mlp(x, weights, biases, activation)
         return _reference_under_transform(_FUSED_MLP, backend)(x, weights, biases, activation)
     if _direct(x, *weights, *biases):

@@ -2765,7 +2765,8 @@ def test_fused_models_of_many_classes_each_compile():
     x = torch.randn(3, 8)
     counter = CompileCounter()
     torch._dynamo.reset()
-    with config.patch(**{limit: 2}), torch.no_grad():
+    with config.patch(**{limit: 2}), torch.no_grad(), contextlib.ExitStack() as stack:
+        stack.callback(torch._dynamo.reset)
         for i in range(4):  # twice the limit
             scope = {"nn": nn}
             exec(compile(source.format(i=i), f"<mlp{i}>", "exec"), scope)
@@ -2775,4 +2776,20 @@ def test_fused_models_of_many_classes_each_compile():
             out = torch.compile(fused, backend=counter)(x)
             torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
             assert counter.frame_count == i + 1, (i, counter.frame_count)
-    torch._dynamo.reset()
+
+
+def test_saving_a_fused_model_keeps_its_class_call():
+    # Each fused GraphModule class has its own copy of the call (Dynamo's compiled entries are per
+    # code object); a pickle or torch.save reinstalls the class's methods, and a new copy there
+    # made a compiled model of the class compile again.
+    torch.manual_seed(23)
+    fused = fuse(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    call = type(fused).__call__
+    assert call.dualk_graph_call and call.__code__ is not fuse_module_call_code()
+    pickle.dumps(fused)
+    torch.save(fused, io.BytesIO())
+    assert type(fused).__call__ is call
+
+
+def fuse_module_call_code():
+    return sys.modules["dualk.fuse"]._fused_graph_call.__code__
