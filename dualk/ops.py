@@ -123,14 +123,13 @@ def _compiled_inference(*tensors) -> bool:
     """Whether Dynamo is tracing a call that needs no gradient: the compiled graph then calls the
     operator's `<op>_infer` op, without custom_op's autograd and backend wrappers on every call
     (dualk/autograd/library.py). Exports keep the autograd op (strict ones on torch < 2.13
-    excepted: route.exporting cannot tell them from a compile). Not under a torch.func
-    transform: a grad transform's tensors report requires_grad False, and an op without
-    autograd gave all-zero gradients (torch.compile(torch.func.grad(f)))."""
+    excepted: route.exporting cannot tell them from a compile). Calls under a torch.func
+    transform never come here (they run the reference): a grad transform's tensors report
+    requires_grad False, and an op without autograd gave all-zero gradients."""
     return (
         _is_compiling()
         and _is_dynamo_compiling()
         and not _exporting()
-        and not _transforms_active()
         and not (_is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
     )
 
