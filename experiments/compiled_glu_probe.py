@@ -32,29 +32,6 @@ from dualk.core import timing
 from dualk.tools.zoo_models import MODELS
 
 
-def host_ms(run, calls: int, isolated: bool) -> float:
-    """Median host ms per call: each call started on an idle GPU (isolated), else the mean of
-    `calls` calls back to back."""
-    on_gpu = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    if not isolated:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            run()
-        elapsed = (time.perf_counter() - t0) / calls * 1e3
-        sync()
-        return elapsed
-    samples = []
-    for _ in range(calls):
-        sync()
-        t0 = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    sync()
-    return statistics.median(samples)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json")
@@ -122,8 +99,11 @@ def main() -> None:
                 run = lambda m=m: m(*a, **kw)  # noqa: E731
                 if on_gpu:
                     dev[name] += timing.timed_calls(run, args.reps, flush, 0)
-                host_iso[name].append(host_ms(run, args.reps, True))
-                host_burst[name].append(host_ms(run, args.reps, False))
+                iso = timing.isolated_host_ms(run, args.reps)
+                host_iso[name].append(statistics.median(iso))
+                # (off the GPU calls in a row are the isolated ones: nothing runs behind them)
+                burst = timing.burst_host_ms(run, args.reps) if on_gpu else sum(iso) / len(iso)
+                host_burst[name].append(burst)
         rows = {}
         base = statistics.median(dev["original"]) if on_gpu else None
         for name in variants:

@@ -76,20 +76,6 @@ def profiled(run, calls: int, stream=None, isolated: bool = False) -> pstats.Sta
     return pstats.Stats(prof, stream=stream)
 
 
-def isolated_host_ms(run, calls: int) -> list[float]:
-    """Host ms of each of `calls` calls started on an idle GPU (synchronised before each): the
-    host's own cost of one forward, which no full launch queue can stretch (burst_host_ms's
-    back-to-back calls of a device-bound forward wait for the GPU once the queue is full)."""
-    out = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run()
-        out.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return out
-
-
 def kernel_breakdown(run, forwards: int = 3) -> tuple[float, list]:
     """(device us per forward, [(kernel name, us per forward)] top 12) from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -164,7 +150,7 @@ def main() -> None:
         flush = torch.empty(64 << 20, dtype=torch.int32, device=device)
         dev: dict[str, list] = defaultdict(list)
         host: dict[str, list] = defaultdict(list)
-        alone: dict[str, list] = defaultdict(list)  # isolated_host_ms
+        alone: dict[str, list] = defaultdict(list)  # timing.isolated_host_ms
         alone_nogc: dict[str, list] = defaultdict(list)  # the same with the collector off
         for r in range(args.rounds):
             order = list(variants.items())
@@ -174,10 +160,10 @@ def main() -> None:
                 run = lambda m=m: m(*a, **kw)  # noqa: E731
                 dev[name] += timing.timed_calls(run, args.reps, flush, 0)
                 host[name].append(timing.burst_host_ms(run, args.reps))
-                alone[name] += isolated_host_ms(run, args.reps)
+                alone[name] += timing.isolated_host_ms(run, args.reps)
                 gc.disable()
                 try:
-                    alone_nogc[name] += isolated_host_ms(run, args.reps)
+                    alone_nogc[name] += timing.isolated_host_ms(run, args.reps)
                 finally:
                     gc.enable()
         base = statistics.median(dev["original"])

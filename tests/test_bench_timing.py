@@ -274,3 +274,9 @@ def test_settle_waits_again_when_a_load_sends_the_class_back_to_the_tuner(monkey
     row = bench.Row("linear_gelu", "c", "s", "float32", "dualk:auto", "dualk")
     assert bench._settle_auto(fn, row, spec, sample) is True
     assert state["settles"] == 2  # once at the start, once after the requeue
+
+
+def test_isolated_host_ms_times_each_call():
+    """One sample per call, each at least the call's own host time (a 2 ms sleep)."""
+    samples = dualk.core.timing.isolated_host_ms(lambda: time.sleep(0.002), 3)
+    assert len(samples) == 3 and all(s >= 2.0 for s in samples), samples

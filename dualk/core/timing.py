@@ -61,6 +61,21 @@ def burst_host_ms(run: Callable[[], object], calls: int) -> float:
     return elapsed / calls * 1e3
 
 
+def isolated_host_ms(run: Callable[[], object], calls: int) -> list[float]:
+    """Host milliseconds of each of `calls` calls started on an idle GPU (synchronised before
+    each): the host's own cost, which no full launch queue stretches (burst_host_ms's calls of a
+    device-bound model wait for room in the queue once it is full). Off the GPU: wall time."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    out = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    return out
+
+
 def interquartile_mean(samples: list[float]) -> float:
     """The mean of the middle half of the samples (below 4 samples: their median). CUDA-event
     times of a launch-bound call fall on two levels ~0.8 us apart on an H100, and a median lands
