@@ -3,7 +3,8 @@
 //     else the Hopper kernel (gemm_sm90.cuh) where it can run, else run_gemm;
 //   run_gemm: validates the arguments, then per dtype select_gemm_kernel picks the tensor-core
 //     tile (gemm_mma.cuh: TcLarge, TcSmall) or the SIMT path, and launch_simt picks
-//     gemm_simt_wide_kernel (gemm_simt_wide.cuh) or the gemm_simt_kernel fallback (gemm_simt.cuh).
+//     gemm_simt_skinny_kernel (gemm_simt_skinny.cuh, fp32 with few rows), gemm_simt_wide_kernel
+//     (gemm_simt_wide.cuh) or the gemm_simt_kernel fallback (gemm_simt.cuh).
 // Instantiation: each .cu file calls run_gemm_best<kAct, kHasBias> with its own activation and
 // bias flags, so no kernel is compiled in two files.
 #pragma once
@@ -15,6 +16,7 @@
 #include "gemm_common.cuh"
 #include "gemm_mma.cuh"
 #include "gemm_simt.cuh"
+#include "gemm_simt_skinny.cuh"
 #include "gemm_simt_wide.cuh"
 #include "gemm_sm90.cuh"
 
@@ -39,10 +41,12 @@ inline GemmKernel select_gemm_kernel(const GemmArgs& args, const DeviceProps& de
   return large ? GemmKernel::kTensorCoreLarge : GemmKernel::kTensorCoreSmall;
 }
 
-// The SIMT path: the wide kernel for fp32 where it fits, else gemm_simt_kernel.
+// The SIMT path: for fp32 the skinny kernel (at most 32 rows) or the wide one where they fit, else
+// gemm_simt_kernel.
 template <typename T, Activation kAct, bool kHasBias>
 cudaError_t launch_simt(const GemmArgs& args, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
+    if (simt_skinny_fits(args)) return launch_simt_skinny<kAct, kHasBias>(args, stream);
     if (simt_wide_fits(args)) return launch_simt_wide<kAct, kHasBias>(args, stream);
   }
   return launch_simt_fallback<T, kAct, kHasBias>(args, stream);
@@ -95,6 +99,8 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   // 16-bit slices run the tensor-core kernel, which needs its 16-byte rows; fp32 slices run
   // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
   if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;
+  // fp32: the SIMT kernels' 128-wide tiles (the skinny kernel's 32-row tiles count the same for
+  // the m <= 32 it takes).
   const int64_t tiles =
       fp32 ? ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN)
            : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);

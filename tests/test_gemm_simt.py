@@ -1,9 +1,10 @@
 """The CUDA fp32 GEMM (cuda_src/gemm.cuh): gemm_simt_wide_kernel serves fp32 operands with 16-byte
-rows (k % 4 == 0, n % 4 == 0 for a row-major B, strides multiples of 4), gemm_simt_kernel the
-rest. The registry's parity cases reach the wide kernel only with k % 8 == 0, batch 1 and C rows
-that allow float4 stores; these add the masked k tail (k % 8 == 4), m / n tails across several
-tiles, strided rows, batch (also with a broadcast B), n % 4 != 0 with a k-major B (scalar C
-stores), k == 0 (act(bias)) and every linear_gelu epilogue."""
+rows (k % 4 == 0, n % 4 == 0 for a row-major B, strides multiples of 4), gemm_simt_skinny_kernel
+the same with at most 32 rows, gemm_simt_kernel the rest. The registry's parity cases reach the
+wide kernel only with k % 8 == 0, batch 1 and C rows that allow float4 stores; these add the
+masked k tail (k % 8 == 4), m / n tails across several tiles, strided rows, batch (also with a
+broadcast B), n % 4 != 0 with a k-major B (scalar C stores), k == 0 (act(bias)), every
+linear_gelu epilogue, and the skinny kernel's one-pass and split-K uses."""
 
 import math
 import zlib
@@ -62,6 +63,17 @@ CASES = {
     "lg_erf_bias": _lg(257, 516, 200, approximate="none"),
     "lg_erf_no_bias": _lg(64, 132, 132, bias=False, approximate="none"),
     "lg_k0_bias": _lg(5, 0, 8, k_cols=4),  # gelu(bias)
+    # gemm_simt_skinny_kernel (m <= 32): split-K slices (k >= 512) with either B layout, one pass
+    # with k and n tails, strided rows, batch, scalar C stores; m = 33 is the wide kernel's again
+    "lg_skinny_split": _lg(32, 768, 3072),  # the default suite's fp32 row, split-K slices of 96
+    "mm_skinny_split": _mm((32, 768), (768, 3072)),  # B (k, n)
+    "mm_skinny_split_k_tail": _mm((5, 1000), (1000, 260)),  # slices and a shorter last one
+    "lg_skinny_one_pass_tails": _lg(7, 132, 300, approximate="none"),  # k % 16 == 4, n tile tail
+    "lg_skinny_decode_n_tail": _lg(1, 260, 130, bias=False),  # n % 4 == 2: scalar C stores
+    "lg_skinny_strided_rows": _lg(17, 516, 200, k_cols=520),
+    "mm_skinny_batched": _mm((3, 20, 36), (3, 36, 260)),
+    "mm_skinny_strided": _mm((31, 132), (132, 256), a_cols=136, b_cols=260),
+    "mm_rows_33": _mm((33, 516), (516, 260)),
     # gemm_simt_kernel fallback: k % 4 != 0, n % 4 != 0 with B (k, n)
     "mm_fallback_k": _mm((130, 131), (131, 260)),
     "mm_fallback_n": _mm((130, 132), (132, 258)),
