@@ -39,7 +39,8 @@
 #                                        # criteria and auto-vs-best tables; "gemmhost":
 #                                        # experiments/host_gemm_pieces.py; "llama":
 #                                        # experiments/llama_mlp_probe.py; "compiledglu":
-#                                        # experiments/compiled_glu_probe.py
+#                                        # experiments/compiled_glu_probe.py; "skinny":
+#                                        # experiments/fp32_skinny_probe.py
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -386,6 +387,11 @@ MERGE
       [ -n "$parts" ] && (cd "$OUT" && tar cJf default-parts.tar.xz $parts && rm -f $parts)
       grep -E "MISS|WRONG|criteria" "$OUT/default-report.txt" | tail -n 30
       grep -E "\*\*no\*\*|case\(s\)" "$OUT/default-report.txt"
+      ;;
+    skinny)
+      timeout ${SKINNY_TIMEOUT:-200} $PY experiments/fp32_skinny_probe.py --json "$OUT/fp32_skinny.json" > "$OUT/fp32_skinny.log" 2>&1
+      say "fp32_skinny_probe: rc=$? in $(( $(date +%s) - t0 )) s"
+      sed -n '/^ratio/,$p' "$OUT/fp32_skinny.log"; tail -n 3 "$OUT/fp32_skinny.log"
       ;;
     gemmhost)
       timeout 150 $PY experiments/host_gemm_pieces.py --json "$OUT/host_gemm_pieces.json" > "$OUT/host_gemm_pieces.txt" 2>&1
