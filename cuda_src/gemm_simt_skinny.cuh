@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -18,31 +20,33 @@ namespace gemm {
 constexpr int64_t kSimtSkinnyMaxM = 32;  // rows per batch entry this kernel is chosen for
 constexpr int kSimtSkinnyBlockM = 32;
 constexpr int kSimtSkinnyBlockN = 128;
-// 16 k per tile (the wide kernel's 8 would give 256 FMAs per thread between two global loads of a
-// 32-row tile, too few to cover a load's latency at 1-2 CTAs per SM).
-constexpr int kSimtSkinnyBlockK = 16;
+// k per tile, 16 or 32 (DUALK_SIMT_SKINNY_BK, an experiment's switch: the wide kernel's 8 would
+// give 256 FMAs per thread between two global loads of a 32-row tile, too few to cover a load's
+// latency at 1-3 CTAs per SM; 16 measured 18.6 us at linear_gelu 32x768->3072 and 72 us at
+// 32x4096->4096, ~1 TB/s of weights, so the bytes in flight per SM are what limits).
+template <int kBK> constexpr int simt_skinny_min_blocks() { return kBK == 16 ? 4 : 3; }
 constexpr int kSimtSkinnyThreads = 128;  // 4 warps side by side along n, lanes 8 (m) x 4 (n)
 constexpr int kSimtSkinnyThreadM = 4;    // rows r..r+3
 constexpr int kSimtSkinnyThreadN = 8;    // two runs of 4 columns, 16 apart
-constexpr int kSimtSkinnyMinBlocks = 4;
 // Rows of sA[k][m] / sB[k][n] padded by 4 floats: 16-byte aligned for float4, and the transposing
 // stores of k-contiguous loads (4 lanes per row, below) hit 16 banks per store: 2-way, against
 // 512 FMAs per thread per k tile.
 constexpr int kSimtSkinnyStrideA = kSimtSkinnyBlockM + 4;
 constexpr int kSimtSkinnyStrideB = kSimtSkinnyBlockN + 4;
-constexpr int kSimtSkinnyBufA = kSimtSkinnyBlockK * kSimtSkinnyStrideA;  // floats, one buffer
-constexpr int kSimtSkinnyBufB = kSimtSkinnyBlockK * kSimtSkinnyStrideB;
-constexpr int kSimtSkinnySmemBytes = 2 * (kSimtSkinnyBufA + kSimtSkinnyBufB) * 4;  // 21,504 bytes
+template <int kBK> constexpr int simt_skinny_smem_bytes() {  // 21,504 / 43,008 bytes
+  return 2 * kBK * (kSimtSkinnyStrideA + kSimtSkinnyStrideB) * 4;
+}
 static_assert(kSimtSkinnyBlockM == 8 * kSimtSkinnyThreadM &&
                   kSimtSkinnyBlockN == 4 * 4 * kSimtSkinnyThreadN,
               "4 warps of 8 x 4 lanes cover the block tile");
-static_assert(kSimtSkinnySmemBytes <= 48 * 1024, "dynamic shared memory above 48 KB needs an opt-in");
+static_assert(simt_skinny_smem_bytes<32>() <= 48 * 1024, "above 48 KB needs an opt-in");
 
-// k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x 16 k: thread t loads the
-// float4 at row t/4 + 32 h, k 4 (t % 4) (four lanes read one row's 64 bytes). With 16-byte rows
-// and k % 4 == 0 a float4 is wholly inside or outside k.
-template <int kRows> struct SimtSkinnyKLoader {
-  static constexpr int kChunks = kRows / 32;
+// k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x kBK k: thread t loads the
+// float4s at row t/4 + 32 h, k 4 (t % 4) + 16 c (four lanes read 64 bytes of a row per load).
+// With 16-byte rows and k % 4 == 0 a float4 is wholly inside or outside k.
+template <int kRows, int kBK> struct SimtSkinnyKLoader {
+  static constexpr int kRowChunks = kRows / 32, kKChunks = kBK / 16;
+  static constexpr int kChunks = kRowChunks * kKChunks;  // chunk h * kKChunks + c
   const float* src;  // row t/4, k 4 (t % 4) of the next k tile to load
   int64_t row_step;  // elements from chunk h's row to chunk h + 1's
   unsigned row_ok;   // bit h: chunk h's row is inside
@@ -53,7 +57,7 @@ template <int kRows> struct SimtSkinnyKLoader {
     const int64_t row = outer0 + tid / 4;
     row_ok = 0;
 #pragma unroll
-    for (int h = 0; h < kChunks; ++h)
+    for (int h = 0; h < kRowChunks; ++h)
       if (row + 32 * h < outer_size) row_ok |= 1u << h;
     k_off = (tid % 4) * 4;
     src = base + (row < outer_size ? row * stride : 0) + k_off;
@@ -62,31 +66,37 @@ template <int kRows> struct SimtSkinnyKLoader {
   // k_left: k minus the first k of the tile to load; <= 0 loads zeros.
   __device__ __forceinline__ void load(float4 (&v)[kChunks], int k_left) const {
 #pragma unroll
-    for (int h = 0; h < kChunks; ++h) {
-      v[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (((row_ok >> h) & 1) && k_off < k_left)
-        v[h] = __ldg(reinterpret_cast<const float4*>(src + h * row_step));
-    }
+    for (int h = 0; h < kRowChunks; ++h)
+#pragma unroll
+      for (int c = 0; c < kKChunks; ++c) {
+        float4& x = v[h * kKChunks + c];
+        x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (((row_ok >> h) & 1) && k_off + 16 * c < k_left)
+          x = __ldg(reinterpret_cast<const float4*>(src + h * row_step + 16 * c));
+      }
   }
-  __device__ __forceinline__ void advance() { src += kSimtSkinnyBlockK; }
+  __device__ __forceinline__ void advance() { src += kBK; }
   // Transposed into s[k][row] (row stride kStride).
   template <int kStride>
   __device__ __forceinline__ void store(float* s, const float4 (&v)[kChunks], int tid) const {
 #pragma unroll
-    for (int h = 0; h < kChunks; ++h) {
-      float* p = s + (tid % 4) * 4 * kStride + tid / 4 + 32 * h;
-      p[0] = v[h].x;
-      p[kStride] = v[h].y;
-      p[2 * kStride] = v[h].z;
-      p[3 * kStride] = v[h].w;
-    }
+    for (int h = 0; h < kRowChunks; ++h)
+#pragma unroll
+      for (int c = 0; c < kKChunks; ++c) {
+        const float4& x = v[h * kKChunks + c];
+        float* p = s + ((tid % 4) * 4 + 16 * c) * kStride + tid / 4 + 32 * h;
+        p[0] = x.x;
+        p[kStride] = x.y;
+        p[2 * kStride] = x.z;
+        p[3 * kStride] = x.w;
+      }
   }
 };
 
-// B (k, n) tile, 16 k x 128 n: thread t loads the float4s at k rows t/32 + 4 h, columns 4 (t % 32),
+// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h, columns 4 (t % 32),
 // stored as they are (a warp writes one 512-byte row run).
-struct SimtSkinnyNLoader {
-  static constexpr int kChunks = kSimtSkinnyBlockK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
+template <int kBK> struct SimtSkinnyNLoader {
+  static constexpr int kChunks = kBK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
   static constexpr int kRowStep = kSimtSkinnyThreads / 32;  // k rows between chunks
   const float* src;  // k row t/32 of the next k tile to load, column n0 + 4 (t % 32)
   int64_t stride_k;
@@ -109,7 +119,7 @@ struct SimtSkinnyNLoader {
         v[h] = __ldg(reinterpret_cast<const float4*>(src + kRowStep * h * stride_k));
     }
   }
-  __device__ __forceinline__ void advance() { src += kSimtSkinnyBlockK * stride_k; }
+  __device__ __forceinline__ void advance() { src += kBK * stride_k; }
   template <int kStride>
   __device__ __forceinline__ void store(float* s, const float4 (&v)[kChunks], int tid) const {
 #pragma unroll
@@ -129,14 +139,15 @@ struct SimtSkinnyNLoader {
 // Main loop as gemm_simt_wide_kernel's: the next k tile's float4s are loaded into registers at
 // kk = 0 and stored into the idle buffer at the last kk, then the one barrier; fragments are
 // double-buffered in registers. k == 0 runs no k tile and writes act(bias).
-template <bool kBKMajor, Activation kAct, bool kHasBias>
-__global__ void __launch_bounds__(kSimtSkinnyThreads, kSimtSkinnyMinBlocks)
+template <int kBK, bool kBKMajor, Activation kAct, bool kHasBias>
+__global__ void __launch_bounds__(kSimtSkinnyThreads, simt_skinny_min_blocks<kBK>())
     gemm_simt_skinny_kernel(const GemmArgs args) {
-  constexpr int kBK = kSimtSkinnyBlockK, kTM = kSimtSkinnyThreadM, kTN = kSimtSkinnyThreadN;
+  constexpr int kTM = kSimtSkinnyThreadM, kTN = kSimtSkinnyThreadN;
   constexpr int kStrideA = kSimtSkinnyStrideA, kStrideB = kSimtSkinnyStrideB;
+  constexpr int kBufA = kBK * kStrideA, kBufB = kBK * kStrideB;  // floats, one buffer
   extern __shared__ __align__(16) float smem_f32[];
-  float* const s_a = smem_f32;                        // [2][kBK][kStrideA]: sA[k][m]
-  float* const s_b = smem_f32 + 2 * kSimtSkinnyBufA;  // [2][kBK][kStrideB]: sB[k][n]
+  float* const s_a = smem_f32;              // [2][kBK][kStrideA]: sA[k][m]
+  float* const s_b = smem_f32 + 2 * kBufA;  // [2][kBK][kStrideB]: sB[k][n]
 
   const float* __restrict__ a = static_cast<const float*>(args.a);
   const float* __restrict__ b = static_cast<const float*>(args.b);
@@ -152,9 +163,9 @@ __global__ void __launch_bounds__(kSimtSkinnyThreads, kSimtSkinnyMinBlocks)
   const TileCoord coord = tile_coord(blockIdx.x, tiles_m, tiles_n);
   const int64_t m0 = coord.tile_m * kSimtSkinnyBlockM, n0 = coord.tile_n * kSimtSkinnyBlockN;
 
-  SimtSkinnyKLoader<kSimtSkinnyBlockM> la;
+  SimtSkinnyKLoader<kSimtSkinnyBlockM, kBK> la;
   la.init(a + coord.batch * args.stride_a_batch, args.stride_am, m0, m, tid);
-  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN>, SimtSkinnyNLoader> lb;
+  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN, kBK>, SimtSkinnyNLoader<kBK>> lb;
   lb.init(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n, tid);
 
   float acc[kTM][kTN];
@@ -187,10 +198,10 @@ __global__ void __launch_bounds__(kSimtSkinnyThreads, kSimtSkinnyMinBlocks)
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int k_left = k - (kt + 1) * kBK;  // of tile kt + 1, where the loaders point
     const int buf = kt & 1;
-    const float* sa = s_a + buf * kSimtSkinnyBufA;
-    const float* sb = s_b + buf * kSimtSkinnyBufB;
-    float* sa_next = s_a + (buf ^ 1) * kSimtSkinnyBufA;
-    float* sb_next = s_b + (buf ^ 1) * kSimtSkinnyBufB;
+    const float* sa = s_a + buf * kBufA;
+    const float* sb = s_b + buf * kBufB;
+    float* sa_next = s_a + (buf ^ 1) * kBufA;
+    float* sb_next = s_b + (buf ^ 1) * kBufB;
 #pragma unroll
     for (int kk = 0; kk < kBK; ++kk) {
       if (kk == 0) {
@@ -271,16 +282,33 @@ inline bool simt_skinny_fits(const GemmArgs& args) {
          b_rows_aligned(args, 4);
 }
 
+// k per tile: 16 unless DUALK_SIMT_SKINNY_BK=32 (read once; an experiment's switch until one of
+// the two is measured the better).
+inline int simt_skinny_block_k() {
+  static const int bk = [] {
+    const char* v = std::getenv("DUALK_SIMT_SKINNY_BK");
+    return v != nullptr && std::strcmp(v, "32") == 0 ? 32 : 16;
+  }();
+  return bk;
+}
+
+template <int kBK, Activation kAct, bool kHasBias>
+cudaError_t launch_simt_skinny_bk(const GemmArgs& args, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(simt_skinny_tiles(args));  // simt_skinny_fits
+  constexpr int smem = simt_skinny_smem_bytes<kBK>();
+  if (args.b_k_major)
+    gemm_simt_skinny_kernel<kBK, true, kAct, kHasBias>
+        <<<grid, kSimtSkinnyThreads, smem, stream>>>(args);
+  else
+    gemm_simt_skinny_kernel<kBK, false, kAct, kHasBias>
+        <<<grid, kSimtSkinnyThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
 template <Activation kAct, bool kHasBias>
 cudaError_t launch_simt_skinny(const GemmArgs& args, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(simt_skinny_tiles(args));  // simt_skinny_fits
-  if (args.b_k_major)
-    gemm_simt_skinny_kernel<true, kAct, kHasBias>
-        <<<grid, kSimtSkinnyThreads, kSimtSkinnySmemBytes, stream>>>(args);
-  else
-    gemm_simt_skinny_kernel<false, kAct, kHasBias>
-        <<<grid, kSimtSkinnyThreads, kSimtSkinnySmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  return simt_skinny_block_k() == 32 ? launch_simt_skinny_bk<32, kAct, kHasBias>(args, stream)
+                                     : launch_simt_skinny_bk<16, kAct, kHasBias>(args, stream);
 }
 
 }  // namespace gemm
