@@ -1,14 +1,15 @@
 // The fp32 GEMM for few rows, gemm_simt_skinny_kernel: exact fp32 FMA as gemm_simt_wide_kernel,
 // but a 32 x 128 block tile (128 threads of 4 x 8 outputs) for m <= kSimtSkinnyMaxM, where the
-// wide kernel's 128-row tile computes 3/4 or more padding rows (linear_gelu fp32 32x768->3072:
-// 192 split-K CTAs of 128 x 128 x 96 for 32 real rows, 29 us on an H200 where Triton's 32-row
-// tile takes 18). Same preconditions as the wide kernel (16-byte rows); launch_simt in
-// gemm_select.cuh takes it when simt_skinny_fits, the split-K plan counts its tiles.
+// wide kernel's 128-row tile computes 3/4 or more padding rows. linear_gelu fp32 32x768->3072 on
+// an H200 (192 split-K CTAs): 29.3 us with the wide kernel, 18.2 with this one, Triton's 18.2 in
+// the same run; 32x4096->4096: 141 (33 rows, wide) against 67. Same preconditions as
+// the wide kernel (16-byte rows); launch_simt (gemm_select.cuh) takes it when simt_skinny_fits,
+// for one-pass calls and for split-K slices alike.
+// Not done: a GEMV for m <= 8 (1x4096->11008 matmul: 167 us here, cuBLAS 53; the tile computes
+// 32 rows for one).
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -20,17 +21,20 @@ namespace gemm {
 constexpr int64_t kSimtSkinnyMaxM = 32;  // rows per batch entry this kernel is chosen for
 constexpr int kSimtSkinnyBlockM = 32;
 constexpr int kSimtSkinnyBlockN = 128;
-// k per tile, 16 or 32 (DUALK_SIMT_SKINNY_BK, an experiment's switch: the wide kernel's 8 would
-// give 256 FMAs per thread between two global loads of a 32-row tile, too few to cover a load's
-// latency at 1-3 CTAs per SM; 16 measured 18.6 us at linear_gelu 32x768->3072 and 72 us at
-// 32x4096->4096, ~1 TB/s of weights, so the bytes in flight per SM are what limits).
+// k per tile. The wide kernel's 8 would give 256 FMAs per thread between two global loads of a
+// 32-row tile, too few to cover a load's latency at the 1-3 CTAs per SM these grids have; what
+// limits is the bytes in flight per SM. Measured on an H200 (fp32, CUDA events, L2 flushed;
+// experiments/results/2026-11-29-h200-fp32-skinny-s38-bk{16,32}.json), k tile 16 -> 32:
+// linear_gelu 32x4096->4096 74.8 -> 67.3 us, 1x4096->4096 71.4 -> 60.9, 32x768->3072 18.6 -> 18.2;
+// matmul 1x4096->11008 226 -> 167 (every case of the probe as fast or faster).
+constexpr int kSimtSkinnyBlockK = 32;
 template <int kBK> constexpr int simt_skinny_min_blocks() { return kBK == 16 ? 4 : 3; }
 constexpr int kSimtSkinnyThreads = 128;  // 4 warps side by side along n, lanes 8 (m) x 4 (n)
 constexpr int kSimtSkinnyThreadM = 4;    // rows r..r+3
 constexpr int kSimtSkinnyThreadN = 8;    // two runs of 4 columns, 16 apart
 // Rows of sA[k][m] / sB[k][n] padded by 4 floats: 16-byte aligned for float4, and the transposing
 // stores of k-contiguous loads (4 lanes per row, below) hit 16 banks per store: 2-way, against
-// 512 FMAs per thread per k tile.
+// 32 FMAs per thread per k of the tile.
 constexpr int kSimtSkinnyStrideA = kSimtSkinnyBlockM + 4;
 constexpr int kSimtSkinnyStrideB = kSimtSkinnyBlockN + 4;
 template <int kBK> constexpr int simt_skinny_smem_bytes() {  // 21,504 / 43,008 bytes
@@ -39,7 +43,7 @@ template <int kBK> constexpr int simt_skinny_smem_bytes() {  // 21,504 / 43,008 
 static_assert(kSimtSkinnyBlockM == 8 * kSimtSkinnyThreadM &&
                   kSimtSkinnyBlockN == 4 * 4 * kSimtSkinnyThreadN,
               "4 warps of 8 x 4 lanes cover the block tile");
-static_assert(simt_skinny_smem_bytes<32>() <= 48 * 1024, "above 48 KB needs an opt-in");
+static_assert(simt_skinny_smem_bytes<kSimtSkinnyBlockK>() <= 48 * 1024, "above 48 KB: an opt-in");
 
 // k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x kBK k: thread t loads the
 // float4s at row t/4 + 32 h, k 4 (t % 4) + 16 c (four lanes read 64 bytes of a row per load).
@@ -282,18 +286,9 @@ inline bool simt_skinny_fits(const GemmArgs& args) {
          b_rows_aligned(args, 4);
 }
 
-// k per tile: 16 unless DUALK_SIMT_SKINNY_BK=32 (read once; an experiment's switch until one of
-// the two is measured the better).
-inline int simt_skinny_block_k() {
-  static const int bk = [] {
-    const char* v = std::getenv("DUALK_SIMT_SKINNY_BK");
-    return v != nullptr && std::strcmp(v, "32") == 0 ? 32 : 16;
-  }();
-  return bk;
-}
-
-template <int kBK, Activation kAct, bool kHasBias>
-cudaError_t launch_simt_skinny_bk(const GemmArgs& args, cudaStream_t stream) {
+template <Activation kAct, bool kHasBias>
+cudaError_t launch_simt_skinny(const GemmArgs& args, cudaStream_t stream) {
+  constexpr int kBK = kSimtSkinnyBlockK;
   const unsigned grid = static_cast<unsigned>(simt_skinny_tiles(args));  // simt_skinny_fits
   constexpr int smem = simt_skinny_smem_bytes<kBK>();
   if (args.b_k_major)
@@ -303,12 +298,6 @@ cudaError_t launch_simt_skinny_bk(const GemmArgs& args, cudaStream_t stream) {
     gemm_simt_skinny_kernel<kBK, false, kAct, kHasBias>
         <<<grid, kSimtSkinnyThreads, smem, stream>>>(args);
   return cudaGetLastError();
-}
-
-template <Activation kAct, bool kHasBias>
-cudaError_t launch_simt_skinny(const GemmArgs& args, cudaStream_t stream) {
-  return simt_skinny_block_k() == 32 ? launch_simt_skinny_bk<32, kAct, kHasBias>(args, stream)
-                                     : launch_simt_skinny_bk<16, kAct, kHasBias>(args, stream);
 }
 
 }  // namespace gemm
