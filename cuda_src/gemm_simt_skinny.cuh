@@ -97,8 +97,8 @@ template <int kRows, int kBK> struct SimtSkinnyKLoader {
   }
 };
 
-// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h, columns 4 (t % 32),
-// stored as they are (a warp writes one 512-byte row run).
+// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h, columns 4 (t %
+// 32), stored as they are (a warp writes one 512-byte row run).
 template <int kBK> struct SimtSkinnyNLoader {
   static constexpr int kChunks = kBK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
   static constexpr int kRowStep = kSimtSkinnyThreads / 32;  // k rows between chunks
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kSimtSkinnyThreads, simt_skinny_min_blocks<kBK
 
   SimtSkinnyKLoader<kSimtSkinnyBlockM, kBK> la;
   la.init(a + coord.batch * args.stride_a_batch, args.stride_am, m0, m, tid);
-  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN, kBK>, SimtSkinnyNLoader<kBK>> lb;
+  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN, kBK>, SimtSkinnyNLoader<kBK>>
+      lb;
   lb.init(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n, tid);
 
   float acc[kTM][kTN];
