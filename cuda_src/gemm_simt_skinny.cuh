@@ -97,8 +97,8 @@ template <int kRows, int kBK> struct SimtSkinnyKLoader {
   }
 };
 
-// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h, columns 4 (t %
-// 32), stored as they are (a warp writes one 512-byte row run).
+// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h and columns
+// 4 (t % 32), stored as they are (a warp writes one 512-byte row run).
 template <int kBK> struct SimtSkinnyNLoader {
   static constexpr int kChunks = kBK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
   static constexpr int kRowStep = kSimtSkinnyThreads / 32;  // k rows between chunks
