@@ -100,7 +100,8 @@ inline SplitK split_k_plan(const GemmArgs& args, const DeviceProps& device) {
   // launch_simt, which takes any rows (slices of a multiple of 32 keep the rows' alignment).
   if (!fp32 && (!a_rows_aligned(args, 2) || !b_rows_aligned(args, 2))) return none;
   // fp32: the SIMT kernels' 128-wide tiles (the skinny kernel's 32-row tiles count the same for
-  // the m <= 32 it takes).
+  // the m <= 32 it takes; it fits 3 blocks per SM, not 2, so a 32-row GEMM of 66-131 tiles runs
+  // in one pass with SMs idle: not measured).
   const int64_t tiles =
       fp32 ? ceil_div(args.m, kSimtBlockM) * ceil_div(args.n, kSimtBlockN)
            : ceil_div(args.m, TcSmall::kBlockM) * ceil_div(args.n, TcSmall::kBlockN);

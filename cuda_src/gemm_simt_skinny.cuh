@@ -1,8 +1,8 @@
 // The fp32 GEMM for few rows, gemm_simt_skinny_kernel: exact fp32 FMA as gemm_simt_wide_kernel,
 // but a 32 x 128 block tile (128 threads of 4 x 8 outputs) for m <= kSimtSkinnyMaxM, where the
 // wide kernel's 128-row tile computes 3/4 or more padding rows. linear_gelu fp32 32x768->3072 on
-// an H200 (192 split-K CTAs): 29.3 us with the wide kernel, 18.2 with this one, Triton's 18.2 in
-// the same run; 32x4096->4096: 141 (33 rows, wide) against 67. Same preconditions as
+// an H200 (192 split-K CTAs): 18.2 us with this one, Triton's 18.2 in the same run, where 33 rows
+// on the wide kernel take 29.5; 32x4096->4096: 67 against 141 (33 rows). Same preconditions as
 // the wide kernel (16-byte rows); launch_simt (gemm_select.cuh) takes it when simt_skinny_fits,
 // for one-pass calls and for split-K slices alike.
 // Not done: a GEMV for m <= 8 (1x4096->11008 matmul: 167 us here, cuBLAS 53; the tile computes
@@ -28,8 +28,8 @@ constexpr int kSimtSkinnyBlockN = 128;
 // linear_gelu 32x4096->4096 74.8 -> 67.3 us, 1x4096->4096 71.4 -> 60.9, 32x768->3072 18.6 -> 18.2;
 // matmul 1x4096->11008 226 -> 167 (every case of the probe as fast or faster).
 constexpr int kSimtSkinnyBlockK = 32;
-template <int kBK> constexpr int simt_skinny_min_blocks() { return kBK == 16 ? 4 : 3; }
 constexpr int kSimtSkinnyThreads = 128;  // 4 warps side by side along n, lanes 8 (m) x 4 (n)
+constexpr int kSimtSkinnyMinBlocks = 3;  // 143-157 registers (ptxas, sm_90a / sm_80)
 constexpr int kSimtSkinnyThreadM = 4;    // rows r..r+3
 constexpr int kSimtSkinnyThreadN = 8;    // two runs of 4 columns, 16 apart
 // Rows of sA[k][m] / sB[k][n] padded by 4 floats: 16-byte aligned for float4, and the transposing
@@ -37,13 +37,13 @@ constexpr int kSimtSkinnyThreadN = 8;    // two runs of 4 columns, 16 apart
 // 32 FMAs per thread per k of the tile.
 constexpr int kSimtSkinnyStrideA = kSimtSkinnyBlockM + 4;
 constexpr int kSimtSkinnyStrideB = kSimtSkinnyBlockN + 4;
-template <int kBK> constexpr int simt_skinny_smem_bytes() {  // 21,504 / 43,008 bytes
-  return 2 * kBK * (kSimtSkinnyStrideA + kSimtSkinnyStrideB) * 4;
-}
+constexpr int kSimtSkinnySmemBytes =  // 43,008 bytes: two buffers of both operands
+    2 * kSimtSkinnyBlockK * (kSimtSkinnyStrideA + kSimtSkinnyStrideB) * 4;
 static_assert(kSimtSkinnyBlockM == 8 * kSimtSkinnyThreadM &&
                   kSimtSkinnyBlockN == 4 * 4 * kSimtSkinnyThreadN,
               "4 warps of 8 x 4 lanes cover the block tile");
-static_assert(simt_skinny_smem_bytes<kSimtSkinnyBlockK>() <= 48 * 1024, "above 48 KB: an opt-in");
+static_assert(kSimtSkinnySmemBytes <= 48 * 1024,
+              "dynamic shared memory above 48 KB needs an opt-in");
 
 // k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x kBK k: thread t loads the
 // float4s at row t/4 + 32 h, k 4 (t % 4) + 16 c (four lanes read 64 bytes of a row per load).
@@ -143,10 +143,10 @@ template <int kBK> struct SimtSkinnyNLoader {
 // Main loop as gemm_simt_wide_kernel's: the next k tile's float4s are loaded into registers at
 // kk = 0 and stored into the idle buffer at the last kk, then the one barrier; fragments are
 // double-buffered in registers. k == 0 runs no k tile and writes act(bias).
-template <int kBK, bool kBKMajor, Activation kAct, bool kHasBias>
-__global__ void __launch_bounds__(kSimtSkinnyThreads, simt_skinny_min_blocks<kBK>())
+template <bool kBKMajor, Activation kAct, bool kHasBias>
+__global__ void __launch_bounds__(kSimtSkinnyThreads, kSimtSkinnyMinBlocks)
     gemm_simt_skinny_kernel(const GemmArgs args) {
-  constexpr int kTM = kSimtSkinnyThreadM, kTN = kSimtSkinnyThreadN;
+  constexpr int kBK = kSimtSkinnyBlockK, kTM = kSimtSkinnyThreadM, kTN = kSimtSkinnyThreadN;
   constexpr int kStrideA = kSimtSkinnyStrideA, kStrideB = kSimtSkinnyStrideB;
   constexpr int kBufA = kBK * kStrideA, kBufB = kBK * kStrideB;  // floats, one buffer
   extern __shared__ __align__(16) float smem_f32[];
@@ -289,15 +289,13 @@ inline bool simt_skinny_fits(const GemmArgs& args) {
 
 template <Activation kAct, bool kHasBias>
 cudaError_t launch_simt_skinny(const GemmArgs& args, cudaStream_t stream) {
-  constexpr int kBK = kSimtSkinnyBlockK;
   const unsigned grid = static_cast<unsigned>(simt_skinny_tiles(args));  // simt_skinny_fits
-  constexpr int smem = simt_skinny_smem_bytes<kBK>();
   if (args.b_k_major)
-    gemm_simt_skinny_kernel<kBK, true, kAct, kHasBias>
-        <<<grid, kSimtSkinnyThreads, smem, stream>>>(args);
+    gemm_simt_skinny_kernel<true, kAct, kHasBias>
+        <<<grid, kSimtSkinnyThreads, kSimtSkinnySmemBytes, stream>>>(args);
   else
-    gemm_simt_skinny_kernel<kBK, false, kAct, kHasBias>
-        <<<grid, kSimtSkinnyThreads, smem, stream>>>(args);
+    gemm_simt_skinny_kernel<false, kAct, kHasBias>
+        <<<grid, kSimtSkinnyThreads, kSimtSkinnySmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 
