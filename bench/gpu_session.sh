@@ -40,7 +40,8 @@
 #                                        # experiments/host_gemm_pieces.py; "llama":
 #                                        # experiments/llama_mlp_probe.py; "compiledglu":
 #                                        # experiments/compiled_glu_probe.py; "skinny":
-#                                        # experiments/fp32_skinny_probe.py
+#                                        # experiments/fp32_skinny_probe.py; "skinnyh":
+#                                        # experiments/skinny_bench.cu (no torch)
 #   bench/gpu_session.sh OUT_DIR house   # host cost before / after a restructuring: the tree in
 #                                        # build/old-tree.tar.xz (its cuda_src replaced by this
 #                                        # one's, so both load the same carried prebuilt build)
@@ -392,6 +393,15 @@ MERGE
       timeout ${SKINNY_TIMEOUT:-200} $PY experiments/fp32_skinny_probe.py --json "$OUT/fp32_skinny.json" > "$OUT/fp32_skinny.log" 2>&1
       say "fp32_skinny_probe: rc=$? in $(( $(date +%s) - t0 )) s"
       sed -n '/^ratio/,$p' "$OUT/fp32_skinny.log"; tail -n 3 "$OUT/fp32_skinny.log"
+      ;;
+    skinnyh)
+      # the fp32 skinny kernel against the wide one at every split count (experiments/skinny_bench.cu)
+      nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a experiments/skinny_bench.cu \
+        cuda_src/matmul.cu -o /tmp/skinny_bench > "$OUT/skinny_bench_build.txt" 2>&1
+      say "skinny_bench build: rc=$? in $(( $(date +%s) - t0 )) s"
+      timeout ${SKINNYH_TIMEOUT:-150} /tmp/skinny_bench ${SKINNYH_REPS:-30} > "$OUT/skinny_bench.txt" 2>&1
+      say "skinny_bench: rc=$? in $(( $(date +%s) - t0 )) s"
+      cat "$OUT/skinny_bench.txt"
       ;;
     gemmhost)
       timeout 150 $PY experiments/host_gemm_pieces.py --json "$OUT/host_gemm_pieces.json" > "$OUT/host_gemm_pieces.txt" 2>&1
