@@ -397,7 +397,7 @@ MERGE
     skinnyh)
       # the fp32 skinny kernel against the wide one at every split count (experiments/skinny_bench.cu)
       nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a experiments/skinny_bench.cu \
-        cuda_src/matmul.cu -o /tmp/skinny_bench > "$OUT/skinny_bench_build.txt" 2>&1
+        -o /tmp/skinny_bench > "$OUT/skinny_bench_build.txt" 2>&1
       say "skinny_bench build: rc=$? in $(( $(date +%s) - t0 )) s"
       timeout ${SKINNYH_TIMEOUT:-150} /tmp/skinny_bench ${SKINNYH_REPS:-30} > "$OUT/skinny_bench.txt" 2>&1
       say "skinny_bench: rc=$? in $(( $(date +%s) - t0 )) s"
