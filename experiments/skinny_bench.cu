@@ -1,17 +1,20 @@
 // The fp32 GEMM with few rows: gemm_simt_skinny_kernel (cuda_src/gemm_simt_skinny.cuh) against
-// gemm_simt_wide_kernel, each in one pass and over split-K slices of every count worth trying, and
-// the library's own route (run_gemm_best with its split plan), on linear-layer shapes (B = W
-// k-major, no bias, no activation). The questions it answers (NOTES-simt.md, session 38):
+// gemm_simt_wide_kernel and candidate kernels below (cand::skinny_cp_kernel: the skinny tile fed by
+// a 3- or 4-stage cp.async pipeline, and its 16- and 8-row forms), each in one pass and over
+// split-K slices of every count worth trying, and the library's own fp32 route (split_k_plan's
+// count, launch_simt's kernel), on linear-layer shapes (B = W k-major, no bias, no activation).
+// The questions it answers (NOTES-simt.md, session 38):
 //   * up to which m the skinny kernel beats the wide one (the library takes it for m <= 32);
 //   * whether split_k_plan's count (about 2 CTAs per SM, and one pass once 2 x tiles >= SMs) is
-//     right for the skinny kernel, which fits 3 blocks per SM on 4x smaller tiles.
+//     right for the skinny kernel, which fits 3 blocks per SM on 4x smaller tiles;
+//   * whether more bytes in flight (the cp.async stages) lift the ~1 TB/s at 4096-wide k.
 // No cuBLAS (the machines that build this without a GPU have no cuBLAS headers): PyTorch's times
 // for the same shapes are experiments/fp32_skinny_probe.py's. Build + run on the GPU machine:
 //   nvcc -O3 -std=c++17 -Icuda_src -gencode=arch=compute_90a,code=sm_90a \
-//     experiments/skinny_bench.cu -o /tmp/skinny_bench && /tmp/skinny_bench
+//     experiments/skinny_bench.cu -o /tmp/skinny_bench && /tmp/skinny_bench [reps]
 // (bench/gpu_session.sh step "skinnyh" does this). Every output is checked against a float64
 // reference kernel (NaN-poisoned before each checked launch); times are medians of event-timed
-// launches, each after a 256 MB memset (> L2).
+// launches, each after a 256 MB memset (> L2). Written without a GPU (session 38): not run yet.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -130,6 +133,125 @@ static void run_split(Launcher kernel, const GemmArgs& g, int64_t splits, float*
   CK(cudaGetLastError());
 }
 
+// ---- candidate: the same tile fed by a kStages-deep cp.async pipeline (B k-major only) ----
+// The library's skinny kernel stages one k tile per CTA in registers: at 4096-wide k it moves ~1
+// TB/s of weights, bound by the bytes each SM has in flight. Here kStages - 1 k tiles of 32 are in
+// flight per CTA (kStages x 23 KB of shared memory with kBM = 32). Shared tiles stay k-contiguous
+// (rows of 32 floats padded to 36), read as float4 along k: a thread owns rows lane/4 + 8 i and
+// columns 32 w + lane%4 + 4 j, so each warp-wide read touches 8 consecutive A rows or 4
+// consecutive B rows: 4 x (4 row + k) mod 32 covers distinct bank groups. Exact fp32: one fmaf
+// per k in k order. kBM = 8 / 16 are the few-row forms (one / two rows per thread).
+namespace cand {
+constexpr int kBN = 128, kBK = 32, kThreads = 128, kStride = kBK + 4;
+
+template <int kBM, int kStages> constexpr int smem_bytes() {
+  return kStages * (kBM + kBN) * kStride * 4;
+}
+
+template <int kBM, int kStages>
+__global__ void __launch_bounds__(kThreads) skinny_cp_kernel(const GemmArgs args) {
+  constexpr int kTM = kBM / 8, kTN = 8;
+  extern __shared__ __align__(16) float smem[];
+  float* const s_a = smem;                                // [kStages][kBM][kStride]
+  float* const s_b = smem + kStages * kBM * kStride;      // [kStages][kBN][kStride]
+  const int64_t m = args.m, n = args.n;
+  const int k = static_cast<int>(args.k);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t tiles_m = ceil_div(m, int64_t{kBM}), tiles_n = ceil_div(n, int64_t{kBN});
+  const gemm::TileCoord coord = gemm::tile_coord(blockIdx.x, tiles_m, tiles_n);
+  const int64_t m0 = coord.tile_m * kBM, n0 = coord.tile_n * kBN;
+  const float* a = static_cast<const float*>(args.a) + coord.batch * args.stride_a_batch;
+  const float* b = static_cast<const float*>(args.b) + coord.batch * args.stride_b_batch;
+
+  // 16-byte chunks, 8 per 32-k row; k % 4 == 0, so a chunk is wholly inside or outside k.
+  auto load_stage = [&](int stage, int kt) {
+    const int k0 = kt * kBK;
+    for (int idx = tid; idx < kBM * 8; idx += kThreads) {
+      const int row = idx / 8, kc = k0 + (idx % 8) * 4;
+      const bool ok = m0 + row < m && kc < k;
+      cp_async_16(s_a + (stage * kBM + row) * kStride + (idx % 8) * 4,
+                  ok ? a + (m0 + row) * args.stride_am + kc : a, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int h = 0; h < kBN * 8 / kThreads; ++h) {
+      const int idx = tid + kThreads * h, row = idx / 8, kc = k0 + (idx % 8) * 4;
+      const bool ok = n0 + row < n && kc < k;
+      cp_async_16(s_b + (stage * kBN + row) * kStride + (idx % 8) * 4,
+                  ok ? b + (n0 + row) * args.stride_b_outer + kc : b, ok ? 16 : 0);
+    }
+  };
+
+  float acc[kTM][kTN];
+#pragma unroll
+  for (int i = 0; i < kTM; ++i)
+#pragma unroll
+    for (int j = 0; j < kTN; ++j) acc[i][j] = 0.f;
+
+  const int k_tiles = (k + kBK - 1) / kBK;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < k_tiles) load_stage(st, st);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile kt landed for all; every thread is done with tile kt - 1's stage
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next);
+    cp_async_commit();
+    const float* sa = s_a + (kt % kStages) * kBM * kStride + (lane / 4) * kStride;
+    const float* sb = s_b + (kt % kStages) * kBN * kStride + (warp * 32 + lane % 4) * kStride;
+#pragma unroll
+    for (int k4 = 0; k4 < kBK / 4; ++k4) {
+      float4 av[kTM], bv[kTN];
+#pragma unroll
+      for (int i = 0; i < kTM; ++i)
+        av[i] = *reinterpret_cast<const float4*>(sa + 8 * i * kStride + 4 * k4);
+#pragma unroll
+      for (int j = 0; j < kTN; ++j)
+        bv[j] = *reinterpret_cast<const float4*>(sb + 4 * j * kStride + 4 * k4);
+#pragma unroll
+      for (int i = 0; i < kTM; ++i)
+#pragma unroll
+        for (int j = 0; j < kTN; ++j) {
+          float x = acc[i][j];
+          x = fmaf(av[i].x, bv[j].x, x);
+          x = fmaf(av[i].y, bv[j].y, x);
+          x = fmaf(av[i].z, bv[j].z, x);
+          acc[i][j] = fmaf(av[i].w, bv[j].w, x);
+        }
+    }
+  }
+  cp_async_wait<0>();
+
+  float* c = static_cast<float*>(args.c) + coord.batch * args.stride_c_batch;
+#pragma unroll
+  for (int i = 0; i < kTM; ++i) {
+    const int64_t row = m0 + lane / 4 + 8 * i;
+    if (row >= m) continue;
+#pragma unroll
+    for (int j = 0; j < kTN; ++j) {
+      const int64_t col = n0 + warp * 32 + lane % 4 + 4 * j;
+      if (col < n) c[row * args.stride_cm + col] = acc[i][j];
+    }
+  }
+}
+
+// Preconditions as the library's skinny kernel (16-byte rows, k < 2^30), and B k-major.
+template <int kBM, int kStages>
+cudaError_t launch(const GemmArgs& g, cudaStream_t stream) {
+  if (!g.b_k_major) return cudaErrorInvalidValue;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      skinny_cp_kernel<kBM, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      smem_bytes<kBM, kStages>());
+  if (attr != cudaSuccess) return attr;
+  const int64_t tiles = g.batch * ceil_div(g.m, int64_t{kBM}) * ceil_div(g.n, int64_t{kBN});
+  skinny_cp_kernel<kBM, kStages>
+      <<<static_cast<unsigned>(tiles), kThreads, smem_bytes<kBM, kStages>(), stream>>>(g);
+  return cudaGetLastError();
+}
+}  // namespace cand
+
 static cudaError_t library_simt(const GemmArgs& g, cudaStream_t s) {
   return gemm::launch_simt<float, Activation::kNone, false>(g, s);
 }
@@ -151,8 +273,17 @@ int main(int argc, char** argv) {
   const int64_t kn[][2] = {{768, 3072}, {4096, 4096}, {4096, 11008}, {11008, 4096}};
   const int64_t split_counts[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48};
   int failures = 0;
-  printf("%-18s %13s %9s %16s %16s %9s %9s\n", "m x k -> n", "library", "lib/best", "skinny best",
-         "wide best", "skinny 1", "wide 1");
+  struct Variant {
+    const char* name;
+    Launcher launch;
+    int64_t max_m;  // timed up to this m (each computes any m correctly)
+  };
+  const Variant variants[] = {
+      {"skinny", skinny, 1 << 30},         {"wide", wide, 1 << 30},
+      {"cp32x3", cand::launch<32, 3>, 1 << 30}, {"cp32x4", cand::launch<32, 4>, 1 << 30},
+      {"cp16x4", cand::launch<16, 4>, 16}, {"cp8x4", cand::launch<8, 4>, 8},
+  };
+  printf("per variant: best us over the split counts (that count), then its one-pass us\n");
   for (const auto& shape : kn) {
     const int64_t k = shape[0], n = shape[1];
     const int64_t m_max = rows[sizeof(rows) / sizeof(rows[0]) - 1];
@@ -213,28 +344,26 @@ int main(int argc, char** argv) {
       auto run_library = [&] { run_split(library_simt, g, lib_splits, workspace); };
       check("library", run_library);
       const float t_lib = median_us(run_library, reps);
-      float best[2] = {INFINITY, INFINITY}, one_pass[2] = {0, 0};
-      int64_t best_splits[2] = {0, 0};
-      const Launcher kernels[2] = {skinny, wide};
-      const char* names[2] = {"skinny", "wide"};
-      for (int v = 0; v < 2; ++v) {
+      printf("%4lld x %5lld -> %5lld  library %8.2f (%lld)", (long long)m, (long long)k,
+             (long long)n, t_lib, (long long)lib_splits);
+      float overall = INFINITY;
+      const char* overall_name = "";
+      for (const Variant& v : variants) {
+        if (m > v.max_m) continue;
+        float best = INFINITY, one_pass = 0.f;
+        int64_t best_splits = 0;
         for (int64_t s : split_counts) {
           if (s > 1 && k / s < 64) continue;  // kSplitKMinSliceFp32
-          auto run = [&] { run_split(kernels[v], g, s, workspace); };
-          check((std::string(names[v]) + " splits " + std::to_string(s)).c_str(), run);
+          auto run = [&] { run_split(v.launch, g, s, workspace); };
+          check((std::string(v.name) + " splits " + std::to_string(s)).c_str(), run);
           const float t = median_us(run, reps);
-          if (s == 1) one_pass[v] = t;
-          if (t < best[v]) best[v] = t, best_splits[v] = s;
+          if (s == 1) one_pass = t;
+          if (t < best) best = t, best_splits = s;
         }
+        printf("  %s %.2f (%lld) 1-pass %.2f", v.name, best, (long long)best_splits, one_pass);
+        if (best < overall) overall = best, overall_name = v.name;
       }
-      char sk[32], wd[32];
-      snprintf(sk, sizeof sk, "%.2f (%lld)", best[0], (long long)best_splits[0]);
-      snprintf(wd, sizeof wd, "%.2f (%lld)", best[1], (long long)best_splits[1]);
-      char lb[32];
-      snprintf(lb, sizeof lb, "%.2f (%lld)", t_lib, (long long)lib_splits);
-      printf("%4lld x %5lld -> %5lld %13s %9.2f %16s %16s %9.2f %9.2f\n", (long long)m,
-             (long long)k, (long long)n, lb, t_lib / std::min(best[0], best[1]), sk, wd,
-             one_pass[0], one_pass[1]);
+      printf("  | best %s, library / best %.2f\n", overall_name, t_lib / overall);
       fflush(stdout);
     }
     CK(cudaFree(a));
