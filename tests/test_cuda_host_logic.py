@@ -299,3 +299,52 @@ GLU_TILES_EXPECTED = [
 def test_linear_glu_tile_choice(tmp_path: Path):
     got = [int(line) for line in build_and_run(tmp_path, GLU_TILES_PROGRAM)]
     assert got == GLU_TILES_EXPECTED
+
+
+SKINNY_PROGRAM = textwrap.dedent(
+    r"""
+    #include <cstdio>
+    #include "gemm_select.cuh"
+    using namespace dualk;
+    static char buf[1 << 12] __attribute__((aligned(256)));
+    int main() {
+      // dtype-free: simt_skinny_fits is asked for fp32 only; m n k batch, B k-major, A pointer
+      // offset (floats), A row stride, B row stride
+      const struct { long m, n, k, batch; bool kmaj; int a_off; long lda, ldb; } cases[] = {
+          {32, 3072, 768, 1, true, 0, 768, 768},    // the default suite's row
+          {33, 3072, 768, 1, true, 0, 768, 768},    // one row too many
+          {1, 130, 260, 1, true, 0, 260, 260},      // decode, n % 4 != 0 (k-major B: fine)
+          {8, 130, 260, 1, false, 0, 260, 130},     // B (k, n) with n % 4 != 0
+          {8, 128, 258, 1, true, 0, 258, 258},      // k % 4 != 0
+          {8, 128, 256, 1, true, 1, 256, 256},      // A 4 bytes off 16
+          {8, 128, 256, 1, true, 0, 258, 256},      // A row stride not a multiple of 4
+          {1, 128, 256, 1, true, 0, 258, 256},      // ... ignored for one row
+          {8, 128, 1L << 30, 1, true, 0, 1L << 30, 1L << 30},  // k >= 2^30
+          {32, 128, 64, 3, false, 0, 64, 128},      // batch
+      };
+      for (const auto& c : cases) {
+        GemmArgs g{};
+        g.a = reinterpret_cast<const float*>(buf) + c.a_off;
+        g.b = g.c = buf;
+        g.dtype = DType::kFloat32;
+        g.m = c.m; g.n = c.n; g.k = c.k; g.batch = c.batch;
+        g.stride_am = c.lda;
+        g.b_k_major = c.kmaj;
+        g.stride_b_outer = c.ldb;
+        g.stride_a_batch = c.m * c.lda;
+        g.stride_b_batch = c.k * c.n;
+        g.stride_cm = c.n;
+        printf("%d\n", gemm::simt_skinny_fits(g) ? 1 : 0);
+      }
+      return 0;
+    }
+    """
+)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_skinny_kernel_eligibility(tmp_path: Path):
+    """Which fp32 GEMMs launch_simt gives gemm_simt_skinny_kernel (simt_skinny_fits): at most 32
+    rows and the wide kernel's 16-byte rows; the GPU tests check the outputs, this the choice."""
+    fits = [int(line) for line in build_and_run(tmp_path, SKINNY_PROGRAM)]
+    assert fits == [1, 0, 1, 0, 0, 0, 0, 1, 0, 1]
