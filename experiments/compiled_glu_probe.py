@@ -29,6 +29,7 @@ import torch
 import dualk
 from dualk import module_choice
 from dualk.core import timing
+from dualk.tools.bench import environment
 from dualk.tools.zoo_models import MODELS
 
 
@@ -47,8 +48,7 @@ def main() -> None:
     a, kw = built.make_inputs()
     fused = dualk.fuse(copy.deepcopy(model))
     forced_copy = dualk.fuse(copy.deepcopy(model))
-    result: dict = {"device": torch.cuda.get_device_name() if on_gpu else "cpu",
-                    "torch": torch.__version__, "note": built.note}  # fmt: skip
+    result: dict = {"env": environment(), "note": built.note}
     graphs: dict[str, set] = defaultdict(set)
 
     def recording(name):

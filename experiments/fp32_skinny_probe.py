@@ -3,8 +3,8 @@ the wide kernel above), its Triton path and PyTorch's, timed in one run.
 
     python3 experiments/fp32_skinny_probe.py [--json out.json]
 
-Per (op, m, k, n): device us (median of CUDA-event timings, L2 flushed and a GPU sleep before each
-call, as the bench; host time is not measured) and the max error against a float64 reference
+Per (op, m, k, n): device us (interquartile mean of CUDA-event timings, L2 flushed and a GPU sleep
+before each call, as the bench; host time is not measured) and the max error against a float64 reference
 relative to max|ref|. Rows 33 and 64 run the wide kernel: the stand-in for what m <= 32 ran before.
 linear_gelu: x (m, k), W (n, k), bias, tanh GELU; matmul: A (m, k) @ B (k, n)."""
 
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -24,7 +22,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dualk  # noqa: E402
-from dualk.core.timing import sleep_cycles, timed_calls  # noqa: E402
+from dualk.core.timing import interquartile_mean, sleep_cycles, timed_calls  # noqa: E402
+from dualk.tools.bench import environment  # noqa: E402
 
 SHAPES = [(768, 3072), (4096, 4096), (4096, 11008)]
 ROWS = [1, 8, 16, 32, 33, 64]
@@ -63,20 +62,15 @@ def main() -> int:
                 err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
                 for _ in range(3):
                     run()
-                us = statistics.median(timed_calls(run, args.reps, flush, cycles)) * 1e3
+                us = interquartile_mean(timed_calls(run, args.reps, flush, cycles)) * 1e3
                 rows.append(
                     {"op": op, "m": m, "k": k, "n": n, "path": path, "us": us, "rel_err": err}
                 )
                 print(f"{op:12s} m={m:3d} k={k:5d} n={n:6d} {path:7s} {us:9.2f} us  err {err:.1e}",
                       flush=True)  # fmt: skip
-    env = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, cwd=Path(__file__).parent).stdout.strip() or None,
-    }  # fmt: skip
+    env = environment()  # (the bench's: GPU, versions, date, estimator)
+    env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True, cwd=Path(__file__).parent).stdout.strip() or None  # fmt: skip
     # device time only: Triton's host cost per call (tens of us) is not in these numbers
     print("\nratio torch / cuda and triton / cuda, device time (above 1: the CUDA path is faster)")
     for op in ("linear_gelu", "matmul"):
