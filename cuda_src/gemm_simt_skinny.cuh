@@ -45,11 +45,11 @@ static_assert(kSimtSkinnyBlockM == 8 * kSimtSkinnyThreadM &&
 static_assert(kSimtSkinnySmemBytes <= 48 * 1024,
               "dynamic shared memory above 48 KB needs an opt-in");
 
-// k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x kBK k: thread t loads the
+// k-contiguous operand tile (A (m, k) or B k-major (n, k)), kRows rows x 32 k: thread t loads the
 // float4s at row t/4 + 32 h, k 4 (t % 4) + 16 c (four lanes read 64 bytes of a row per load).
 // With 16-byte rows and k % 4 == 0 a float4 is wholly inside or outside k.
-template <int kRows, int kBK> struct SimtSkinnyKLoader {
-  static constexpr int kRowChunks = kRows / 32, kKChunks = kBK / 16;
+template <int kRows> struct SimtSkinnyKLoader {
+  static constexpr int kRowChunks = kRows / 32, kKChunks = kSimtSkinnyBlockK / 16;
   static constexpr int kChunks = kRowChunks * kKChunks;  // chunk h * kKChunks + c
   const float* src;  // row t/4, k 4 (t % 4) of the next k tile to load
   int64_t row_step;  // elements from chunk h's row to chunk h + 1's
@@ -79,7 +79,7 @@ template <int kRows, int kBK> struct SimtSkinnyKLoader {
           x = __ldg(reinterpret_cast<const float4*>(src + h * row_step + 16 * c));
       }
   }
-  __device__ __forceinline__ void advance() { src += kBK; }
+  __device__ __forceinline__ void advance() { src += kSimtSkinnyBlockK; }
   // Transposed into s[k][row] (row stride kStride).
   template <int kStride>
   __device__ __forceinline__ void store(float* s, const float4 (&v)[kChunks], int tid) const {
@@ -97,10 +97,10 @@ template <int kRows, int kBK> struct SimtSkinnyKLoader {
   }
 };
 
-// B (k, n) tile, kBK k x 128 n: thread t loads the float4s at k rows t/32 + 4 h and columns
+// B (k, n) tile, 32 k x 128 n: thread t loads the float4s at k rows t/32 + 4 h and columns
 // 4 (t % 32), stored as they are (a warp writes one 512-byte row run).
-template <int kBK> struct SimtSkinnyNLoader {
-  static constexpr int kChunks = kBK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
+struct SimtSkinnyNLoader {
+  static constexpr int kChunks = kSimtSkinnyBlockK * kSimtSkinnyBlockN / 4 / kSimtSkinnyThreads;
   static constexpr int kRowStep = kSimtSkinnyThreads / 32;  // k rows between chunks
   const float* src;  // k row t/32 of the next k tile to load, column n0 + 4 (t % 32)
   int64_t stride_k;
@@ -123,7 +123,7 @@ template <int kBK> struct SimtSkinnyNLoader {
         v[h] = __ldg(reinterpret_cast<const float4*>(src + kRowStep * h * stride_k));
     }
   }
-  __device__ __forceinline__ void advance() { src += kBK * stride_k; }
+  __device__ __forceinline__ void advance() { src += kSimtSkinnyBlockK * stride_k; }
   template <int kStride>
   __device__ __forceinline__ void store(float* s, const float4 (&v)[kChunks], int tid) const {
 #pragma unroll
@@ -167,10 +167,9 @@ __global__ void __launch_bounds__(kSimtSkinnyThreads, kSimtSkinnyMinBlocks)
   const TileCoord coord = tile_coord(blockIdx.x, tiles_m, tiles_n);
   const int64_t m0 = coord.tile_m * kSimtSkinnyBlockM, n0 = coord.tile_n * kSimtSkinnyBlockN;
 
-  SimtSkinnyKLoader<kSimtSkinnyBlockM, kBK> la;
+  SimtSkinnyKLoader<kSimtSkinnyBlockM> la;
   la.init(a + coord.batch * args.stride_a_batch, args.stride_am, m0, m, tid);
-  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN, kBK>, SimtSkinnyNLoader<kBK>>
-      lb;
+  std::conditional_t<kBKMajor, SimtSkinnyKLoader<kSimtSkinnyBlockN>, SimtSkinnyNLoader> lb;
   lb.init(b + coord.batch * args.stride_b_batch, args.stride_b_outer, n0, n, tid);
 
   float acc[kTM][kTN];
